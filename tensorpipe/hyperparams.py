@@ -1,0 +1,618 @@
+"""Hyperparameters: `Params` and `InstantiableParams`, Lingvo style.
+
+A `Params` is a tree of named, documented values. Layers describe themselves
+with one (`SomeLayer.Params()`), experiments tweak it (`p.Set(**{'a.b': 3})`),
+and a layer freezes it once built so `FProp` can never change its own
+configuration. The text format (`ToText` / `FromText` / `TextDiff`) is one
+`key : value` line per leaf, so two experiments can be compared with a plain
+diff and a value can be overridden from a command line. The module is pure
+Python: TensorFlow is imported only when a `dtype:` value is parsed.
+
+Usage:
+
+  p = InstantiableParams(MyLayer)
+  p.Define('dim', 128, 'Width of the hidden layer, in units.')
+  p.Set(dim=256)
+  layer = p.Instantiate()  # MyLayer(p)
+"""
+
+import ast
+import copy
+import difflib
+import enum
+import importlib
+import keyword
+import re
+import sys
+import types
+from typing import Any, Iterator, Optional, Tuple
+
+# pylint: disable=protected-access
+
+_KEY_PART_RE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$')
+# A bare (unquoted) word in a value: numbers, None/True/False, and the
+# `type/`, `callable/`, `enum/` and `dtype:` forms.
+_ATOM_RE = re.compile(r'[A-Za-z0-9_.+\-/<>]+(?::[A-Za-z_][A-Za-z0-9_]*)?')
+_INT_RE = re.compile(r'[-+]?\d+$')
+
+
+class UnknownParamError(AttributeError):
+  """A key that is not defined was read or written; the message suggests keys."""
+
+
+def _DidYouMean(name: str, known: list) -> str:
+  close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+  hint = f' Did you mean {" or ".join(repr(c) for c in close)}?' if close else ''
+  if len(known) <= 20:
+    hint += f' Known keys: {sorted(known)}.'
+  return hint
+
+
+def _IsDType(value: Any) -> bool:
+  return any(c.__name__ == 'DType' and c.__module__.startswith('tensorflow')
+             for c in type(value).__mro__)
+
+
+def _ContainsParams(value: Any) -> bool:
+  if isinstance(value, Params):
+    return True
+  if isinstance(value, (list, tuple)):
+    return any(_ContainsParams(v) for v in value)
+  if isinstance(value, dict):
+    return any(_ContainsParams(v) for v in value.values())
+  return False
+
+
+def _QualifiedName(obj: Any) -> str:
+  return f'{obj.__module__}.{obj.__qualname__}'
+
+
+def _CopyValue(value: Any) -> Any:
+  """Deep-copies containers and Params; shares classes, functions, TF objects."""
+  if isinstance(value, Params):
+    return value.Copy()
+  if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType,
+                        types.MethodType, types.ModuleType, enum.Enum)):
+    return value
+  if type(value).__module__.split('.')[0] in ('tensorflow', 'keras', 'tf_keras'):
+    return value  # DTypes, tensors and variables are shared, never copied.
+  if type(value) is list:  # pylint: disable=unidiomatic-typecheck
+    return [_CopyValue(v) for v in value]
+  if isinstance(value, tuple):
+    items = [_CopyValue(v) for v in value]
+    return type(value)(*items) if hasattr(value, '_fields') else type(value)(items)
+  if type(value) is dict:  # pylint: disable=unidiomatic-typecheck
+    return {k: _CopyValue(v) for k, v in value.items()}
+  return copy.deepcopy(value)
+
+
+def _Encode(value: Any) -> str:
+  """Returns the one-line text of a leaf value, as written by ToText."""
+  if isinstance(value, enum.Enum):
+    return f'enum/{_QualifiedName(type(value))}.{value.name}'
+  if value is None or type(value) in (bool, int, float, str):
+    return repr(value)
+  if isinstance(value, type):
+    return f'type/{_QualifiedName(value)}'
+  if _IsDType(value):
+    return f'dtype:{value.name}'
+  if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+    return f'callable/{_QualifiedName(value)}'
+  if isinstance(value, Params):
+    # Only reached for Params inside a dict; FromText cannot parse this.
+    return 'Params(' + ', '.join(
+        f'{k}={_Encode(v)}' for k, v in value.IterParams()) + ')'
+  if isinstance(value, list):
+    return '[' + ', '.join(_Encode(v) for v in value) + ']'
+  if isinstance(value, tuple):
+    body = ', '.join(_Encode(v) for v in value)
+    return '(' + body + (',' if len(value) == 1 else '') + ')'
+  if isinstance(value, dict):
+    return '{' + ', '.join(
+        f'{_Encode(k)}: {_Encode(v)}' for k, v in value.items()) + '}'
+  return ' '.join(repr(value).split())  # Unparseable, but kept on one line.
+
+
+def _Resolve(path: str) -> Any:
+  """Imports `module.path.QualName` (the longest importable module prefix)."""
+  parts = path.split('.')
+  for i in range(len(parts) - 1, 0, -1):
+    module_name = '.'.join(parts[:i])
+    module = sys.modules.get(module_name)
+    if module is None:
+      try:
+        module = importlib.import_module(module_name)
+      except ImportError:
+        continue
+    obj = module
+    try:
+      for attr in parts[i:]:
+        obj = getattr(obj, attr)
+    except AttributeError:
+      continue
+    return obj
+  raise ValueError(f'cannot resolve {path!r}: no importable module prefix '
+                   'defines it; write module.path.Name of a module-level object')
+
+
+def _DecodeAtom(atom: str) -> Any:
+  """Decodes one bare word (see _ATOM_RE)."""
+  if atom in ('None', 'True', 'False'):
+    return {'None': None, 'True': True, 'False': False}[atom]
+  if _INT_RE.match(atom):
+    return int(atom)
+  for prefix in ('type/', 'callable/'):
+    if atom.startswith(prefix):
+      return _Resolve(atom[len(prefix):])
+  if atom.startswith('enum/'):
+    cls_path, _, member = atom[len('enum/'):].rpartition('.')
+    return _Resolve(cls_path)[member]
+  if atom.startswith('dtype:'):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return tf.as_dtype(atom[len('dtype:'):])
+  try:
+    return float(atom)
+  except ValueError:
+    raise ValueError(f'cannot parse {atom!r}') from None
+
+
+def _SkipSpace(text: str, i: int) -> int:
+  while i < len(text) and text[i].isspace():
+    i += 1
+  return i
+
+
+def _ParseValue(text: str, i: int) -> Tuple[Any, int]:
+  """Parses one value of `text` starting at `i`; returns (value, next index)."""
+  i = _SkipSpace(text, i)
+  if i >= len(text):
+    raise ValueError('expected a value, found the end of the text')
+  ch = text[i]
+  if ch in '\'"':
+    j = i + 1
+    while j < len(text) and text[j] != ch:
+      j += 2 if text[j] == '\\' else 1
+    if j >= len(text):
+      raise ValueError(f'unterminated string starting at {text[i:]!r}')
+    return ast.literal_eval(text[i:j + 1]), j + 1
+  if ch in '[({':
+    close = {'[': ']', '(': ')', '{': '}'}[ch]
+    items, i = [], i + 1
+    while text[_SkipSpace(text, i):_SkipSpace(text, i) + 1] != close:
+      item, i = _ParseValue(text, i)
+      if ch == '{':
+        i = _SkipSpace(text, i)
+        if text[i:i + 1] != ':':
+          raise ValueError(f'expected ":" at {text[i:]!r}')
+        value, i = _ParseValue(text, i + 1)
+        item = (item, value)
+      items.append(item)
+      i = _SkipSpace(text, i)
+      if text[i:i + 1] == ',':
+        i += 1
+      elif text[i:i + 1] != close:
+        raise ValueError(f'expected "," or {close!r} at {text[i:]!r}')
+    i = _SkipSpace(text, i)
+    kind = {'[': list, '(': tuple, '{': dict}[ch]
+    return kind(items), i + 1
+  match = _ATOM_RE.match(text, i)
+  if not match:
+    raise ValueError(f'cannot parse {text[i:]!r}')
+  return _DecodeAtom(match.group()), match.end()
+
+
+def _Decode(text: str) -> Any:
+  value, i = _ParseValue(text, 0)
+  if text[i:].strip():
+    raise ValueError(f'unexpected trailing text {text[i:]!r}')
+  return value
+
+
+def _Coerce(key: str, old: Any, new: Any, text: str) -> Any:
+  """Returns `new` converted to the type of `old`, or raises ValueError."""
+  if old is None or new is None:
+    return new
+  number = isinstance(new, (int, float)) and not isinstance(new, bool)
+  if isinstance(old, enum.Enum):
+    ok = isinstance(new, type(old))
+  elif isinstance(old, bool):
+    ok = isinstance(new, bool)
+  elif isinstance(old, int):
+    ok = number and isinstance(new, int)
+  elif isinstance(old, float):
+    ok, new = number, (float(new) if number else new)
+  elif isinstance(old, (list, tuple)) and type(old) in (list, tuple):
+    ok = isinstance(new, (list, tuple))
+    new = type(old)(new) if ok else new
+  elif isinstance(old, type):
+    ok = isinstance(new, type)
+  elif _IsDType(old):
+    ok = _IsDType(new)
+  elif isinstance(old, (types.FunctionType, types.BuiltinFunctionType)):
+    ok = callable(new)
+  else:
+    ok = isinstance(new, type(old))
+  if not ok:
+    raise ValueError(
+        f'FromText: key {key!r} holds a {type(old).__name__} '
+        f'({_Encode(old)}), but the text {text!r} is a {type(new).__name__}; '
+        f'write a {type(old).__name__} value for {key!r}')
+  return new
+
+
+def _ParseKey(key: str) -> list:
+  """Splits 'a.b[0].c' into ['a', 'b', 0, 'c']."""
+  tokens = []
+  for part in key.split('.'):
+    match = _KEY_PART_RE.match(part)
+    if not match:
+      raise ValueError(f'invalid key {key!r}: write names joined by dots, with '
+                       'optional list indices, e.g. "encoder.layers[0].dim"')
+    tokens.append(match.group(1))
+    tokens.extend(int(n) for n in re.findall(r'\d+', match.group(2)))
+  return tokens
+
+
+def _JoinKey(tokens: list) -> str:
+  key = ''
+  for t in tokens:
+    key += f'[{t}]' if isinstance(t, int) else (f'.{t}' if key else t)
+  return key
+
+
+def _KeySortKey(key: str) -> list:
+  return [(1, t) if isinstance(t, int) else (0, t) for t in _ParseKey(key)]
+
+
+class Params:
+  """A tree of named, documented hyperparameters with attribute access.
+
+  Usage:
+
+    p = Params()
+    p.Define('dim', 8, 'Width of the layer, in units.')
+    p.Define('sub', Params(), 'Nested params.')
+    p.sub.Define('rate', 0.1, 'Dropout rate, in [0, 1).')
+    p.Set(dim=16, **{'sub.rate': 0.2})
+    p.Freeze()  # From now on, p.Copy() gives a mutable copy.
+  """
+
+  def __init__(self) -> None:
+    object.__setattr__(self, '_values', {})
+    object.__setattr__(self, '_descriptions', {})
+    object.__setattr__(self, '_frozen', False)
+
+  # Attribute access.
+
+  def __getattr__(self, name: str) -> Any:
+    if name.startswith('_'):  # Internals; also keeps copy/pickle protocols sane.
+      raise AttributeError(name)
+    return self._GetOne(name)
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    if name.startswith('_'):
+      object.__setattr__(self, name, value)
+    else:
+      self._SetOne(name, value)
+
+  def __dir__(self):
+    return sorted(set(super().__dir__()) | set(self._values))
+
+  def _GetOne(self, name: str, where: str = '') -> Any:
+    if name not in self._values:
+      key = f'{where}.{name}' if where else name
+      raise UnknownParamError(
+          f'Unknown param {key!r}.{_DidYouMean(name, list(self._values))} '
+          'To add a new param, call Define(name, default, description).')
+    return self._values[name]
+
+  def _SetOne(self, name: str, value: Any, where: str = '') -> None:
+    self._CheckMutable(f'{where}.{name}' if where else name)
+    self._GetOne(name, where)
+    self._values[name] = value
+
+  def _CheckMutable(self, what: str) -> None:
+    if self._frozen:
+      raise TypeError(f'Cannot change {what!r}: these params are frozen (e.g. a '
+                      'layer was built from them). Use p.Copy() to get a '
+                      'mutable copy.')
+
+  # Definition and access.
+
+  def Define(self, name: str, default: Any, description: str) -> None:
+    """Defines a new param.
+
+    Args:
+      name: A Python identifier not starting with '_' and not the name of a
+        Params method, e.g. 'num_layers'.
+      default: The initial value; may be None or a nested Params.
+      description: A non-empty sentence saying what the param means, with units.
+
+    Raises:
+      TypeError: If the params are frozen.
+      ValueError: If the name is invalid or already defined, or the description
+        is empty.
+    """
+    self._CheckMutable(name)
+    if (not isinstance(name, str) or not name.isidentifier() or
+        keyword.iskeyword(name) or name.startswith('_') or
+        hasattr(type(self), name)):
+      raise ValueError(f'Invalid param name {name!r}: use a Python identifier '
+                       'that does not start with "_" and is not a Params method '
+                       'name, e.g. "num_layers"')
+    if name in self._values:
+      raise ValueError(f'Param {name!r} is already defined (value '
+                       f'{_Encode(self._values[name])}); set it with '
+                       f'p.{name} = ... or Delete it first')
+    if not isinstance(description, str) or not description.strip():
+      raise ValueError(f'Param {name!r} needs a non-empty description, got '
+                       f'{description!r}; say what it means and its units')
+    self._values[name] = default
+    self._descriptions[name] = description
+
+  def Set(self, **kwargs: Any) -> 'Params':
+    """Sets params by name; dotted keys ('a.b[0].c') reach nested values.
+
+    Args:
+      **kwargs: Key-value pairs. Use `p.Set(**{'a.b': 1})` for dotted keys.
+
+    Returns:
+      self, for chaining.
+
+    Raises:
+      UnknownParamError: (an AttributeError) for an undefined key.
+      TypeError: If the params are frozen.
+    """
+    self._CheckMutable(', '.join(kwargs))
+    for key, value in kwargs.items():
+      tokens = _ParseKey(key)
+      self._GetPath(tokens, key)  # Validates the whole path first.
+      self._Assign(self, tokens, value, self, [])
+    return self
+
+  def Get(self, key: str) -> Any:
+    """Returns the value at `key`, which may be dotted ('a.b[0].c')."""
+    return self._GetPath(_ParseKey(key), key)
+
+  def Delete(self, *keys: str) -> 'Params':
+    """Deletes params; keys may be dotted. Returns self."""
+    for key in keys:
+      tokens = _ParseKey(key)
+      if not isinstance(tokens[-1], str):
+        raise ValueError(f'Cannot delete list element {key!r}; set the list')
+      owner = self._GetPath(tokens[:-1], key) if len(tokens) > 1 else self
+      if not isinstance(owner, Params):
+        raise ValueError(f'Cannot delete {key!r}: {_JoinKey(tokens[:-1])!r} '
+                         f'is a {type(owner).__name__}, not Params')
+      owner._CheckMutable(key)      owner._GetOne(tokens[-1], _JoinKey(tokens[:-1]))      del owner._values[tokens[-1]]      owner._descriptions.pop(tokens[-1])    return self
+
+  def _GetPath(self, tokens: list, key: str) -> Any:
+    current = self
+    for i, token in enumerate(tokens):
+      where = _JoinKey(tokens[:i])
+      if isinstance(token, str):
+        if not isinstance(current, Params):
+          raise ValueError(f'Cannot look up {key!r}: {where!r} is a '
+                           f'{type(current).__name__}, not Params')
+        current = current._GetOne(token, where)      else:
+        if not isinstance(current, (list, tuple)):
+          raise ValueError(f'Cannot index {key!r}: {where!r} is a '
+                           f'{type(current).__name__}, not a list')
+        if not 0 <= token < len(current):
+          raise ValueError(f'Cannot look up {key!r}: index {token} is out of '
+                           f'range, {where!r} has {len(current)} elements')
+        current = current[token]
+    return current
+
+  def _Assign(self, container: Any, tokens: list, value: Any, owner: 'Params',
+              done: list) -> Any:
+    """Sets `value` at `tokens` under `container`; rebuilds tuples on the way."""
+    token, rest = tokens[0], tokens[1:]
+    where = _JoinKey(done)
+    if isinstance(container, Params):
+      if not rest:
+        container._SetOne(token, value, where)        return container
+      child = container._GetOne(token, where)      new_child = self._Assign(child, rest, value, container, done + [token])
+      if new_child is not child:
+        container._SetOne(token, new_child, where)      return container
+    owner._CheckMutable(_JoinKey(done + [token]))    item = value if not rest else self._Assign(container[token], rest, value,
+                                               owner, done + [token])
+    if isinstance(container, list):
+      container[token] = item
+      return container
+    items = list(container)
+    items[token] = item
+    return (type(container)(*items) if hasattr(container, '_fields') else
+            type(container)(items))
+
+  # Container protocol.
+
+  def __contains__(self, key: str) -> bool:
+    try:
+      self.Get(key)
+      return True
+    except (AttributeError, ValueError):
+      return False
+
+  def IterParams(self) -> Iterator[Tuple[str, Any]]:
+    """Yields (name, value) pairs in definition order."""
+    yield from list(self._values.items())
+
+  def __iter__(self) -> Iterator[Tuple[str, Any]]:
+    return self.IterParams()
+
+  def __len__(self) -> int:
+    return len(self._values)
+
+  def __eq__(self, other: Any) -> bool:
+    return isinstance(other, Params) and self._values == other._values
+
+  __hash__ = None  # Mutable.
+
+  def Description(self, name: str) -> str:
+    """Returns the description given to Define for `name` (not dotted)."""
+    self._GetOne(name)
+    return self._descriptions[name]
+
+  # Copy and freeze.
+
+  def Copy(self) -> 'Params':
+    """Returns a deep, unfrozen copy; classes, functions and TF objects are shared."""
+    new = object.__new__(type(self))
+    Params.__init__(new)
+    for name, value in self._values.items():
+      new._values[name] = _CopyValue(value)    new._descriptions.update(self._descriptions)    return new
+
+  def __deepcopy__(self, memo: Optional[dict]) -> 'Params':
+    return self.Copy()
+
+  def Freeze(self) -> 'Params':
+    """Makes these params and all nested Params read-only. Returns self."""
+    object.__setattr__(self, '_frozen', True)
+    stack = list(self._values.values())
+    while stack:
+      value = stack.pop()
+      if isinstance(value, Params):
+        value.Freeze()
+      elif isinstance(value, (list, tuple)):
+        stack.extend(value)
+      elif isinstance(value, dict):
+        stack.extend(value.values())
+    return self
+
+  def IsFrozen(self) -> bool:
+    return self._frozen
+
+  # Text.
+
+  def __str__(self) -> str:
+    return _Pretty(self, 0)
+
+  __repr__ = __str__
+
+  def _Leaves(self) -> list:
+    """Returns [(key, value)] for every leaf, sorted by key."""
+    leaves = []
+
+    def Walk(key, value):
+      if isinstance(value, Params):
+        for name, v in value.IterParams():
+          Walk(f'{key}.{name}' if key else name, v)
+      elif isinstance(value, (list, tuple)) and _ContainsParams(value):
+        for i, v in enumerate(value):
+          Walk(f'{key}[{i}]', v)
+      else:
+        leaves.append((key, value))
+
+    Walk('', self)
+    return sorted(leaves, key=lambda kv: _KeySortKey(kv[0]))
+
+  def ToText(self) -> str:
+    """Returns one `key : value` line per leaf, sorted by key.
+
+    Nested Params are flattened with dots ('encoder.dim : 8'); lists and tuples
+    that contain Params are flattened with indices ('layers[0].dim : 8').
+    Values: Python literals (strings quoted, repr escaping), lists, tuples,
+    dicts, `type/module.Class`, `callable/module.function`,
+    `enum/module.Enum.MEMBER` and `dtype:float32`.
+    """
+    return ''.join(f'{k} : {_Encode(v)}\n' for k, v in self._Leaves())
+
+  def FromText(self, text: str) -> 'Params':
+    """Sets the values in `text` (the ToText format) in place. Returns self.
+
+    Blank lines and lines starting with '#' are skipped. A line whose text
+    equals the current value's text is skipped without parsing, so
+    `p.FromText(p.ToText())` always works. Each new value must have the type of
+    the old one (an int is accepted for a float; any value replaces None, and
+    None replaces any value). Keys whose current value is a list or tuple that
+    contains Params (e.g. 'layers : []' from params with no layers) are
+    skipped: their elements are set through indexed keys ('layers[0].dim').
+    Values that ToText could only write with repr (arbitrary objects, Params
+    inside dicts, local classes) cannot be parsed back.
+
+    Args:
+      text: Lines of `key : value`.
+
+    Returns:
+      self.
+
+    Raises:
+      UnknownParamError: (an AttributeError) for an undefined key.
+      TypeError: If the params are frozen.
+      ValueError: For a malformed line, an unparseable value or a type mismatch.
+    """
+    self._CheckMutable('FromText')
+    for line_number, line in enumerate(text.splitlines(), 1):
+      line = line.strip()
+      if not line or line.startswith('#'):
+        continue
+      key, sep, value_text = (s.strip() for s in line.partition(':'))
+      if not sep or not key:
+        raise ValueError(f'FromText line {line_number}: {line!r} is not of the '
+                         'form "key : value"')
+      old = self.Get(key)
+      if isinstance(old, (list, tuple)) and _ContainsParams(old):
+        continue
+      if isinstance(old, Params):
+        raise ValueError(f'FromText: {key!r} holds nested Params; set its '
+                         f'leaves ("{key}.name : value"), not {value_text!r}')
+      if value_text == _Encode(old):
+        continue
+      try:
+        new = _Decode(value_text)
+      except (ValueError, TypeError, SyntaxError, KeyError) as e:
+        raise ValueError(f'FromText: cannot parse the value of {key!r}, '
+                         f'{value_text!r}: {e}') from e
+      self.Set(**{key: _Coerce(key, old, new, value_text)})
+    return self
+
+  def TextDiff(self, other: 'Params') -> str:
+    """Returns '- key : mine' / '+ key : theirs' lines, or '' when equal."""
+    mine = {k: _Encode(v) for k, v in self._Leaves()}
+    theirs = {k: _Encode(v) for k, v in other._Leaves()}    lines = []
+    for key in sorted(set(mine) | set(theirs), key=_KeySortKey):
+      if mine.get(key) == theirs.get(key):
+        continue
+      if key in mine:
+        lines.append(f'- {key} : {mine[key]}\n')
+      if key in theirs:
+        lines.append(f'+ {key} : {theirs[key]}\n')
+    return ''.join(lines)
+
+
+def _Pretty(value: Any, depth: int) -> str:
+  """Multi-line, indented text of a value for __str__."""
+  pad, inner = '  ' * depth, '  ' * (depth + 1)
+  if isinstance(value, Params):
+    if not len(value):
+      return '{}'
+    body = ''.join(f'{inner}{k}: {_Pretty(v, depth + 1)}\n'
+                   for k, v in value.IterParams())
+    return '{\n' + body + pad + '}'
+  if isinstance(value, (list, tuple)) and _ContainsParams(value):
+    body = ''.join(f'{inner}{_Pretty(v, depth + 1)},\n' for v in value)
+    brackets = '[]' if isinstance(value, list) else '()'
+    return brackets[0] + '\n' + body + pad + brackets[1]
+  return _Encode(value)
+
+
+class InstantiableParams(Params):
+  """Params that build an object: `p.Instantiate()` calls `p.cls(p)`."""
+
+  def __init__(self, cls: Optional[type] = None) -> None:
+    super().__init__()
+    self.Define('cls', cls, 'The class to instantiate; Instantiate() calls '
+                'cls(params, **kwargs).')
+
+  def Instantiate(self, **kwargs: Any) -> Any:
+    """Returns `self.cls(self, **kwargs)`.
+
+    Raises:
+      ValueError: If `cls` is None.
+    """
+    if self.cls is None:
+      raise ValueError('Instantiate() was called on params whose cls is None; '
+                       'set the class to build first, e.g. p.cls = MyLayer or '
+                       'InstantiableParams(MyLayer)')
+    return self.cls(self, **kwargs)

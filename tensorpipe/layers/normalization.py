@@ -1,0 +1,194 @@
+"""Normalization layers: batch norm (pipeline-aware statistics) and layer norm.
+
+Batch norm in a pipeline: each FProp call sees one micro-batch. In training a
+BatchNormLayer normalises with the statistics of the examples it is given (the
+micro-batch, as in GPipe) and reports their sufficient statistics (count, sum,
+sum of squares) with `py_utils.AddBatchStats`. The pipeline merges the reports
+of all micro-batches and calls `UpdateMovingStats` once per step, so the moving
+averages are those of the whole mini-batch, independent of the number of
+micro-batches. Outside a `py_utils.CollectBatchStats()` block the update
+happens at once (plain training).
+"""
+
+import tensorflow as tf
+
+from tensorpipe import base_layer
+from tensorpipe import py_utils
+
+# Approximate FLOPs per element: moments (sum, square, sum) and the
+# normalisation (subtract, multiply-add) in training; counted the same in eval.
+_BN_FLOPS_PER_ELEMENT = 5
+# Mean, variance (subtract, square, sum), normalise (subtract, multiply) and
+# scale + bias (multiply-add).
+_LN_FLOPS_PER_ELEMENT = 8
+
+
+def _CheckChannels(cls_name: str, p, x_shape) -> tf.TensorShape:
+  """Checks that the last axis of `x_shape` is `p.dim`; returns the shape."""
+  shape = base_layer.ToShape(x_shape)
+  if shape.rank is None or shape.rank < 2:
+    raise ValueError(f'{cls_name} {p.name!r}: input shape {shape} must have '
+                     'rank >= 2 ([batch, ..., channels])')
+  if shape[-1] is not None and shape[-1] != p.dim:
+    raise ValueError(f'{cls_name} {p.name!r}: input has {shape[-1]} channels '
+                     f'(last axis) but dim={p.dim}; set dim={shape[-1]} or fix '
+                     'the previous layer')
+  return shape
+
+
+def _CheckDim(cls_name: str, p) -> None:
+  if not isinstance(p.dim, int) or p.dim <= 0:
+    raise ValueError(f'{cls_name} {p.name!r}: dim={p.dim!r} must be a '
+                     'positive int, the number of channels (last axis)')
+  if p.epsilon <= 0:
+    raise ValueError(f'{cls_name} {p.name!r}: epsilon={p.epsilon!r} must be '
+                     '> 0, e.g. 1e-3')
+
+
+class BatchNormLayer(base_layer.BaseLayer):
+  """Batch normalization over all axes but the last (channels).
+
+  Usage:
+    p = BatchNormLayer.Params().Set(name='bn', dim=64)
+
+  FProp, training:
+    mean, var = moments(x over all axes but the last)   # this call's examples
+    AddBatchStats(self, BatchStats(count, sum(x), sum(x**2)))
+    y = (x - mean) / sqrt(var + epsilon) * gamma + beta
+  FProp, eval: the same with moving_mean / moving_variance.
+  Statistics and normalisation are computed in float32 (also for bfloat16
+  activations); the output is in fprop_dtype.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('dim', None, 'Number of channels (size of the last input axis); '
+             'required.')
+    p.Define('decay', 0.999, 'Momentum of the moving averages: moving = '
+             'decay * moving + (1 - decay) * batch statistic, once per step.')
+    p.Define('epsilon', 1e-3, 'Added to the variance before the square root, '
+             'for numerical stability.')
+    p.Define('use_moving_avg_in_training', False, 'If True, training also '
+             'normalises with the moving mean and variance (which are still '
+             'updated from the batch statistics), avoiding a train/eval '
+             'mismatch.')
+    p.Define('gamma_init', 1.0, 'Initial value of the scale gamma (e.g. 0.0 '
+             'to start a residual branch as the identity).')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    _CheckDim('BatchNormLayer', p)
+    if not 0.0 <= p.decay <= 1.0:
+      raise ValueError(f'BatchNormLayer {p.name!r}: decay={p.decay!r} must '
+                       'be in [0, 1], e.g. 0.999')
+    const = base_layer.WeightInit.Constant
+    self.CreateVariable('beta', base_layer.WeightParams(
+        shape=[p.dim], init=const(0.0)))
+    self.CreateVariable('gamma', base_layer.WeightParams(
+        shape=[p.dim], init=const(p.gamma_init)))
+    self.CreateVariable('moving_mean', base_layer.WeightParams(
+        shape=[p.dim], init=const(0.0), trainable=False))
+    self.CreateVariable('moving_variance', base_layer.WeightParams(
+        shape=[p.dim], init=const(1.0), trainable=False))
+
+  def FProp(self, theta, x: tf.Tensor) -> tf.Tensor:
+    """Normalises x.
+
+    Args:
+      theta: NestedMap with beta, gamma, moving_mean, moving_variance.
+      x: [batch, ..., dim] float tensor.
+
+    Returns:
+      [batch, ..., dim] tensor in fprop_dtype.
+    """
+    p = self.params
+    _CheckChannels('BatchNormLayer', p, x.shape)
+    x32 = tf.cast(x, tf.float32)
+    # Read the moving statistics before a report below may update them.
+    moving_mean = tf.cast(theta.moving_mean, tf.float32)
+    moving_variance = tf.cast(theta.moving_variance, tf.float32)
+    if py_utils.IsTraining():
+      axes = list(range(x.shape.rank - 1))
+      mean, variance = tf.nn.moments(x32, axes)
+      if x.shape.is_fully_defined():
+        count = tf.constant(x.shape.num_elements() // p.dim, tf.float32)
+      else:
+        count = tf.cast(tf.size(x32, out_type=tf.int64) // p.dim, tf.float32)
+      py_utils.AddBatchStats(self, py_utils.BatchStats(
+          count=tf.stop_gradient(count),
+          total=tf.stop_gradient(tf.reduce_sum(x32, axes)),
+          total_sq=tf.stop_gradient(tf.reduce_sum(tf.square(x32), axes))))
+      if p.use_moving_avg_in_training:
+        mean, variance = moving_mean, moving_variance
+    else:
+      mean, variance = moving_mean, moving_variance
+    scale = tf.cast(theta.gamma, tf.float32) * tf.math.rsqrt(
+        variance + p.epsilon)
+    y = (x32 - mean) * scale + tf.cast(theta.beta, tf.float32)
+    return tf.cast(y, self.fprop_dtype)
+
+  def UpdateMovingStats(self, stats: py_utils.BatchStats) -> None:
+    """moving = decay * moving + (1 - decay) * statistic of `stats`."""
+    decay = self.params.decay
+    mean, variance = stats.MeanAndVariance()
+    for var, value in ((self.vars.moving_mean, mean),
+                       (self.vars.moving_variance, variance)):
+      value = tf.cast(value, var.dtype)
+      var.assign(decay * var + (1.0 - decay) * value)
+
+  @classmethod
+  def FPropMeta(cls, p, x_shape):
+    _CheckDim(cls.__name__, p)
+    shape = _CheckChannels(cls.__name__, p, x_shape)
+    return base_layer.FPropMetaResult(
+        _BN_FLOPS_PER_ELEMENT * base_layer.NumElements(shape), shape, 4 * p.dim)
+
+
+class LayerNormLayer(base_layer.BaseLayer):
+  """Layer normalization over the last axis, with learned scale and bias.
+
+  Usage:
+    p = LayerNormLayer.Params().Set(name='ln', dim=512)
+
+  y = (x - mean(x, -1)) / sqrt(var(x, -1) + epsilon) * scale + bias, computed
+  in float32 and returned in fprop_dtype.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('dim', None, 'Size of the last input axis (the normalised one); '
+             'required.')
+    p.Define('epsilon', 1e-6, 'Added to the variance before the square root, '
+             'for numerical stability.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    _CheckDim('LayerNormLayer', p)
+    const = base_layer.WeightInit.Constant
+    self.CreateVariable('scale', base_layer.WeightParams(
+        shape=[p.dim], init=const(1.0)))
+    self.CreateVariable('bias', base_layer.WeightParams(
+        shape=[p.dim], init=const(0.0)))
+
+  def FProp(self, theta, x: tf.Tensor) -> tf.Tensor:
+    """Normalises x: [batch, ..., dim] -> [batch, ..., dim] in fprop_dtype."""
+    p = self.params
+    _CheckChannels('LayerNormLayer', p, x.shape)
+    x32 = tf.cast(x, tf.float32)
+    mean, variance = tf.nn.moments(x32, [-1], keepdims=True)
+    y = (x32 - mean) * tf.math.rsqrt(variance + p.epsilon)
+    y = y * tf.cast(theta.scale, tf.float32) + tf.cast(theta.bias, tf.float32)
+    return tf.cast(y, self.fprop_dtype)
+
+  @classmethod
+  def FPropMeta(cls, p, x_shape):
+    _CheckDim(cls.__name__, p)
+    shape = _CheckChannels(cls.__name__, p, x_shape)
+    return base_layer.FPropMetaResult(
+        _LN_FLOPS_PER_ELEMENT * base_layer.NumElements(shape), shape, 2 * p.dim)

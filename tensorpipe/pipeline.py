@@ -1,0 +1,603 @@
+"""TensorPipeLayer: GPipe pipeline parallelism for a sequence of layers.
+
+GPipe (Huang et al. 2018, arXiv 1811.06965) cuts a sequence of L layers into K
+partitions placed on K devices, splits the mini-batch of N examples into T
+micro-batches and pipelines them: at clock tick c partition k works on
+micro-batch t = c - k, so the K devices work at the same time on different
+micro-batches. The backward pass runs the mirrored schedule. Only the
+activations at partition boundaries are kept; each partition's forward pass is
+recomputed in the backward pass. Gradients are summed over micro-batches, so
+one optimizer step per mini-batch equals the step of the unpipelined model.
+
+Pseudo-code of one training step (`recompute=True`):
+
+  x[t] = micro-batch t of the inputs                    # [T, N/T, ...]
+  for c in range(T + K - 1):                             # tf.while_loop
+    for k in range(K):                                   # concurrently
+      t = c - k
+      if 0 <= t < T:
+        saved[k][t] = in_k                               # boundary activation
+        out_k, stats_k += F_k(theta_k, in_k)             # on device k
+  y = concat(out_{K-1})                                  # [N, ...]
+  for c in range(T + K - 1):                             # backward tick
+    for k in range(K):
+      t = T - 1 - (c - (K - 1 - k))
+      if 0 <= t < T:
+        dx_k, dtheta_k += vjp(F_k, saved[k][t], dy_k)    # recompute + backprop
+  moving stats of batch norm <- stats summed over all micro-batches
+
+The recompute is written as an explicit backward `tf.while_loop` (a
+`tf.custom_gradient` over the whole pipeline) rather than `tf.recompute_grad`
+inside the forward loop: autodiff of a `tf.while_loop` stacks every tensor
+the loop body's gradient needs, and with `tf.recompute_grad` in the body that
+still included the partition's inputs and made it much slower than the
+forward-plus-backward cost (see tools/benchmark). `recompute_impl=
+'tf_recompute_grad'` keeps that formulation for comparison.
+
+Batch norm uses each micro-batch's statistics; the moving averages are
+updated once per step from the statistics of the whole mini-batch. Dropout
+masks are drawn per example (py_utils.StatelessUniform), so they do not depend
+on K or T and the recompute pass reproduces them.
+"""
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+from absl import logging
+import tensorflow as tf
+
+from tensorpipe import base_layer
+from tensorpipe import devices as devices_lib
+from tensorpipe import microbatch
+from tensorpipe import partitioning
+from tensorpipe import py_utils
+from tensorpipe.layers import composite
+from tensorpipe.nested_map import NestedMap
+
+_RECOMPUTE_IMPLS = ('explicit', 'tf_recompute_grad')
+
+
+def _Zeros(specs: Sequence[tf.TensorSpec]) -> List[tf.Tensor]:
+  return [tf.zeros(s.shape, s.dtype) for s in specs]
+
+
+def _IsFloat(spec: tf.TensorSpec) -> bool:
+  return spec.dtype.is_floating or spec.dtype.is_complex
+
+
+def _SpecOf(x: tf.Tensor) -> tf.TensorSpec:
+  return tf.TensorSpec(x.shape, x.dtype)
+
+
+class _Stage:
+  """One partition: its layers, device and the structures crossing it."""
+
+  def __init__(self, k: int, layers: List[base_layer.BaseLayer], device: str):
+    self.k = k
+    self.layers = layers
+    self.device = device
+    self.in_struct = None      # structure of the input args (a tuple)
+    self.in_specs = None       # flat TensorSpecs of the inputs
+    self.out_struct = None
+    self.out_specs = None
+    self.stats_layers = None   # batch-norm layers reporting stats, in order
+    self.stats_specs = None
+
+  def Call(self, theta: List[Any], args: Tuple[Any, ...],
+           example_offset) -> Tuple[Any, List[Tuple[Any, Any]]]:
+    """Runs the stage's layers on one micro-batch; returns (outputs, stats)."""
+    with py_utils.ExampleOffset(example_offset), \
+        py_utils.CollectBatchStats() as collected:
+      for layer, layer_theta in zip(self.layers, theta):
+        with tf.name_scope(layer.layer_name):
+          args = composite.AsArgs(layer.FProp(layer_theta, *args))
+    return composite.FromArgs(args), collected
+
+  def FlatCall(self, theta, flat_in, t, micro_batch_size):
+    """Flat-tensor version of Call: returns (flat outputs, flat stats)."""
+    args = tf.nest.pack_sequence_as(self.in_struct, flat_in)
+    out, collected = self.Call(theta, args, t * micro_batch_size)
+    flat_stats = []
+    for _, stats in collected:
+      flat_stats.extend(tf.stop_gradient(s) for s in stats.Flatten())
+    return tf.nest.flatten(out), flat_stats, out, collected
+
+
+class TensorPipeLayer(base_layer.BaseLayer):
+  """GPipe: pipelines partitions of a sequence of layers over K devices.
+
+  Usage:
+    p = TensorPipeLayer.Params().Set(
+        name='TensorPipe', num_micro_batches=8,
+        partitions=[[layer_p, ...], [layer_p, ...]])  # K lists of layer Params
+    # or automatic, balanced by FPropMeta costs:
+    p = TensorPipeLayer.Params().Set(
+        name='TensorPipe', num_micro_batches=8, layers=[layer_p, ...],
+        num_partitions=4, input_shapes=[[16, 8, 8, 1]])
+    layer = p.Instantiate()
+    logits = layer.FPropDefaultTheta(inputs)
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('partitions', None, 'Manual partitioning: a list of K non-empty '
+             'lists of layer Params; partition k runs on devices[k].')
+    p.Define('layers', None, 'Automatic partitioning: the list of layer Params '
+             'to split into num_partitions contiguous partitions of balanced '
+             'FPropMeta cost (needs input_shapes).')
+    p.Define('num_partitions', 1, 'K, the number of partitions for automatic '
+             'partitioning (ignored with `partitions`).')
+    p.Define('partition_method', 'min_max', "Automatic partitioning objective: "
+             "'min_max' (minimise the most expensive partition, exact) or "
+             "'min_variance' (the paper's heuristic: minimise the variance of "
+             'partition costs, exact).')
+    p.Define('input_shapes', None, 'Shapes of the mini-batch inputs, e.g. '
+             '[[16, 8, 8, 1]] (one per FProp input; a NestedMap of shapes for '
+             'a NestedMap input). Needed for automatic partitioning; when set, '
+             'shapes are also checked to chain through the layers at '
+             'construction.')
+    p.Define('num_micro_batches', 1, 'T, the number of micro-batches a '
+             'mini-batch is split into.')
+    p.Define('micro_batch_size', None, 'Alternative to num_micro_batches: '
+             'examples per micro-batch (T = batch size / micro_batch_size).')
+    p.Define('batch_dim', 0, 'Axis of the batch in every input tensor.')
+    p.Define('devices', None, 'K device names, one per partition; None picks '
+             'K GPUs, else K TPU cores, else K logical CPU devices.')
+    p.Define('recompute', True, 'Recompute each partition\'s forward pass in '
+             'the backward pass, keeping only partition-boundary activations '
+             '(GPipe re-materialisation). False keeps all activations.')
+    p.Define('recompute_impl', 'explicit', "How recompute is done: 'explicit' "
+             "(a backward tf.while_loop with per-partition vjp; fast) or "
+             "'tf_recompute_grad' (tf.recompute_grad in the forward loop).")
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    stage_params = self._ResolvePartitions(p)
+    self._devices = devices_lib.ResolveDevices(p.devices, len(stage_params))
+    if p.recompute_impl not in _RECOMPUTE_IMPLS:
+      raise ValueError(f'recompute_impl={p.recompute_impl!r} is not one of '
+                       f'{_RECOMPUTE_IMPLS}')
+    if not isinstance(p.batch_dim, int) or p.batch_dim < 0:
+      raise ValueError(f'batch_dim={p.batch_dim!r} must be an int >= 0')
+    stages = []
+    for k, layer_ps in enumerate(stage_params):
+      with tf.device(self._devices[k]):
+        layers = self.CreateChildren(f'partition_{k}', layer_ps)
+      stages.append(_Stage(k, layers, self._devices[k]))
+    object.__setattr__(self, '_stages', stages)
+    object.__setattr__(self, '_stage_params', stage_params)
+
+  # -- construction helpers ------------------------------------------------
+
+  def _ResolvePartitions(self, p) -> List[List[Any]]:
+    if p.partitions is not None and p.layers is not None:
+      raise ValueError(f'TensorPipeLayer {p.name!r}: set either `partitions` '
+                       '(manual) or `layers` + `num_partitions` (automatic), '
+                       'not both')
+    if p.partitions is not None:
+      parts = list(p.partitions)
+      if not parts:
+        raise ValueError(f'TensorPipeLayer {p.name!r}: partitions is empty; '
+                         'give K >= 1 lists of layer Params')
+      for k, part in enumerate(parts):
+        if not isinstance(part, (list, tuple)):
+          raise TypeError(f'partitions[{k}] must be a list of layer Params, '
+                          f'got {type(part).__name__}: {part!r}')
+        if not part:
+          raise ValueError(f'TensorPipeLayer {p.name!r}: partition {k} is '
+                           'empty; every partition needs at least one layer')
+      if p.input_shapes is not None:
+        self._CheckChain([lp for part in parts for lp in part],
+                         self._InputShapes(p.input_shapes))
+      return [list(part) for part in parts]
+    if p.layers is None:
+      raise ValueError(f'TensorPipeLayer {p.name!r}: no layers; set '
+                       '`partitions` (K lists of layer Params) or `layers` '
+                       'with `num_partitions`')
+    layers = list(p.layers)
+    if not layers:
+      raise ValueError(f'TensorPipeLayer {p.name!r}: layers is empty')
+    k = p.num_partitions
+    if not isinstance(k, int) or k < 1:
+      raise ValueError(f'num_partitions={k!r} must be a positive int')
+    if k > len(layers):
+      raise ValueError(f'num_partitions={k} is larger than the number of '
+                       f'layers ({len(layers)}): each partition needs at least '
+                       f'one layer; use num_partitions <= {len(layers)}')
+    if k == 1:
+      return [layers]
+    if p.input_shapes is None:
+      raise ValueError(
+          f'TensorPipeLayer {p.name!r}: automatic partitioning into {k} '
+          'partitions balances FPropMeta costs, which need the input shapes; '
+          'set input_shapes (e.g. [[batch, height, width, channels]]) or give '
+          '`partitions` explicitly')
+    metas = self._CheckChain(layers, self._InputShapes(p.input_shapes))
+    costs = [m.flops for m in metas]
+    plan = partitioning.Partition(costs, k, method=p.partition_method)
+    logging.info('TensorPipeLayer %r partition plan:\n%s', p.name,
+                 plan.Report([lp.name for lp in layers]))
+    object.__setattr__(self, '_plan', plan)
+    out, start = [], 0
+    for size in plan.sizes:
+      out.append(layers[start:start + size])
+      start += size
+    return out
+
+  @staticmethod
+  def _InputShapes(input_shapes) -> Tuple[Any, ...]:
+    if isinstance(input_shapes, dict):
+      return (tf.nest.map_structure(base_layer.ToShape, input_shapes),)
+
+    def IsShape(s):
+      return isinstance(s, tf.TensorShape) or (
+          isinstance(s, (list, tuple)) and all(
+              isinstance(d, int) or d is None for d in s))
+    if IsShape(input_shapes):
+      raise ValueError(f'input_shapes={input_shapes!r} looks like one shape; '
+                       'give a list with one shape per input, e.g. '
+                       f'[{list(input_shapes)!r}]')
+    return tuple(base_layer.ToShape(s) if IsShape(s) else
+                 tf.nest.map_structure(base_layer.ToShape, s)
+                 for s in input_shapes)
+
+  def _CheckChain(self, layer_params, input_shapes):
+    try:
+      metas, _ = composite.ChainFPropMeta(
+          layer_params, input_shapes, owner=f'TensorPipeLayer '
+          f'{self.params.name!r}')
+    except NotImplementedError:
+      return None
+    return metas
+
+  # -- properties ----------------------------------------------------------
+
+  @property
+  def num_partitions(self) -> int:
+    return len(self._stages)
+
+  @property
+  def devices(self) -> List[str]:
+    return list(self._devices)
+
+  @property
+  def partition_plan(self) -> Optional[partitioning.PartitionPlan]:
+    """The automatic partition plan, or None for manual partitions."""
+    return getattr(self, '_plan', None)
+
+  def PartitionLayers(self) -> List[List[base_layer.BaseLayer]]:
+    return [list(s.layers) for s in self._stages]
+
+  @classmethod
+  def FPropMeta(cls, p, *input_shapes):
+    layer_ps = (p.layers if p.layers is not None else
+                [lp for part in p.partitions for lp in part])
+    metas, out_shapes = composite.ChainFPropMeta(
+        layer_ps, input_shapes, owner=f'TensorPipeLayer {p.name!r}')
+    return base_layer.FPropMetaResult(sum(m.flops for m in metas), out_shapes,
+                                      sum(m.num_params for m in metas))
+
+  # -- forward -------------------------------------------------------------
+
+  def FProp(self, theta: NestedMap, *inputs):
+    """Runs the pipeline on a mini-batch.
+
+    Args:
+      theta: this layer's weights (`self.theta` or a transformed copy).
+      *inputs: the first layer's inputs; every tensor has the batch on
+        `batch_dim` (e.g. [batch, height, width, channels]).
+
+    Returns:
+      The last layer's outputs for the whole mini-batch.
+    """
+    p = self.params
+    if not inputs:
+      raise ValueError('TensorPipeLayer.FProp needs at least one input')
+    batch = microbatch.BatchSize(inputs, p.batch_dim)
+    num_mb = microbatch.NumMicroBatches(batch, p.num_micro_batches,
+                                        p.micro_batch_size)
+    mb_size = batch // num_mb
+    self._CheckInputShapes(inputs, num_mb)
+    thetas = []
+    for k, stage in enumerate(self._stages):
+      with tf.device(stage.device):
+        thetas.append(tf.nest.map_structure(
+            tf.identity, list(theta[f'partition_{k}'])))
+    stacked = microbatch.Split(inputs, num_mb, p.batch_dim)
+    self._InferSpecs(thetas, stacked, mb_size)
+    training = py_utils.IsTraining()
+    flat_stacked = tf.nest.flatten(stacked)
+    if training and p.recompute and p.recompute_impl == 'explicit':
+      flat_out, flat_stats = self._RecomputedPipeline(
+          flat_stacked, thetas, num_mb, mb_size)
+    else:
+      wrap = training and p.recompute
+      flat_out, flat_stats = self._ForwardLoop(
+          flat_stacked, thetas, num_mb, mb_size, save_inputs=False,
+          wrap_recompute_grad=wrap)[:2]
+    if training:
+      self._ReportStats(flat_stats)
+    last = self._stages[-1]
+    with tf.device(last.device):
+      out = tf.nest.pack_sequence_as(last.out_struct, flat_out)
+      return microbatch.Merge(out, p.batch_dim)
+
+  def _CheckInputShapes(self, inputs, num_mb):
+    """Checks shapes chain through all layers before any TF op is built."""
+    p = self.params
+    shapes = tuple(base_layer.ShapeOf(x) for x in inputs)
+
+    def MicroShape(s):
+      if s.rank is None:
+        return s
+      dims = s.as_list()
+      dims[p.batch_dim] = dims[p.batch_dim] // num_mb
+      return tf.TensorShape(dims)
+    shapes = tf.nest.map_structure(MicroShape, shapes)
+    flat_ps = [lp for part in self._stage_params for lp in part]
+    try:
+      composite.ChainFPropMeta(flat_ps, shapes,
+                               owner=f'TensorPipeLayer {p.name!r}')
+    except NotImplementedError:
+      pass
+
+  def _InferSpecs(self, thetas, stacked, mb_size):
+    """Traces each stage once to learn the structures crossing boundaries."""
+    args = microbatch.Slice(stacked, 0)
+    for stage, theta in zip(self._stages, thetas):
+      stage.in_struct = args
+      flat = tf.nest.flatten(args)
+      stage.in_specs = [_SpecOf(x) for x in flat]
+
+      def Fn(*flat_in, stage=stage, theta=theta):
+        f_out, f_stats, out, collected = stage.FlatCall(
+            theta, list(flat_in), tf.constant(0), mb_size)
+        Fn.out = out
+        Fn.collected = collected
+        return f_out + f_stats
+
+      with tf.device(stage.device):
+        concrete = tf.function(Fn, autograph=False).get_concrete_function(
+            *stage.in_specs)
+      del concrete
+      stage.out_struct = tf.nest.map_structure(_SpecOf, Fn.out)
+      stage.out_specs = [_SpecOf(x) for x in tf.nest.flatten(Fn.out)]
+      stage.stats_layers = [layer for layer, _ in Fn.collected]
+      stage.stats_specs = [_SpecOf(s) for _, st in Fn.collected
+                           for s in st.Flatten()]
+      args = composite.AsArgs(stage.out_struct)
+
+  def _ReportStats(self, flat_stats):
+    i = 0
+    for stage in self._stages:
+      for layer in stage.stats_layers:
+        stats = py_utils.BatchStats.Pack(flat_stats[i:i + 3])
+        i += 3
+        with tf.device(stage.device):
+          py_utils.AddBatchStats(layer, stats)
+
+  def _ForwardLoop(self, flat_stacked, thetas, num_mb, mb_size, save_inputs,
+                   wrap_recompute_grad=False):
+    """The forward clock-cycle loop.
+
+    Returns:
+      (flat outputs [N/T*T ...] stacked per micro-batch merged later,
+       flat summed stats, saved stage inputs (list per stage of stacked
+       tensors [T, ...]) or None).
+    """
+    stages = self._stages
+    num_k = len(stages)
+    ticks = num_mb + num_k - 1
+    last = stages[-1]
+
+    def MakeCall(stage, theta):
+      def Call(*flat_args):
+        n_in = len(stage.in_specs)
+        flat_in = list(flat_args[:n_in])
+        t = tf.cast(flat_args[n_in], tf.int32)
+        th = tf.nest.pack_sequence_as(theta, list(flat_args[n_in + 1:]))
+        f_out, f_stats = stage.FlatCall(th, flat_in, t, mb_size)[:2]
+        return f_out + f_stats
+      if wrap_recompute_grad:
+        rc = tf.recompute_grad(Call)
+        # tf.recompute_grad differentiates every argument: pass t as a float.
+        return lambda flat_in, t: rc(*flat_in, tf.cast(t, tf.float32),
+                                     *tf.nest.flatten(theta))
+      return lambda flat_in, t: Call(*flat_in, t, *tf.nest.flatten(theta))
+    calls = [MakeCall(s, th) for s, th in zip(stages, thetas)]
+
+    def Body(c, buffers, stats_acc, out_tas, saved_tas):
+      new_buffers, new_stats, new_saved = [], [], []
+      for k, stage in enumerate(stages):
+        t = c - k
+        valid = tf.logical_and(t >= 0, t < num_mb)
+        tc = tf.clip_by_value(t, 0, num_mb - 1)
+        slot = tf.where(valid, t, num_mb)  # slot num_mb collects bubble writes
+        with tf.device(stage.device):
+          if k == 0:
+            x = [tf.gather(s, tc) for s in flat_stacked]
+          else:
+            x = buffers[k - 1]
+          if save_inputs:
+            new_saved.append([ta.write(slot, v)
+                              for ta, v in zip(saved_tas[k], x)])
+          n_out = len(stage.out_specs)
+          if wrap_recompute_grad:
+            # The gradient of tf.recompute_grad inside a tf.cond inside a
+            # while loop fails in cond_v2, so bubble ticks compute on a
+            # clamped index; their outputs go nowhere and stats are masked.
+            res = list(calls[k](x, tc))
+            y, st = res[:n_out], res[n_out:]
+            st = [s * tf.cast(valid, s.dtype) for s in st]
+          else:
+            res = tf.cond(
+                valid, lambda k=k, x=x, tc=tc: calls[k](x, tc),
+                lambda k=k: _Zeros(stages[k].out_specs +
+                                   stages[k].stats_specs))
+            res = list(res) if isinstance(res, (list, tuple)) else [res]
+            y, st = res[:n_out], res[n_out:]
+          new_stats.append([a + b for a, b in zip(stats_acc[k], st)])
+          if k < num_k - 1:
+            new_buffers.append(y)
+          else:
+            out_tas = [ta.write(slot, v) for ta, v in zip(out_tas, y)]
+      return (c + 1, new_buffers, new_stats, out_tas,
+              new_saved if save_inputs else saved_tas)
+
+    buffers, stats_acc, saved_tas = [], [], []
+    for k, stage in enumerate(stages):
+      with tf.device(stage.device):
+        if k < num_k - 1:
+          buffers.append(_Zeros(stage.out_specs))
+        stats_acc.append(_Zeros(stage.stats_specs))
+        if save_inputs:
+          saved_tas.append([
+              tf.TensorArray(s.dtype, size=num_mb + 1, element_shape=s.shape)
+              for s in stage.in_specs])
+    with tf.device(last.device):
+      out_tas = [tf.TensorArray(s.dtype, size=num_mb + 1,
+                                element_shape=s.shape)
+                 for s in last.out_specs]
+    _, _, stats_acc, out_tas, saved_tas = tf.while_loop(
+        lambda c, *_: c < ticks, Body,
+        (tf.constant(0), buffers, stats_acc, out_tas, saved_tas),
+        maximum_iterations=ticks)
+    with tf.device(last.device):
+      flat_out = [ta.stack()[:num_mb] for ta in out_tas]
+    flat_stats = [s for per_stage in stats_acc for s in per_stage]
+    saved = None
+    if save_inputs:
+      saved = []
+      for stage, tas in zip(stages, saved_tas):
+        with tf.device(stage.device):
+          saved.append([ta.stack()[:num_mb] for ta in tas])
+    return flat_out, flat_stats, saved
+
+  def _RecomputedPipeline(self, flat_stacked, thetas, num_mb, mb_size):
+    """Forward loop + explicit backward loop, as one tf.custom_gradient."""
+    stages = self._stages
+    num_k = len(stages)
+    n_in = len(flat_stacked)
+    theta_structs = thetas
+    flat_thetas = [tf.nest.flatten(th) for th in thetas]
+    theta_sizes = [len(f) for f in flat_thetas]
+    n_out = len(stages[-1].out_specs)
+
+    @tf.custom_gradient
+    def Pipeline(*args):
+      f_stacked = list(args[:n_in])
+      f_theta, i = [], n_in
+      for size, struct in zip(theta_sizes, theta_structs):
+        f_theta.append(tf.nest.pack_sequence_as(struct,
+                                                list(args[i:i + size])))
+        i += size
+      flat_out, flat_stats, saved = self._ForwardLoop(
+          f_stacked, f_theta, num_mb, mb_size, save_inputs=True)
+
+      def Grad(*dys):
+        dys = [tf.zeros_like(o) if d is None else d
+               for d, o in zip(dys[:n_out], flat_out)]
+        d_inputs, d_thetas = self._BackwardLoop(saved, f_theta, dys, num_mb,
+                                                mb_size)
+        grads = list(d_inputs)
+        for d in d_thetas:
+          grads.extend(d)
+        return grads
+
+      return flat_out + flat_stats, Grad
+
+    args = list(flat_stacked)
+    for f in flat_thetas:
+      args.extend(f)
+    res = Pipeline(*args)
+    return list(res[:n_out]), list(res[n_out:])
+
+  def _BackwardLoop(self, saved, thetas, dys_stacked, num_mb, mb_size):
+    """Backward clock-cycle loop: recompute + vjp per partition.
+
+    Args:
+      saved: per stage, the flat stacked inputs [T, ...] saved by the forward.
+      thetas: per stage, the weights (structures of tensors).
+      dys_stacked: gradients of the flat stacked outputs [T, ...].
+
+    Returns:
+      (gradients of the flat stacked inputs of stage 0 (None for non-float),
+       per stage the flat gradients of its theta).
+    """
+    stages = self._stages
+    num_k = len(stages)
+    ticks = num_mb + num_k - 1
+    float_in = [[i for i, s in enumerate(st.in_specs) if _IsFloat(s)]
+                for st in stages]
+    float_out = [[i for i, s in enumerate(st.out_specs) if _IsFloat(s)]
+                 for st in stages]
+
+    def Vjp(k, x, dy, tc):
+      stage = stages[k]
+      theta_flat = tf.nest.flatten(thetas[k])
+      with tf.GradientTape(watch_accessed_variables=False) as tape:
+        xs = [x[i] for i in float_in[k]]
+        tape.watch(xs)
+        tape.watch(theta_flat)
+        th = tf.nest.pack_sequence_as(thetas[k], theta_flat)
+        x_all = list(x)
+        y = stage.FlatCall(th, x_all, tc, mb_size)[0]
+      ys = [y[i] for i in float_out[k]]
+      grads = tape.gradient(
+          ys, xs + theta_flat, output_gradients=dy,
+          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+      return grads[:len(xs)], grads[len(xs):]
+
+    def Body(c, gbufs, dtheta_acc, din_tas):
+      new_gbufs = [[] for _ in range(num_k)]
+      new_acc = []
+      for k in range(num_k):
+        stage = stages[k]
+        t = num_mb - 1 - (c - (num_k - 1 - k))
+        valid = tf.logical_and(t >= 0, t < num_mb)
+        tc = tf.clip_by_value(t, 0, num_mb - 1)
+        with tf.device(stage.device):
+          x = [tf.gather(s, tc) for s in saved[k]]
+          if k == num_k - 1:
+            dy = [tf.gather(dys_stacked[i], tc) for i in float_out[k]]
+          else:
+            dy = gbufs[k + 1]
+          theta_specs = [_SpecOf(w) for w in tf.nest.flatten(thetas[k])]
+          dx_specs = [stage.in_specs[i] for i in float_in[k]]
+          res = tf.cond(
+              valid,
+              lambda k=k, x=x, dy=dy, tc=tc: sum(Vjp(k, x, dy, tc), []),
+              lambda dx_specs=dx_specs, theta_specs=theta_specs: _Zeros(
+                  dx_specs + theta_specs))
+          res = list(res) if isinstance(res, (list, tuple)) else [res]
+          dx, dth = res[:len(dx_specs)], res[len(dx_specs):]
+          new_acc.append([a + b for a, b in zip(dtheta_acc[k], dth)])
+          if k == 0:
+            slot = tf.where(valid, t, num_mb)
+            din_tas = [ta.write(slot, v) for ta, v in zip(din_tas, dx)]
+          else:
+            new_gbufs[k] = dx
+      return c + 1, new_gbufs, new_acc, din_tas
+
+    gbufs, acc = [None] * num_k, []
+    for k, stage in enumerate(stages):
+      with tf.device(stage.device):
+        if k > 0:
+          gbufs[k] = _Zeros([stage.in_specs[i] for i in float_in[k]])
+        acc.append([tf.zeros_like(w) for w in tf.nest.flatten(thetas[k])])
+    with tf.device(stages[0].device):
+      din_tas = [tf.TensorArray(stages[0].in_specs[i].dtype, size=num_mb + 1,
+                                element_shape=stages[0].in_specs[i].shape)
+                 for i in float_in[0]]
+    # While-loop state cannot hold None: stage 0 has no incoming gradient.
+    gbufs[0] = []
+    _, _, acc, din_tas = tf.while_loop(
+        lambda c, *_: c < ticks, Body, (tf.constant(0), gbufs, acc, din_tas),
+        maximum_iterations=ticks)
+    d_inputs = [None] * len(stages[0].in_specs)
+    with tf.device(stages[0].device):
+      for j, i in enumerate(float_in[0]):
+        d_inputs[i] = din_tas[j].stack()[:num_mb]
+    return d_inputs, acc

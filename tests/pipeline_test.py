@@ -1,0 +1,439 @@
+"""Tests of TensorPipeLayer: the paper's consistency test, transparency, errors."""
+
+import re
+
+import numpy as np
+import tensorflow as tf
+
+import tensorpipe
+from tensorpipe import base_layer
+from tensorpipe import py_utils
+from tensorpipe import test_utils
+from tensorpipe.layers import composite
+from tensorpipe.layers import conv
+from tensorpipe.layers import dropout
+from tensorpipe.layers import linear
+from tensorpipe.layers import normalization
+from tensorpipe.nested_map import NestedMap
+
+test_utils.ConfigureTestDevices()
+
+
+def ConvStack(num_layers=16):
+  """The paper's consistency model: 16 Conv2DLayers 3x3, 1 -> 1 channel."""
+  return [conv.Conv2DLayer.Params().Set(
+      name=f'conv{i}', filter_shape=(3, 3, 1, 1), filter_stride=(1, 1))
+          for i in range(num_layers)]
+
+
+def Pipe(layers=None, partitions=None, **kwargs):
+  p = tensorpipe.TensorPipeLayer.Params().Set(name='TensorPipe', **kwargs)
+  if partitions is not None:
+    p.partitions = partitions
+  else:
+    p.layers = layers
+  return p.Instantiate()
+
+
+def Sequential(layers):
+  return composite.SequentialLayer.Params().Set(
+      name='Sequential', sub=layers).Instantiate()
+
+
+def SplitEven(layers, k):
+  n = len(layers) // k
+  return [layers[i * n:(i + 1) * n] for i in range(k)]
+
+
+def MeanLoss(out):
+  return tf.reduce_mean(tf.nest.flatten(out)[0])
+
+
+class TwoOutputsLayer(base_layer.BaseLayer):
+  """x -> (relu(x @ w), x): two tensors cross the next boundary."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('dim', 4, 'Feature dimension.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    d = self.params.dim
+    self.CreateVariable('w', base_layer.WeightParams([d, d]))
+
+  def FProp(self, theta, x):
+    return tf.nn.relu(tf.matmul(x, theta.w)), x
+
+  @classmethod
+  def FPropMeta(cls, p, x):
+    return base_layer.FPropMetaResult(2 * x.num_elements() * p.dim, (x, x),
+                                      p.dim * p.dim)
+
+
+class CombineLayer(base_layer.BaseLayer):
+  """(a, b) -> NestedMap(x=a * v + b, ids=int ids): a NestedMap output."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('dim', 4, 'Feature dimension.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateVariable('v', base_layer.WeightParams([self.params.dim]))
+
+  def FProp(self, theta, a, b):
+    ids = tf.cast(tf.reduce_sum(tf.ones_like(a), axis=-1), tf.int32)
+    return NestedMap(x=a * theta.v + b, ids=ids)
+
+  @classmethod
+  def FPropMeta(cls, p, a, b):
+    ids = a[:-1]
+    return base_layer.FPropMetaResult(
+        2 * a.num_elements(), (NestedMap(x=a, ids=ids),), p.dim)
+
+
+class UseNestedLayer(base_layer.BaseLayer):
+  """NestedMap(x, ids) -> x * w + ids (an int tensor crossed a boundary)."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('dim', 4, 'Feature dimension.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    d = self.params.dim
+    self.CreateVariable('w', base_layer.WeightParams([d, d]))
+
+  def FProp(self, theta, nm):
+    return tf.matmul(nm.x, theta.w) + tf.cast(nm.ids, tf.float32)[:, None]
+
+  @classmethod
+  def FPropMeta(cls, p, nm):
+    return base_layer.FPropMetaResult(
+        2 * nm.x.num_elements() * p.dim, nm.x, p.dim * p.dim)
+
+
+def MixedModel():
+  """Conv+BN, a residual ParallelLayer, dropout, pooling and a classifier."""
+  c = conv.Conv2DLayer.Params
+  residual = composite.ParallelLayer.Params().Set(
+      name='res', merge='sum', activation='RELU', sub=[
+          composite.IdentityLayer.Params().Set(name='skip'),
+          composite.SequentialLayer.Params().Set(name='block', sub=[
+              c().Set(name='rc1', filter_shape=(3, 3, 4, 4), batch_norm=True),
+              c().Set(name='rc2', filter_shape=(3, 3, 4, 4), batch_norm=True,
+                      activation='NONE')])])
+  return [
+      c().Set(name='stem', filter_shape=(3, 3, 2, 4), batch_norm=True),
+      residual,
+      dropout.DropoutLayer.Params().Set(name='drop1', keep_prob=0.7),
+      c().Set(name='conv2', filter_shape=(3, 3, 4, 4), filter_stride=(2, 2),
+              bias=True),
+      linear.FlattenLayer.Params().Set(name='flat'),
+      dropout.DropoutLayer.Params().Set(name='drop2', keep_prob=0.8),
+      linear.FCLayer.Params().Set(name='fc', input_dim=64, output_dim=5,
+                                  activation='NONE'),
+  ]
+
+
+def MicroBatchOracle(layer, num_micro_batches, loss_fn, x):
+  """The unpipelined model run on each micro-batch (BN uses micro-batch
+  statistics, as in GPipe), outputs concatenated; returns out, loss, grads."""
+  variables = layer.trainable_variables
+  n = x.shape[0] // num_micro_batches
+
+  @tf.function
+  def Step(x):
+    with tf.GradientTape() as tape:
+      outs = []
+      for t in range(num_micro_batches):
+        with py_utils.ExampleOffset(t * n):
+          outs.append(layer.FPropDefaultTheta(x[t * n:(t + 1) * n]))
+      out = tf.concat(outs, axis=0)
+      loss = loss_fn(out)
+    return out, loss, tape.gradient(loss, variables)
+  return Step(x)
+
+
+class ConsistencyTest(tf.test.TestCase):
+  """The paper's unit test (supplement figure 1), ported to TF2."""
+
+  def _GradNorm(self, layer, x):
+    _, loss, grads = test_utils.LossAndGrads(layer, MeanLoss, x)
+    self.assertLen(grads, 16)
+    return float(loss), test_utils.GlobalNorm(grads)
+
+  def testGradNormEqualForOneTwoFourPartitions(self):
+    x = tf.random.uniform([16, 8, 8, 1], seed=12345)
+    ref_loss, ref_norm = self._GradNorm(Sequential(ConvStack()), x)
+    self.assertGreater(ref_norm, 0.0)
+    results = {}
+    for k in (1, 2, 4):
+      results[f'manual K={k}'] = self._GradNorm(
+          Pipe(partitions=SplitEven(ConvStack(), k), num_micro_batches=8), x)
+      results[f'auto K={k}'] = self._GradNorm(
+          Pipe(layers=ConvStack(), num_partitions=k, num_micro_batches=8,
+               input_shapes=[[16, 8, 8, 1]]), x)
+    for key, (loss, norm) in results.items():
+      self.assertAllClose(norm, ref_norm, rtol=1e-6, atol=0, msg=key)
+      self.assertAllClose(loss, ref_loss, rtol=1e-6, atol=0, msg=key)
+
+  def testAutomaticPartitioningBalancesEqualLayers(self):
+    layer = Pipe(layers=ConvStack(), num_partitions=4, num_micro_batches=8,
+                 input_shapes=[[16, 8, 8, 1]])
+    self.assertEqual([len(p) for p in layer.PartitionLayers()], [4, 4, 4, 4])
+    self.assertAllClose(layer.partition_plan.imbalance, 1.0)
+
+
+class TransparencyTest(tf.test.TestCase):
+  """Pipelined == unpipelined: outputs, loss and every gradient."""
+
+  def _Compare(self, layer_ps, k, t, x, loss_fn=MeanLoss, rtol=1e-5, **kw):
+    ref = Sequential(layer_ps)
+    ref_out, ref_loss, ref_grads = MicroBatchOracle(ref, t, loss_fn, x)
+    pipe = Pipe(layers=layer_ps, num_partitions=k, num_micro_batches=t,
+                input_shapes=[x.shape.as_list()], **kw)
+    out, loss, grads = test_utils.LossAndGrads(pipe, loss_fn, x)
+    self.assertAllClose(out, ref_out, rtol=rtol, atol=1e-6)
+    self.assertAllClose(loss, ref_loss, rtol=rtol, atol=1e-7)
+    ref_vars = test_utils.VariablesByName(ref)
+    pipe_vars = test_utils.VariablesByName(pipe)
+    self.assertEqual(sorted(ref_vars), sorted(pipe_vars))
+    ref_g = {v.ref(): g for v, g in zip(ref.trainable_variables, ref_grads)}
+    pipe_g = {v.ref(): g for v, g in zip(pipe.trainable_variables, grads)}
+    for name, var in ref_vars.items():
+      if not var.trainable:
+        continue
+      self.assertAllClose(pipe_g[pipe_vars[name].ref()], ref_g[var.ref()],
+                          rtol=rtol, atol=1e-6, msg=name)
+    return pipe
+
+  def testMixedModelMatchesUnpipelinedForSeveralKAndT(self):
+    x = tf.random.stateless_normal([8, 8, 8, 2], seed=[1, 2])
+    for k, t in [(1, 1), (2, 4), (3, 2), (4, 8)]:
+      with self.subTest(k=k, t=t):
+        self._Compare(MixedModel(), k, t, x)
+
+  def testWithoutRecomputeMatches(self):
+    x = tf.random.stateless_normal([8, 8, 8, 2], seed=[3, 4])
+    self._Compare(MixedModel(), 3, 4, x, recompute=False)
+
+  def testTfRecomputeGradImplMatches(self):
+    x = tf.random.stateless_normal([8, 8, 8, 2], seed=[3, 4])
+    self._Compare(MixedModel(), 2, 4, x, recompute_impl='tf_recompute_grad')
+
+  def testMultiTensorActivationsCrossBoundaries(self):
+    layer_ps = [
+        linear.FCLayer.Params().Set(name='fc0', input_dim=3, output_dim=4),
+        TwoOutputsLayer.Params().Set(name='two'),
+        CombineLayer.Params().Set(name='combine'),
+        UseNestedLayer.Params().Set(name='use'),
+    ]
+    x = tf.random.stateless_normal([12, 3], seed=[5, 6])
+    for k, t in [(4, 3), (2, 6), (4, 1)]:
+      with self.subTest(k=k, t=t):
+        self._Compare(layer_ps, k, t, x)
+
+  def testDropoutIndependentOfMicroBatches(self):
+    """Per-example masks: without batch norm, T does not change anything."""
+    layer_ps = [
+        linear.FCLayer.Params().Set(name='fc0', input_dim=6, output_dim=6),
+        dropout.DropoutLayer.Params().Set(name='drop', keep_prob=0.5),
+        linear.FCLayer.Params().Set(name='fc1', input_dim=6, output_dim=6),
+    ]
+    x = tf.random.stateless_normal([8, 6], seed=[7, 8])
+    whole = Sequential(layer_ps)
+    ref_out, ref_loss, _ = test_utils.LossAndGrads(whole, MeanLoss, x)
+    for t in (1, 2, 8):
+      out, loss, _ = test_utils.LossAndGrads(
+          Pipe(layers=layer_ps, num_partitions=3, num_micro_batches=t,
+               input_shapes=[[8, 6]]), MeanLoss, x)
+      self.assertAllClose(out, ref_out, rtol=1e-6)
+      self.assertAllClose(loss, ref_loss, rtol=1e-6)
+
+  def testDropoutMasksChangeWithStepSeed(self):
+    layer = Pipe(layers=[dropout.DropoutLayer.Params().Set(
+        name='drop', keep_prob=0.5)], num_micro_batches=2)
+    x = tf.ones([4, 16])
+    with py_utils.StepSeed(1):
+      a = layer.FPropDefaultTheta(x)
+    with py_utils.StepSeed(2):
+      b = layer.FPropDefaultTheta(x)
+    self.assertNotAllClose(a, b)
+
+  def testEvalModeUsesMovingStatsAndMatchesSequential(self):
+    x = tf.random.stateless_normal([8, 8, 8, 2], seed=[9, 9])
+    pipe = Pipe(layers=MixedModel(), num_partitions=2, num_micro_batches=4,
+                input_shapes=[[8, 8, 8, 2]])
+    ref = Sequential(MixedModel())
+    with py_utils.EvalMode():
+      self.assertAllClose(pipe.FPropDefaultTheta(x), ref.FPropDefaultTheta(x),
+                          rtol=1e-5, atol=1e-6)
+
+  def testBfloat16Activations(self):
+    layer_ps = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=8,
+                                            output_dim=8) for i in range(4)]
+    pipe = Pipe(layers=layer_ps, num_partitions=2, num_micro_batches=2,
+                input_shapes=[[4, 8]], fprop_dtype=tf.bfloat16)
+    x = tf.random.stateless_normal([4, 8], seed=[1, 1])
+    out, loss, grads = test_utils.LossAndGrads(pipe, MeanLoss, x)
+    self.assertEqual(out.dtype, tf.bfloat16)
+    self.assertTrue(all(v.dtype == tf.float32
+                        for v in pipe.trainable_variables))
+    ref = Sequential(layer_ps)
+    ref_out = ref.FPropDefaultTheta(x)
+    self.assertAllClose(tf.cast(out, tf.float32), ref_out, rtol=0.05,
+                        atol=0.05)
+    self.assertTrue(all(g is not None for g in grads))
+
+
+class BatchNormStatsTest(tf.test.TestCase):
+
+  def testMovingStatsAfterStepEqualWholeMiniBatchStats(self):
+    bn_p = normalization.BatchNormLayer.Params().Set(
+        name='bn', dim=3, decay=0.9)
+    layer_ps = [linear.FCLayer.Params().Set(name='fc', input_dim=3,
+                                            output_dim=3, activation='NONE'),
+                bn_p]
+    pipe = Pipe(layers=layer_ps, num_partitions=2, num_micro_batches=4,
+                input_shapes=[[16, 3]])
+    x = tf.random.stateless_normal([16, 3], seed=[4, 2]) * 3.0 + 1.0
+    test_utils.LossAndGrads(pipe, MeanLoss, x)
+    fc, bn = pipe.PartitionLayers()[0][0], pipe.PartitionLayers()[1][0]
+    h = (x.numpy() @ fc.vars.w.numpy() + fc.vars.b.numpy()).astype(np.float64)
+    self.assertAllClose(bn.vars.moving_mean, 0.1 * h.mean(axis=0), rtol=1e-5)
+    self.assertAllClose(bn.vars.moving_variance,
+                        0.9 + 0.1 * h.var(axis=0), rtol=1e-5)
+
+  def testEvalDoesNotUpdateMovingStats(self):
+    pipe = Pipe(layers=[normalization.BatchNormLayer.Params().Set(
+        name='bn', dim=2)], num_micro_batches=2)
+    with py_utils.EvalMode():
+      pipe.FPropDefaultTheta(tf.ones([4, 2]) * 5.0)
+    bn = pipe.PartitionLayers()[0][0]
+    self.assertAllEqual(bn.vars.moving_mean, [0.0, 0.0])
+
+
+class PlacementTest(tf.test.TestCase):
+
+  def testVariablesAndOpsOnTheirPartitionsDevice(self):
+    layer = Pipe(partitions=SplitEven(ConvStack(8), 4), num_micro_batches=4)
+    for k, layers in enumerate(layer.PartitionLayers()):
+      for l in layers:
+        for v in l.vars.values():
+          self.assertTrue(v.device.endswith(f'CPU:{k}'), (v.name, v.device))
+
+    @tf.function
+    def Step(x):
+      with tf.GradientTape() as tape:
+        loss = MeanLoss(layer.FPropDefaultTheta(x))
+      return tape.gradient(loss, layer.trainable_variables)
+    graph = Step.get_concrete_function(
+        tf.TensorSpec([8, 8, 8, 1])).graph
+    checked = 0
+    lib = graph.as_graph_def().library
+    for fdef in lib.function:
+      for node in fdef.node_def:
+        m = re.search(r'(?:^|/)conv(\d)/', node.name)
+        if m and node.device and node.op == 'Conv2D':
+          k = int(m.group(1)) // 2
+          self.assertTrue(node.device.endswith(f'CPU:{k}'),
+                          (fdef.signature.name, node.name, node.device))
+          checked += 1
+    # Forward, recompute and both gradient convs of each of the 8 layers.
+    self.assertGreaterEqual(checked, 8 * 2)
+
+  def testGraphSizeDoesNotGrowWithMicroBatches(self):
+    def NumNodes(t):
+      layer = Pipe(partitions=SplitEven(ConvStack(4), 2),
+                   num_micro_batches=t)
+
+      @tf.function
+      def Step(x):
+        with tf.GradientTape() as tape:
+          loss = MeanLoss(layer.FPropDefaultTheta(x))
+        return tape.gradient(loss, layer.trainable_variables)
+      gdef = Step.get_concrete_function(tf.TensorSpec([16, 8, 8, 1])).graph
+      gdef = gdef.as_graph_def()
+      return len(gdef.node) + sum(len(f.node_def) for f in gdef.library.function)
+    self.assertEqual(NumNodes(2), NumNodes(8))
+
+
+class StrategyTest(tf.test.TestCase):
+
+  def testOneDeviceStrategyMatchesDefault(self):
+    x = tf.random.stateless_normal([8, 8, 8, 1], seed=[1, 3])
+    _, loss, grads = test_utils.LossAndGrads(
+        Pipe(partitions=SplitEven(ConvStack(4), 2), num_micro_batches=4),
+        MeanLoss, x)
+    strategy = tf.distribute.OneDeviceStrategy('/CPU:0')
+    with strategy.scope():
+      layer = Pipe(partitions=SplitEven(ConvStack(4), 2), num_micro_batches=4)
+      variables = layer.trainable_variables
+
+      @tf.function
+      def Step(x):
+        def Fn(x):
+          with tf.GradientTape() as tape:
+            l = MeanLoss(layer.FPropDefaultTheta(x))
+          return l, tape.gradient(l, variables)
+        return strategy.run(Fn, args=(x,))
+      s_loss, s_grads = Step(x)
+    self.assertAllClose(s_loss, loss, rtol=1e-6)
+    for a, b in zip(s_grads, grads):
+      self.assertAllClose(a, b, rtol=1e-5, atol=1e-7)
+
+
+class ErrorsTest(tf.test.TestCase):
+
+  def testBatchNotDivisibleByMicroBatches(self):
+    layer = Pipe(partitions=SplitEven(ConvStack(2), 2), num_micro_batches=8)
+    with self.assertRaisesRegex(ValueError, r'30.*num_micro_batches=8'):
+      layer.FPropDefaultTheta(tf.zeros([30, 8, 8, 1]))
+
+  def testMorePartitionsThanLayers(self):
+    with self.assertRaisesRegex(ValueError, r'num_partitions=5.*\(4\).*<= 4'):
+      Pipe(layers=ConvStack(4), num_partitions=5, input_shapes=[[8, 8, 8, 1]])
+
+  def testFewerDevicesThanPartitions(self):
+    k = test_utils.NUM_TEST_DEVICES + 1
+    with self.assertRaisesRegex(ValueError,
+                                rf'{k} partitions need {k} devices.*'
+                                rf'SetNumLogicalCpuDevices\({k}\)'):
+      Pipe(partitions=[[p] for p in ConvStack(k)])
+
+  def testEmptyPartition(self):
+    with self.assertRaisesRegex(ValueError, 'partition 1 is empty'):
+      Pipe(partitions=[ConvStack(2), []])
+
+  def testUnknownParamsKey(self):
+    with self.assertRaisesRegex(AttributeError, 'num_micro_batches'):
+      tensorpipe.TensorPipeLayer.Params().Set(num_micro_batchs=4)
+
+  def testWrongTypeForMicroBatches(self):
+    layer = Pipe(partitions=[ConvStack(1)], num_micro_batches='4')
+    with self.assertRaisesRegex((ValueError, TypeError), "'4'"):
+      layer.FPropDefaultTheta(tf.zeros([8, 8, 8, 1]))
+
+  def testShapesThatDoNotChain(self):
+    bad = ConvStack(2) + [conv.Conv2DLayer.Params().Set(
+        name='wide', filter_shape=(3, 3, 4, 4))]
+    with self.assertRaisesRegex(ValueError, r"layer 2 .*'wide'.*4"):
+      Pipe(partitions=[bad[:2], bad[2:]], input_shapes=[[8, 8, 8, 1]])
+    layer = Pipe(partitions=[bad[:2], bad[2:]])
+    with self.assertRaisesRegex(ValueError, r"layer 2 .*'wide'"):
+      layer.FPropDefaultTheta(tf.zeros([8, 8, 8, 1]))
+
+  def testAutomaticPartitioningNeedsInputShapes(self):
+    with self.assertRaisesRegex(ValueError, 'input_shapes'):
+      Pipe(layers=ConvStack(4), num_partitions=2)
+
+
+if __name__ == '__main__':
+  tf.test.main()
