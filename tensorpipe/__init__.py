@@ -14,3 +14,4 @@ from tensorpipe.pipeline import TensorPipeLayer
 from tensorpipe.py_utils import EvalMode
 from tensorpipe.py_utils import StepSeed
 from tensorpipe.py_utils import TrainingMode
+from tensorpipe import layers

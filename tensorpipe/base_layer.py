@@ -348,12 +348,19 @@ class BaseLayer(tf.Module):
         'partitioned by cost or analysed; give partitions explicitly')
 
   def CastTheta(self, theta: NestedMap) -> NestedMap:
-    """Casts float weights to fprop_dtype (bfloat16 activations)."""
+    """Casts this layer's own trainable float weights to fprop_dtype.
+
+    Children cast their own weights in their FProp; non-trainable variables
+    (e.g. batch-norm moving statistics) keep their precision.
+    """
     if self.fprop_dtype == self.dtype:
       return theta
-    return tf.nest.map_structure(
-        lambda w: tf.cast(w, self.fprop_dtype) if w.dtype.is_floating else w,
-        theta)
+    out = NestedMap(theta)
+    for name, var in self._vars.items():
+      w = theta[name]
+      if var.trainable and w.dtype.is_floating:
+        out[name] = tf.cast(w, self.fprop_dtype)
+    return out
 
   def UpdateMovingStats(self, stats) -> None:
     """Applies merged batch statistics; layers with moving averages override."""

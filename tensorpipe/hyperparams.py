@@ -37,12 +37,12 @@ _INT_RE = re.compile(r'[-+]?\d+$')
 
 
 class UnknownParamError(AttributeError):
-  """A key that is not defined was read or written; the message suggests keys."""
+  """An undefined key was read or written; the message suggests close keys."""
 
 
 def _DidYouMean(name: str, known: list) -> str:
   close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
-  hint = f' Did you mean {" or ".join(repr(c) for c in close)}?' if close else ''
+  hint = f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
   if len(known) <= 20:
     hint += f' Known keys: {sorted(known)}.'
   return hint
@@ -67,20 +67,24 @@ def _QualifiedName(obj: Any) -> str:
   return f'{obj.__module__}.{obj.__qualname__}'
 
 
+def _MakeSequence(like: tuple, items: list) -> tuple:
+  """A tuple (or namedtuple) of the type of `like` holding `items`."""
+  return type(like)(*items) if hasattr(like, '_fields') else type(like)(items)
+
+
 def _CopyValue(value: Any) -> Any:
-  """Deep-copies containers and Params; shares classes, functions, TF objects."""
+  """Deep-copies Params, lists, dicts; shares classes, functions, TF objects."""
   if isinstance(value, Params):
     return value.Copy()
   if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType,
                         types.MethodType, types.ModuleType, enum.Enum)):
     return value
-  if type(value).__module__.split('.')[0] in ('tensorflow', 'keras', 'tf_keras'):
+  if type(value).__module__.split('.')[0] in ('tensorflow', 'tf_keras'):
     return value  # DTypes, tensors and variables are shared, never copied.
   if type(value) is list:  # pylint: disable=unidiomatic-typecheck
     return [_CopyValue(v) for v in value]
   if isinstance(value, tuple):
-    items = [_CopyValue(v) for v in value]
-    return type(value)(*items) if hasattr(value, '_fields') else type(value)(items)
+    return _MakeSequence(value, [_CopyValue(v) for v in value])
   if type(value) is dict:  # pylint: disable=unidiomatic-typecheck
     return {k: _CopyValue(v) for k, v in value.items()}
   return copy.deepcopy(value)
@@ -110,6 +114,10 @@ def _Encode(value: Any) -> str:
   if isinstance(value, dict):
     return '{' + ', '.join(
         f'{_Encode(k)}: {_Encode(v)}' for k, v in value.items()) + '}'
+  if type(value).__repr__ is object.__repr__ and hasattr(value, '__dict__'):
+    # The default repr holds an address: TextDiff would report equal configs.
+    return f'{_QualifiedName(type(value))}(' + ', '.join(
+        f'{k}={_Encode(v)}' for k, v in sorted(vars(value).items())) + ')'
   return ' '.join(repr(value).split())  # Unparseable, but kept on one line.
 
 
@@ -131,8 +139,8 @@ def _Resolve(path: str) -> Any:
     except AttributeError:
       continue
     return obj
-  raise ValueError(f'cannot resolve {path!r}: no importable module prefix '
-                   'defines it; write module.path.Name of a module-level object')
+  raise ValueError(f'cannot resolve {path!r}: no importable module defines '
+                   'it; write module.path.Name of a module-level object')
 
 
 def _DecodeAtom(atom: str) -> Any:
@@ -233,10 +241,11 @@ def _Coerce(key: str, old: Any, new: Any, text: str) -> Any:
   else:
     ok = isinstance(new, type(old))
   if not ok:
+    old_type = type(old).__name__
     raise ValueError(
-        f'FromText: key {key!r} holds a {type(old).__name__} '
-        f'({_Encode(old)}), but the text {text!r} is a {type(new).__name__}; '
-        f'write a {type(old).__name__} value for {key!r}')
+        f'FromText: {key!r} has type {old_type} (value {_Encode(old)}), but '
+        f'the text {text!r} is of type {type(new).__name__}; write a value of '
+        f'type {old_type}')
   return new
 
 
@@ -264,6 +273,32 @@ def _KeySortKey(key: str) -> list:
   return [(1, t) if isinstance(t, int) else (0, t) for t in _ParseKey(key)]
 
 
+def _Assign(container: Any, tokens: list, value: Any, owner: 'Params',
+            done: list) -> Any:
+  """Sets `value` at `tokens` under `container`; rebuilds tuples on the way.
+
+  Returns the container, or a new tuple when `container` was a tuple.
+  """
+  token, rest, where = tokens[0], tokens[1:], _JoinKey(done)
+  if isinstance(container, Params):
+    if not rest:
+      container._SetOne(token, value, where)
+      return container
+    child = container._GetOne(token, where)
+    new_child = _Assign(child, rest, value, container, done + [token])
+    if new_child is not child:
+      container._SetOne(token, new_child, where)
+    return container
+  owner._CheckMutable(_JoinKey(done + [token]))
+  items = list(container)
+  items[token] = (value if not rest else
+                  _Assign(container[token], rest, value, owner, done + [token]))
+  if isinstance(container, list):
+    container[:] = items
+    return container
+  return _MakeSequence(container, items)
+
+
 class Params:
   """A tree of named, documented hyperparameters with attribute access.
 
@@ -285,7 +320,7 @@ class Params:
   # Attribute access.
 
   def __getattr__(self, name: str) -> Any:
-    if name.startswith('_'):  # Internals; also keeps copy/pickle protocols sane.
+    if name.startswith('_'):  # Internals; keeps copy/pickle protocols sane.
       raise AttributeError(name)
     return self._GetOne(name)
 
@@ -313,8 +348,8 @@ class Params:
 
   def _CheckMutable(self, what: str) -> None:
     if self._frozen:
-      raise TypeError(f'Cannot change {what!r}: these params are frozen (e.g. a '
-                      'layer was built from them). Use p.Copy() to get a '
+      raise TypeError(f'Cannot change {what!r}: these params are frozen (e.g. '
+                      'a layer was built from them). Use p.Copy() to get a '
                       'mutable copy.')
 
   # Definition and access.
@@ -337,9 +372,9 @@ class Params:
     if (not isinstance(name, str) or not name.isidentifier() or
         keyword.iskeyword(name) or name.startswith('_') or
         hasattr(type(self), name)):
-      raise ValueError(f'Invalid param name {name!r}: use a Python identifier '
-                       'that does not start with "_" and is not a Params method '
-                       'name, e.g. "num_layers"')
+      raise ValueError(f'Invalid param name {name!r}: use a Python '
+                       'identifier that does not start with "_" and is not a '
+                       'Params method name, e.g. "num_layers"')
     if name in self._values:
       raise ValueError(f'Param {name!r} is already defined (value '
                        f'{_Encode(self._values[name])}); set it with '
@@ -367,7 +402,7 @@ class Params:
     for key, value in kwargs.items():
       tokens = _ParseKey(key)
       self._GetPath(tokens, key)  # Validates the whole path first.
-      self._Assign(self, tokens, value, self, [])
+      _Assign(self, tokens, value, self, [])
     return self
 
   def Get(self, key: str) -> Any:
@@ -383,8 +418,12 @@ class Params:
       owner = self._GetPath(tokens[:-1], key) if len(tokens) > 1 else self
       if not isinstance(owner, Params):
         raise ValueError(f'Cannot delete {key!r}: {_JoinKey(tokens[:-1])!r} '
-                         f'is a {type(owner).__name__}, not Params')
-      owner._CheckMutable(key)      owner._GetOne(tokens[-1], _JoinKey(tokens[:-1]))      del owner._values[tokens[-1]]      owner._descriptions.pop(tokens[-1])    return self
+                         f'is of type {type(owner).__name__}, not Params')
+      owner._CheckMutable(key)
+      owner._GetOne(tokens[-1], _JoinKey(tokens[:-1]))
+      del owner._values[tokens[-1]]
+      del owner._descriptions[tokens[-1]]
+    return self
 
   def _GetPath(self, tokens: list, key: str) -> Any:
     current = self
@@ -392,38 +431,18 @@ class Params:
       where = _JoinKey(tokens[:i])
       if isinstance(token, str):
         if not isinstance(current, Params):
-          raise ValueError(f'Cannot look up {key!r}: {where!r} is a '
+          raise ValueError(f'Cannot look up {key!r}: {where!r} is of type '
                            f'{type(current).__name__}, not Params')
-        current = current._GetOne(token, where)      else:
+        current = current._GetOne(token, where)
+      else:
         if not isinstance(current, (list, tuple)):
-          raise ValueError(f'Cannot index {key!r}: {where!r} is a '
+          raise ValueError(f'Cannot index {key!r}: {where!r} is of type '
                            f'{type(current).__name__}, not a list')
         if not 0 <= token < len(current):
           raise ValueError(f'Cannot look up {key!r}: index {token} is out of '
                            f'range, {where!r} has {len(current)} elements')
         current = current[token]
     return current
-
-  def _Assign(self, container: Any, tokens: list, value: Any, owner: 'Params',
-              done: list) -> Any:
-    """Sets `value` at `tokens` under `container`; rebuilds tuples on the way."""
-    token, rest = tokens[0], tokens[1:]
-    where = _JoinKey(done)
-    if isinstance(container, Params):
-      if not rest:
-        container._SetOne(token, value, where)        return container
-      child = container._GetOne(token, where)      new_child = self._Assign(child, rest, value, container, done + [token])
-      if new_child is not child:
-        container._SetOne(token, new_child, where)      return container
-    owner._CheckMutable(_JoinKey(done + [token]))    item = value if not rest else self._Assign(container[token], rest, value,
-                                               owner, done + [token])
-    if isinstance(container, list):
-      container[token] = item
-      return container
-    items = list(container)
-    items[token] = item
-    return (type(container)(*items) if hasattr(container, '_fields') else
-            type(container)(items))
 
   # Container protocol.
 
@@ -457,11 +476,13 @@ class Params:
   # Copy and freeze.
 
   def Copy(self) -> 'Params':
-    """Returns a deep, unfrozen copy; classes, functions and TF objects are shared."""
+    """Returns a deep, unfrozen copy; classes, functions, TF objects shared."""
     new = object.__new__(type(self))
     Params.__init__(new)
     for name, value in self._values.items():
-      new._values[name] = _CopyValue(value)    new._descriptions.update(self._descriptions)    return new
+      new._values[name] = _CopyValue(value)
+    new._descriptions.update(self._descriptions)
+    return new
 
   def __deepcopy__(self, memo: Optional[dict]) -> 'Params':
     return self.Copy()
@@ -521,15 +542,18 @@ class Params:
   def FromText(self, text: str) -> 'Params':
     """Sets the values in `text` (the ToText format) in place. Returns self.
 
-    Blank lines and lines starting with '#' are skipped. A line whose text
-    equals the current value's text is skipped without parsing, so
-    `p.FromText(p.ToText())` always works. Each new value must have the type of
-    the old one (an int is accepted for a float; any value replaces None, and
-    None replaces any value). Keys whose current value is a list or tuple that
-    contains Params (e.g. 'layers : []' from params with no layers) are
-    skipped: their elements are set through indexed keys ('layers[0].dim').
-    Values that ToText could only write with repr (arbitrary objects, Params
-    inside dicts, local classes) cannot be parsed back.
+    Blank lines and lines starting with '#' are skipped. All lines are
+    checked before any value is set, so on error the params are unchanged.
+
+    - Each new value must have the type of the old one; an int is accepted for
+      a float, any value replaces None, and None replaces any value.
+    - A line whose text equals the current value's text is skipped without
+      parsing, so `p.FromText(p.ToText())` always works.
+    - Keys whose current value is a list or tuple containing Params (e.g.
+      'layers : []' from params with no layers) are skipped: their elements
+      are set through indexed keys ('layers[0].dim : 8').
+    - Values that ToText can only write with repr (arbitrary objects, Params
+      inside dicts, local classes, lambdas) cannot be parsed back.
 
     Args:
       text: Lines of `key : value`.
@@ -543,6 +567,7 @@ class Params:
       ValueError: For a malformed line, an unparseable value or a type mismatch.
     """
     self._CheckMutable('FromText')
+    updates = {}
     for line_number, line in enumerate(text.splitlines(), 1):
       line = line.strip()
       if not line or line.startswith('#'):
@@ -564,13 +589,14 @@ class Params:
       except (ValueError, TypeError, SyntaxError, KeyError) as e:
         raise ValueError(f'FromText: cannot parse the value of {key!r}, '
                          f'{value_text!r}: {e}') from e
-      self.Set(**{key: _Coerce(key, old, new, value_text)})
-    return self
+      updates[key] = _Coerce(key, old, new, value_text)
+    return self.Set(**updates)
 
   def TextDiff(self, other: 'Params') -> str:
     """Returns '- key : mine' / '+ key : theirs' lines, or '' when equal."""
     mine = {k: _Encode(v) for k, v in self._Leaves()}
-    theirs = {k: _Encode(v) for k, v in other._Leaves()}    lines = []
+    theirs = {k: _Encode(v) for k, v in other._Leaves()}
+    lines = []
     for key in sorted(set(mine) | set(theirs), key=_KeySortKey):
       if mine.get(key) == theirs.get(key):
         continue

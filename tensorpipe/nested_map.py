@@ -43,7 +43,7 @@ def _FlattenInto(value: Any, key: str, out: List[Tuple[str, Any]]) -> None:
 
 
 def _PackFrom(like: Any, leaves: Iterable[Any]) -> Any:
-  """Rebuilds the structure of `like` taking leaves from the iterator `leaves`."""
+  """Rebuilds the structure of `like`, taking leaves from iterator `leaves`."""
   if isinstance(like, dict):
     # Leaves come in sorted-key order; the result keeps `like`'s key order.
     values = {k: _PackFrom(like[k], leaves) for k in sorted(like)}
@@ -96,11 +96,12 @@ class NestedMap(dict):
     NestedMap.CheckKey(key)
     super().__setitem__(key, value)
 
-  def update(self, *args: Any, **kwargs: Any) -> None:  # pylint: disable=invalid-name
+  # pylint: disable=invalid-name
+  def update(self, *args: Any, **kwargs: Any) -> None:
     for key, value in dict(*args, **kwargs).items():
       self[key] = value
 
-  def setdefault(self, key: str, default: Any = None) -> Any:  # pylint: disable=invalid-name
+  def setdefault(self, key: str, default: Any = None) -> Any:
     if key not in self:
       self[key] = default
     return self[key]
@@ -108,9 +109,10 @@ class NestedMap(dict):
   def copy(self) -> 'NestedMap':  # pylint: disable=invalid-name
     """Shallow copy that stays a NestedMap (dict.copy would return a dict)."""
     return type(self)(self)
+  # pylint: enable=invalid-name
 
   def __getattr__(self, name: str) -> Any:
-    if name.startswith('__'):  # Protocol probes (copy, pickle, numpy): be quick.
+    if name.startswith('__'):  # Protocol probes (copy, pickle): be quick.
       raise AttributeError(name)
     try:
       return self[name]
@@ -135,7 +137,7 @@ class NestedMap(dict):
 
   @classmethod
   def FromNestedDict(cls, value: Any) -> Any:
-    """Returns `value` with every dict (also inside lists/tuples) a NestedMap."""
+    """Returns `value` with every dict in it (also in lists) a NestedMap."""
     if isinstance(value, dict):
       return cls((k, cls.FromNestedDict(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)):
@@ -150,7 +152,7 @@ class NestedMap(dict):
     return self.Pack(self.Flatten())
 
   def Flatten(self) -> List[Any]:
-    """Returns the leaves, dict keys in sorted order (tf.nest.flatten's order)."""
+    """Returns the leaves; dict keys in sorted order, as tf.nest.flatten."""
     return [leaf for _, leaf in self.FlattenItems()]
 
   def FlattenItems(self) -> List[Tuple[str, Any]]:
@@ -169,11 +171,11 @@ class NestedMap(dict):
       ValueError: If `flat` has the wrong number of values.
     """
     flat = list(flat)
-    expected = len(self.Flatten())
-    if len(flat) != expected:
+    keys = [key for key, _ in self.FlattenItems()]
+    if len(flat) != len(keys):
       raise ValueError(f'Pack got {len(flat)} values but this NestedMap has '
-                       f'{expected} leaves ({[k for k, _ in self.FlattenItems()]}'
-                       f'); pass exactly {expected} values in Flatten() order')
+                       f'{len(keys)} leaves ({keys}); pass exactly '
+                       f'{len(keys)} values in Flatten() order')
     return _PackFrom(self, iter(flat))
 
   def Transform(self, fn: Callable[[Any], Any]) -> 'NestedMap':
@@ -198,7 +200,7 @@ class NestedMap(dict):
         if len(items) == len(value):
           kept = _MakeSequence(value, items)
         else:
-          kept = type(value)(items) if not _IsNamedTuple(value) else tuple(items)
+          kept = tuple(items) if _IsNamedTuple(value) else type(value)(items)
       else:
         return value if fn(value) else dropped
       return kept if kept else dropped
@@ -207,7 +209,7 @@ class NestedMap(dict):
     return type(self)() if result is dropped else result
 
   def IsCompatible(self, other: Any) -> bool:
-    """Whether `other` is a dict with the same keys, nesting and list lengths."""
+    """Whether `other` is a dict with the same keys, nesting and lengths."""
     return isinstance(other, dict) and _Skeleton(self) == _Skeleton(other)
 
 

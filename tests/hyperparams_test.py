@@ -123,7 +123,8 @@ class ParamsAccessTest(unittest.TestCase):
 
   def testSetDottedKeyThroughNonParamsRaises(self):
     p = _ModelParams()
-    with self.assertRaisesRegex(ValueError, "'num_layers' is a int, not Params"):
+    with self.assertRaisesRegex(ValueError,
+                                "'num_layers' is of type int, not Params"):
       p.Set(**{'num_layers.x': 1})
 
   def testSetIndexedKeyReachesListOfParams(self):
@@ -334,6 +335,17 @@ class ParamsTextTest(unittest.TestCase):
     with self.assertRaisesRegex(ValueError, "'local_cls'.*cannot resolve"):
       p.FromText(f'local_cls : type/{__name__}.NoSuchClass')
 
+  def testToTextOfPlainObjectsIsDeterministic(self):
+    p = hyperparams.Params()
+    p.Define('init', Layer(None, scale=2), 'An object without a repr.')
+    text = p.ToText()
+    self.assertEqual(
+        text, f"init : {__name__}.Layer(kwargs={{'scale': 2}}, params=None)\n")
+    self.assertEqual(p.TextDiff(p.Copy()), '')
+    p.FromText(text)  # Unchanged, so it is not parsed.
+    with self.assertRaisesRegex(ValueError, "cannot parse the value of 'init'"):
+      p.FromText(f'init : {__name__}.Layer(kwargs={{}}, params=None)')
+
   def testFromTextIntoFloatAcceptsInt(self):
     p = _ModelParams()
     p.FromText('learning_rate : 3')
@@ -343,14 +355,16 @@ class ParamsTextTest(unittest.TestCase):
   def testFromTextRejectsWrongType(self):
     p = _ModelParams()
     with self.assertRaisesRegex(
-        ValueError, r"'num_layers' holds a int \(2\), but the text '0.5' is a "
-        'float'):
+        ValueError, r"'num_layers' has type int \(value 2\), but the text "
+        "'0.5' is of type float; write a value of type int"):
       p.FromText('num_layers : 0.5')
-    with self.assertRaisesRegex(ValueError, "'encoder.dim' holds a int"):
+    with self.assertRaisesRegex(ValueError, "'encoder.dim' has type int"):
       p.FromText("encoder.dim : 'wide'")
-    with self.assertRaisesRegex(ValueError, 'holds a float'):
+    with self.assertRaisesRegex(ValueError, 'has type float'):
       p.FromText('learning_rate : True')
-    self.assertEqual(p, _ModelParams())
+    with self.assertRaisesRegex(ValueError, 'has type int'):
+      p.FromText('num_layers : 7\nencoder.dim : 0.5')
+    self.assertEqual(p, _ModelParams())  # Nothing was set, not even line 1.
 
   def testFromTextNoneDefaultAcceptsAnyValue(self):
     p = hyperparams.Params()
@@ -372,7 +386,7 @@ class ParamsTextTest(unittest.TestCase):
     p = _ModelParams()
     with self.assertRaisesRegex(ValueError, 'line 2.*"key : value"'):
       p.FromText('num_layers : 3\nnum_layers 4')
-    with self.assertRaisesRegex(ValueError, "cannot parse the value of 'num_la"):
+    with self.assertRaisesRegex(ValueError, "cannot parse the value of 'num"):
       p.FromText('num_layers : [1, 2')
 
   def testFromTextSkipsCommentsAndBlankLines(self):

@@ -1,6 +1,7 @@
 """TensorPipe layers, one module per family; the layer classes re-exported."""
 
 from tensorpipe.layers import activations
+from tensorpipe.layers import composite
 from tensorpipe.layers import conv
 from tensorpipe.layers import dropout
 from tensorpipe.layers import linear
@@ -9,6 +10,9 @@ from tensorpipe.layers import normalization
 from tensorpipe.layers import pooling
 from tensorpipe.layers.activations import ActivationLayer
 from tensorpipe.layers.activations import GetActivation
+from tensorpipe.layers.composite import IdentityLayer
+from tensorpipe.layers.composite import ParallelLayer
+from tensorpipe.layers.composite import SequentialLayer
 from tensorpipe.layers.conv import Conv2DLayer
 from tensorpipe.layers.conv import DepthwiseConv2DLayer
 from tensorpipe.layers.conv import SeparableConv2DLayer
