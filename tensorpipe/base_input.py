@@ -1,0 +1,91 @@
+"""BaseInput: Params-configured input pipelines yielding NestedMap batches.
+
+An input is built from Params like a layer (`p.Instantiate()`), and gives a
+`tf.data.Dataset` of fixed-size batches, each a NestedMap of tensors with the
+batch on axis 0. The trainer checkpoints the dataset iterator, so the input
+position survives a restart. Conventions for the batch keys:
+
+  images:       image [b, h, w, c] float32, label [b] int32
+  translation:  src_ids [b, Ls] int32, src_paddings [b, Ls] float32 (1 = pad),
+                tgt_ids [b, Lt] int32 (decoder input, starts with <s> or the
+                target-language token), tgt_labels [b, Lt] int32,
+                tgt_paddings [b, Lt] float32
+  language model: ids [b, L] int32, labels [b, L] int32, paddings [b, L]
+"""
+
+from typing import Optional
+
+import tensorflow as tf
+
+from tensorpipe import hyperparams
+from tensorpipe.nested_map import NestedMap
+
+
+class BaseInput:
+  """Base class of inputs. Subclasses implement `_Dataset()`.
+
+  Usage:
+    p = SomeInput.Params().Set(batch_size=32, split='train')
+    inp = p.Instantiate()
+    for batch in inp.Dataset():   # NestedMap of [batch_size, ...] tensors
+      ...
+  """
+
+  @classmethod
+  def Params(cls) -> hyperparams.InstantiableParams:
+    p = hyperparams.InstantiableParams(cls)
+    p.Define('name', 'input', 'Name of this input.')
+    p.Define('batch_size', 32, 'Examples per batch (the mini-batch N, across '
+             'all replicas).')
+    p.Define('split', 'train', "Data split to read, e.g. 'train' or 'test'.")
+    p.Define('data_dir', None, 'Directory of prepared data (TFDS data_dir); '
+             'None means the default of the input.')
+    p.Define('shuffle_buffer', 10000, 'Shuffle buffer size in examples for '
+             'training splits; 0 disables shuffling.')
+    p.Define('repeat', None, 'Repeat the data forever; None means repeat for '
+             "training splits ('train') and not for others.")
+    p.Define('seed', 1234, 'Seed of shuffling and random augmentation.')
+    p.Define('max_examples', None, 'Read at most this many examples of the '
+             'split (for quick runs and tests); None reads all.')
+    return p
+
+  def __init__(self, params: hyperparams.InstantiableParams):
+    p = params.Copy()
+    if not isinstance(p.batch_size, int) or p.batch_size < 1:
+      raise ValueError(f'batch_size={p.batch_size!r} must be a positive int')
+    p.Freeze()
+    self._params = p
+
+  @property
+  def params(self) -> hyperparams.InstantiableParams:
+    return self._params
+
+  @property
+  def is_training(self) -> bool:
+    return self._params.split.startswith('train')
+
+  def Dataset(self) -> tf.data.Dataset:
+    """The batched dataset of NestedMaps (drop_remainder=True)."""
+    return self._Dataset()
+
+  def _Dataset(self) -> tf.data.Dataset:
+    raise NotImplementedError(f'{type(self).__name__}._Dataset')
+
+  def _Repeat(self) -> bool:
+    return self.is_training if self._params.repeat is None else bool(
+        self._params.repeat)
+
+  def _Finish(self, ds: tf.data.Dataset,
+              shuffle: Optional[bool] = None) -> tf.data.Dataset:
+    """Shared tail: limit, shuffle, repeat, batch, prefetch, NestedMap."""
+    p = self._params
+    if p.max_examples:
+      ds = ds.take(p.max_examples)
+    if (self.is_training if shuffle is None else shuffle) and p.shuffle_buffer:
+      ds = ds.shuffle(p.shuffle_buffer, seed=p.seed,
+                      reshuffle_each_iteration=True)
+    if self._Repeat():
+      ds = ds.repeat()
+    ds = ds.batch(p.batch_size, drop_remainder=True)
+    ds = ds.map(lambda d: NestedMap(d) if isinstance(d, dict) else d)
+    return ds.prefetch(tf.data.AUTOTUNE)
