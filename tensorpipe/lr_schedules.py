@@ -1,0 +1,144 @@
+"""Learning-rate schedules: Params-built callables of the global step.
+
+Kept apart from `schedules.py` (pipeline clock schedules). Each schedule is
+built with `p.Instantiate()` and called as `schedule(step)` with a Python
+number or a scalar tensor; it returns a float32 scalar tensor. The GPipe
+recipes (Huang et al. 2018):
+
+  AmoebaNet / images:  ExponentialDecay, lr = 0.00125 * batch_size, x0.97
+                       every 3 epochs (staircase).
+  Transformer:         WarmupRsqrtDecay, linear warm-up to `peak` over
+                       `warmup_steps`, then peak * sqrt(warmup_steps / step).
+"""
+
+import tensorflow as tf
+
+from tensorpipe import hyperparams
+
+
+class BaseSchedule:
+  """Base class: `Params()`, `__init__(params)` and `Value(step)`."""
+
+  @classmethod
+  def Params(cls) -> hyperparams.InstantiableParams:
+    p = hyperparams.InstantiableParams(cls)
+    p.Define('name', 'lr_schedule', 'Name of this schedule.')
+    return p
+
+  def __init__(self, params: hyperparams.InstantiableParams):
+    p = params.Copy()
+    p.Freeze()
+    self._params = p
+
+  @property
+  def params(self) -> hyperparams.InstantiableParams:
+    return self._params
+
+  def __call__(self, step) -> tf.Tensor:
+    return self.Value(tf.cast(step, tf.float32))
+
+  def Value(self, step: tf.Tensor) -> tf.Tensor:
+    raise NotImplementedError(f'{type(self).__name__}.Value')
+
+
+def _CheckPositive(p, *names):
+  for name in names:
+    value = getattr(p, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        value <= 0):
+      raise ValueError(f'{p.cls.__name__}: {name}={value!r} must be a '
+                       'positive number')
+
+
+class Constant(BaseSchedule):
+  """lr = value at every step."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('value', 1e-3, 'The learning rate.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    _CheckPositive(self.params, 'value')
+
+  def Value(self, step):
+    del step
+    return tf.constant(self.params.value, tf.float32)
+
+
+class ExponentialDecay(BaseSchedule):
+  """lr = initial_value * decay_rate ** floor(step / (decay_epochs * spe)).
+
+  With `base_lr_per_example` set, initial_value = base_lr_per_example *
+  batch_size (the paper's 0.00125 x batch size). With `staircase=False` the
+  exponent is not floored.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('initial_value', None, 'Learning rate at step 0; None means '
+             'base_lr_per_example * batch_size.')
+    p.Define('base_lr_per_example', 0.00125, 'Learning rate per example of '
+             'the mini-batch, used when initial_value is None.')
+    p.Define('batch_size', 128, 'Mini-batch size N (examples), used with '
+             'base_lr_per_example.')
+    p.Define('decay_rate', 0.97, 'Factor applied every decay_epochs.')
+    p.Define('decay_epochs', 3.0, 'Epochs between decays.')
+    p.Define('steps_per_epoch', 1000, 'Optimizer steps per epoch (training '
+             'examples / batch size).')
+    p.Define('staircase', True, 'Decay in discrete steps (True) or '
+             'continuously (False).')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    _CheckPositive(p, 'decay_rate', 'decay_epochs', 'steps_per_epoch')
+    if p.initial_value is None:
+      _CheckPositive(p, 'base_lr_per_example', 'batch_size')
+    else:
+      _CheckPositive(p, 'initial_value')
+
+  @property
+  def initial_value(self) -> float:
+    p = self.params
+    if p.initial_value is not None:
+      return float(p.initial_value)
+    return float(p.base_lr_per_example) * float(p.batch_size)
+
+  def Value(self, step):
+    p = self.params
+    exponent = step / float(p.decay_epochs * p.steps_per_epoch)
+    if p.staircase:
+      exponent = tf.floor(exponent)
+    return self.initial_value * tf.pow(float(p.decay_rate), exponent)
+
+
+class WarmupRsqrtDecay(BaseSchedule):
+  """Linear warm-up to `peak`, then inverse square root decay.
+
+  lr(step) = peak * min((step + 1) / warmup_steps, sqrt(warmup_steps /
+  (step + 1))): rises linearly to `peak` at step warmup_steps - 1, then decays
+  as 1 / sqrt(step).
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('peak', 1e-3, 'Largest learning rate, reached at the end of '
+             'warm-up.')
+    p.Define('warmup_steps', 4000, 'Steps of linear warm-up.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    _CheckPositive(self.params, 'peak', 'warmup_steps')
+
+  def Value(self, step):
+    p = self.params
+    s = step + 1.0
+    w = float(p.warmup_steps)
+    return float(p.peak) * tf.minimum(s / w, tf.sqrt(w / s))
