@@ -390,6 +390,26 @@ class StrategyTest(tf.test.TestCase):
       self.assertAllClose(a, b, rtol=1e-5, atol=1e-7)
 
 
+class CheckpointTest(tf.test.TestCase):
+
+  def testCheckpointRestoresUnderDifferentPartitionCount(self):
+    two = Pipe(layers=ConvStack(8), num_partitions=2, num_micro_batches=2,
+               input_shapes=[[4, 8, 8, 1]], random_seed=1)
+    path = tf.train.Checkpoint(model=two).save(
+        self.get_temp_dir() + '/ckpt')
+    four = Pipe(layers=ConvStack(8), num_partitions=4, num_micro_batches=4,
+                input_shapes=[[4, 8, 8, 1]], random_seed=2)
+    self.assertNotAllClose(four.trainable_variables[0],
+                           two.trainable_variables[0])
+    tf.train.Checkpoint(model=four).restore(path).assert_consumed()
+    a, b = test_utils.VariablesByName(two), test_utils.VariablesByName(four)
+    self.assertEqual(sorted(a), sorted(b))
+    for name in a:
+      self.assertAllEqual(a[name], b[name])
+    x = tf.random.stateless_uniform([4, 8, 8, 1], seed=[1, 1])
+    self.assertAllClose(two.FPropDefaultTheta(x), four.FPropDefaultTheta(x))
+
+
 class ErrorsTest(tf.test.TestCase):
 
   def testBatchNotDivisibleByMicroBatches(self):

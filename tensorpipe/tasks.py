@@ -1,0 +1,280 @@
+"""Tasks: a model plus its loss, metrics and training settings (`p.train`).
+
+A task is a layer holding the model (a TensorPipeLayer or any layer) as child
+`model`. `FProp(theta, batch)` maps a NestedMap batch (conventions in
+base_input.py) to NestedMap(loss=scalar, metrics=NestedMap(name=(value,
+weight))). The training settings live in `p.train` as in Lingvo: optimizer and
+learning-rate schedule Params, gradient clipping, L2 weight, steps and
+intervals; the trainer (trainer_lib) reads them.
+
+Usage:
+  p = ClassificationTask.Params().Set(name='task', model=pipeline_p,
+                                      num_classes=10)
+  p.train.optimizer = optimizers.RMSProp.Params()
+  task = p.Instantiate()
+  out = task.FPropDefaultTheta(batch)     # out.loss, out.metrics.accuracy
+"""
+
+from typing import Any, Dict, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tensorpipe import base_layer
+from tensorpipe import hyperparams
+from tensorpipe import lr_schedules
+from tensorpipe import optimizers
+from tensorpipe.layers import losses
+from tensorpipe.nested_map import NestedMap
+
+
+def TrainParams() -> hyperparams.Params:
+  """The `p.train` settings of a task (Lingvo's `p.train`)."""
+  p = hyperparams.Params()
+  p.Define('optimizer', optimizers.SGD.Params(), 'Optimizer Params '
+           '(tensorpipe.optimizers).')
+  p.Define('lr_schedule', lr_schedules.Constant.Params(), 'Learning-rate '
+           'schedule Params (tensorpipe.lr_schedules), a function of the '
+           'global step.')
+  p.Define('grad_norm_clip', None, 'If set, gradients are scaled so their '
+           'global norm is at most this.')
+  p.Define('l2_regularizer_weight', 0.0, 'Weight decay: adds weight * '
+           'sum(w^2) / 2 over the regularised weights to the loss.')
+  p.Define('l2_regularize_all', False, 'If True the L2 term covers all '
+           'trainable weights; else only those of rank >= 2 (kernels, not '
+           'biases or normalisation scales).')
+  p.Define('max_steps', 1000, 'Optimizer steps to train for (one per '
+           'mini-batch).')
+  p.Define('save_interval_steps', 500, 'Steps between checkpoints (one is '
+           'also written at the end).')
+  p.Define('max_checkpoints_to_keep', 3, 'Checkpoints kept in the logdir.')
+  p.Define('summary_interval_steps', 50, 'Steps between TensorBoard '
+           'training summaries.')
+  p.Define('log_interval_steps', 50, 'Steps between progress log lines.')
+  p.Define('eval_interval_steps', 0, 'In train_and_eval mode, steps between '
+           'evaluations (0 = evaluate only at the end).')
+  p.Define('eval_steps', None, 'Eval batches per evaluation; None reads the '
+           'whole eval split.')
+  return p
+
+
+class BaseTask(base_layer.BaseLayer):
+  """Base class of tasks: the model as child `model`, settings in `train`."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('model', None, 'Params of the model layer (e.g. a '
+             'TensorPipeLayer).')
+    p.Define('train', TrainParams(), 'Training settings: optimizer, '
+             'lr_schedule, clipping, L2, steps and intervals.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    if p.model is None:
+      raise ValueError(f'{type(self).__name__} {p.name!r}: p.model is None; '
+                       'set the model layer Params, e.g. a TensorPipeLayer')
+    self.CreateChild('model', p.model)
+
+  def RegularizationLoss(self) -> tf.Tensor:
+    """train.l2_regularizer_weight * sum(w^2) / 2 over regularised weights."""
+    tp = self.params.train
+    if not tp.l2_regularizer_weight:
+      return tf.constant(0.0, tf.float32)
+    terms = [tf.nn.l2_loss(tf.cast(v, tf.float32))
+             for v in self.trainable_variables
+             if tp.l2_regularize_all or v.shape.rank >= 2]
+    if not terms:
+      return tf.constant(0.0, tf.float32)
+    return tp.l2_regularizer_weight * tf.add_n(terms)
+
+  def ComputeLoss(self, batch: NestedMap) -> NestedMap:
+    """FProp with the variables plus the L2 term (what the trainer calls).
+
+    Returns:
+      NestedMap(loss=total loss, metrics=...); metrics.loss is the data loss
+      and metrics.total_loss includes the L2 term.
+    """
+    out = self.FPropDefaultTheta(batch)
+    reg = self.RegularizationLoss()
+    out.loss = out.loss + reg
+    one = tf.constant(1.0)
+    out.metrics.total_loss = (out.loss, one)
+    if self.params.train.l2_regularizer_weight:
+      out.metrics.l2_loss = (reg, one)
+    return out
+
+  def BatchSize(self, batch: NestedMap) -> tf.Tensor:
+    return tf.shape(tf.nest.flatten(batch)[0])[0]
+
+  @staticmethod
+  def AggregateMetrics(per_batch: list) -> Dict[str, float]:
+    """Weighted means of metric (value, weight) pairs over batches."""
+    sums: Dict[str, Tuple[float, float]] = {}
+    for metrics in per_batch:
+      for name, (value, weight) in metrics.items():
+        s, w = sums.get(name, (0.0, 0.0))
+        sums[name] = (s + float(value) * float(weight), w + float(weight))
+    return {name: s / w if w else float('nan')
+            for name, (s, w) in sums.items()}
+
+  def PostProcessEvalMetrics(self, metrics: Dict[str, float]) -> Dict[
+      str, float]:
+    """Derived eval metrics (e.g. perplexity); default: unchanged."""
+    return metrics
+
+
+class ClassificationTask(BaseTask):
+  """Image classification: softmax loss, top-1 / top-5 accuracy.
+
+  The model maps batch.image [b, h, w, c] to logits [b, num_classes], or to
+  NestedMap(logits=..., aux_logits=...) with an auxiliary head whose loss is
+  added with weight `aux_loss_weight`.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('num_classes', None, 'Number of classes C.')
+    p.Define('label_smoothing', 0.0, 'Label smoothing s in [0, 1): targets '
+             '(1 - s) * onehot + s / C.')
+    p.Define('aux_loss_weight', 0.4, 'Weight of the auxiliary head loss when '
+             'the model returns aux_logits.')
+    p.Define('input_key', 'image', 'Batch key of the model input.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    if not isinstance(p.num_classes, int) or p.num_classes < 2:
+      raise ValueError(f'num_classes={p.num_classes!r} must be an int >= 2')
+    if not 0.0 <= p.label_smoothing < 1.0:
+      raise ValueError(f'label_smoothing={p.label_smoothing!r} must be in '
+                       '[0, 1)')
+
+  def FProp(self, theta, batch):
+    p = self.params
+    out = self.model.FProp(theta.model, batch[p.input_key])
+    aux = None
+    if isinstance(out, dict):
+      logits, aux = out['logits'], out.get('aux_logits')
+    else:
+      logits = out
+    logits = tf.cast(logits, tf.float32)
+    labels = batch.label
+    xent = tf.reduce_mean(losses.SoftmaxCrossEntropyLoss(
+        logits, labels, p.label_smoothing, p.num_classes))
+    loss = xent
+    n = tf.cast(tf.shape(logits)[0], tf.float32)
+    metrics = NestedMap(
+        loss=(xent, n),
+        accuracy=(losses.TopKAccuracy(logits, labels, 1), n),
+        acc5=(losses.TopKAccuracy(logits, labels, min(5, p.num_classes)), n))
+    if aux is not None:
+      aux_xent = tf.reduce_mean(losses.SoftmaxCrossEntropyLoss(
+          tf.cast(aux, tf.float32), labels, p.label_smoothing, p.num_classes))
+      loss += p.aux_loss_weight * aux_xent
+      metrics.aux_loss = (aux_xent, n)
+    return NestedMap(loss=loss, metrics=metrics, logits=logits)
+
+
+class SequenceTask(BaseTask):
+  """Token-level softmax loss for translation and language modelling.
+
+  The model maps the whole batch NestedMap to logits [b, L, V] (or
+  NestedMap(logits=...)). Labels and paddings are batch.tgt_labels /
+  batch.tgt_paddings for translation, else batch.labels / batch.paddings.
+  Metrics: loss (with smoothing), log_pplx (without), token_accuracy; eval
+  adds perplexity = exp(log_pplx).
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('vocab_size', None, 'Vocabulary size V (last axis of logits).')
+    p.Define('label_smoothing', 0.0, 'Label smoothing s in [0, 1).')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    if not isinstance(p.vocab_size, int) or p.vocab_size < 2:
+      raise ValueError(f'vocab_size={p.vocab_size!r} must be an int >= 2')
+    if not 0.0 <= p.label_smoothing < 1.0:
+      raise ValueError(f'label_smoothing={p.label_smoothing!r} must be in '
+                       '[0, 1)')
+
+  @staticmethod
+  def _LabelsAndWeights(batch):
+    if 'tgt_labels' in batch:
+      labels, paddings = batch.tgt_labels, batch.tgt_paddings
+    else:
+      labels, paddings = batch.labels, batch.paddings
+    return labels, 1.0 - tf.cast(paddings, tf.float32)
+
+  def Logits(self, theta, batch) -> tf.Tensor:
+    out = self.model.FProp(theta.model, batch)
+    if isinstance(out, dict):
+      out = out['logits']
+    return tf.cast(out, tf.float32)
+
+  def FProp(self, theta, batch):
+    p = self.params
+    logits = self.Logits(theta, batch)
+    labels, weights = self._LabelsAndWeights(batch)
+    num_tokens = tf.maximum(tf.reduce_sum(weights), 1.0)
+    xent = losses.SoftmaxCrossEntropyLoss(logits, labels, 0.0, p.vocab_size)
+    log_pplx = tf.reduce_sum(xent * weights) / num_tokens
+    if p.label_smoothing:
+      smoothed = losses.SoftmaxCrossEntropyLoss(
+          logits, labels, p.label_smoothing, p.vocab_size)
+      loss = tf.reduce_sum(smoothed * weights) / num_tokens
+    else:
+      loss = log_pplx
+    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
+                               tf.cast(labels, tf.int32)), tf.float32)
+    accuracy = tf.reduce_sum(correct * weights) / num_tokens
+    metrics = NestedMap(loss=(loss, num_tokens),
+                        log_pplx=(log_pplx, num_tokens),
+                        token_accuracy=(accuracy, num_tokens),
+                        num_tokens=(num_tokens, tf.constant(1.0)))
+    return NestedMap(loss=loss, metrics=metrics, logits=logits)
+
+  def PostProcessEvalMetrics(self, metrics):
+    metrics = dict(metrics)
+    if 'log_pplx' in metrics:
+      metrics['perplexity'] = float(np.exp(min(metrics['log_pplx'], 50.0)))
+    return metrics
+
+  def GreedyDecode(self, batch: NestedMap) -> tf.Tensor:
+    """Greedy decoding of translation targets, [b, Lt] int32 token ids.
+
+    Position 0 of batch.tgt_ids (<s> or the target-language token) is kept;
+    each step runs the model on the prefix decoded so far and takes the
+    argmax at the next position. Needs a model whose decoder is causal.
+    Position i of the result is the prediction for label i.
+    """
+    tgt_ids = tf.cast(batch.tgt_ids, tf.int32)
+    length = tgt_ids.shape[1]
+    first = tgt_ids[:, :1]
+    dec = NestedMap(batch)
+    dec.tgt_paddings = tf.zeros_like(batch.tgt_paddings)
+    theta = self.theta
+
+    def Body(i, ids, hyp):
+      dec.tgt_ids = ids
+      logits = self.Logits(theta, dec)
+      next_ids = tf.argmax(logits[:, i], -1, output_type=tf.int32)
+      onehot = tf.one_hot(i + 1, length, dtype=tf.int32)[tf.newaxis]
+      ids = ids * (1 - onehot) + next_ids[:, tf.newaxis] * onehot
+      onehot_i = tf.one_hot(i, length, dtype=tf.int32)[tf.newaxis]
+      hyp = hyp + next_ids[:, tf.newaxis] * onehot_i
+      return i + 1, ids, hyp
+
+    ids = tf.concat([first, tf.zeros_like(tgt_ids[:, 1:])], 1)
+    hyp = tf.zeros_like(tgt_ids)
+    _, _, hyp = tf.while_loop(lambda i, *_: i < length, Body,
+                              (tf.constant(0), ids, hyp))
+    return hyp
