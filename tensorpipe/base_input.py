@@ -13,7 +13,7 @@ position survives a restart. Conventions for the batch keys:
   language model: ids [b, L] int32, labels [b, L] int32, paddings [b, L]
 """
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
@@ -76,8 +76,19 @@ class BaseInput:
         self._params.repeat)
 
   def _Finish(self, ds: tf.data.Dataset,
-              shuffle: Optional[bool] = None) -> tf.data.Dataset:
-    """Shared tail: limit, shuffle, repeat, batch, prefetch, NestedMap."""
+              shuffle: Optional[bool] = None,
+              augment: Optional[Callable[[Any, tf.Tensor], Any]] = None
+              ) -> tf.data.Dataset:
+    """Shared tail: limit, shuffle, repeat, augment, batch, prefetch, NestedMap.
+
+    Args:
+      ds: dataset of single examples (dicts of tensors).
+      shuffle: shuffle the examples; None means shuffle training splits.
+      augment: optional `augment(example, seed) -> example`, applied after
+        shuffling and repeating, where `seed` is an int64 [2] stateless seed
+        (p.seed, running example count): each example of each epoch gets its
+        own, reproducible random augmentation.
+    """
     p = self._params
     if p.max_examples:
       ds = ds.take(p.max_examples)
@@ -86,6 +97,10 @@ class BaseInput:
                       reshuffle_each_iteration=True)
     if self._Repeat():
       ds = ds.repeat()
+    if augment is not None:
+      ds = ds.enumerate().map(
+          lambda i, d: augment(d, tf.stack([tf.constant(p.seed, tf.int64), i])),
+          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.batch(p.batch_size, drop_remainder=True)
     ds = ds.map(lambda d: NestedMap(d) if isinstance(d, dict) else d)
     return ds.prefetch(tf.data.AUTOTUNE)

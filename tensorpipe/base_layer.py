@@ -131,6 +131,40 @@ def NumElements(shape: Any) -> int:
   return int(np.prod(shape.as_list(), dtype=np.int64))
 
 
+def _IsShapeLike(s: Any) -> bool:
+  return isinstance(s, tf.TensorShape) or (
+      isinstance(s, (list, tuple)) and
+      all(isinstance(d, (int, np.integer)) or d is None for d in s))
+
+
+def _ToShapes(s: Any) -> Any:
+  """Lists of ints -> TensorShape, inside dicts / tuples of them."""
+  if _IsShapeLike(s):
+    if isinstance(s, tf.TensorShape):
+      return s
+    return ToShape([None if d is None else int(d) for d in s])
+  if isinstance(s, dict):
+    return NestedMap({k: _ToShapes(v) for k, v in s.items()})
+  if isinstance(s, (list, tuple)):
+    return tuple(_ToShapes(v) for v in s)
+  raise TypeError(f'cannot read {s!r} as a shape; give a list of ints, a '
+                  'tf.TensorShape, or a dict of them')
+
+
+def InputShapes(input_shapes: Any) -> Tuple[Any, ...]:
+  """Normalises input_shapes (one entry per FProp input) to TensorShapes."""
+  if isinstance(input_shapes, dict):
+    return (_ToShapes(input_shapes),)
+  if _IsShapeLike(input_shapes):
+    raise ValueError(f'input_shapes={input_shapes!r} looks like one shape; '
+                     'give a list with one shape per input, e.g. '
+                     f'[{list(input_shapes)!r}]')
+  if not isinstance(input_shapes, (list, tuple)) or not input_shapes:
+    raise ValueError(f'input_shapes={input_shapes!r} must be a non-empty '
+                     'list with one shape (or dict of shapes) per input')
+  return tuple(_ToShapes(s) for s in input_shapes)
+
+
 def FPropMetaResult(flops: float, out_shapes: Any,
                     num_params: int) -> NestedMap:
   """What `FPropMeta` returns.

@@ -11,6 +11,7 @@ recipes (Huang et al. 2018):
                        `warmup_steps`, then peak * sqrt(warmup_steps / step).
 """
 
+import numpy as np
 import tensorflow as tf
 
 from tensorpipe import hyperparams
@@ -142,3 +143,42 @@ class WarmupRsqrtDecay(BaseSchedule):
     s = step + 1.0
     w = float(p.warmup_steps)
     return float(p.peak) * tf.minimum(s / w, tf.sqrt(w / s))
+
+
+class WarmupCosineDecay(BaseSchedule):
+  """Linear warm-up to `peak`, then cosine decay to `final_fraction * peak`.
+
+  lr(step) = peak * (step + 1) / warmup_steps           for step < warmup_steps
+  lr(step) = peak * (f + (1 - f) * (1 + cos(pi * r)) / 2),
+             r = min(1, (step - warmup_steps) / (total_steps - warmup_steps))
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('peak', 0.1, 'Largest learning rate, reached at the end of '
+             'warm-up.')
+    p.Define('warmup_steps', 100, 'Steps of linear warm-up (0 = none).')
+    p.Define('total_steps', 1000, 'Step at which the decay ends.')
+    p.Define('final_fraction', 0.0, 'Learning rate at total_steps, as a '
+             'fraction of peak.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    _CheckPositive(p, 'peak', 'total_steps')
+    if not isinstance(p.warmup_steps, int) or not (
+        0 <= p.warmup_steps < p.total_steps):
+      raise ValueError(f'warmup_steps={p.warmup_steps!r} must be an int in '
+                       f'[0, total_steps={p.total_steps})')
+
+  def Value(self, step):
+    p = self.params
+    w = float(p.warmup_steps)
+    warm = float(p.peak) * (step + 1.0) / max(w, 1.0)
+    r = tf.clip_by_value((step - w) / float(p.total_steps - p.warmup_steps),
+                         0.0, 1.0)
+    f = float(p.final_fraction)
+    cosine = float(p.peak) * (f + (1.0 - f) * 0.5 * (1.0 + tf.cos(np.pi * r)))
+    return tf.where(step < w, warm, cosine)

@@ -50,10 +50,18 @@ from tensorpipe import devices as devices_lib
 from tensorpipe import microbatch
 from tensorpipe import partitioning
 from tensorpipe import py_utils
+from tensorpipe import timeline
 from tensorpipe.layers import composite
 from tensorpipe.nested_map import NestedMap
 
 _RECOMPUTE_IMPLS = ('explicit', 'tf_recompute_grad')
+# One clock tick in flight at a time. tf.while_loop's default (10) lets later
+# ticks start early; with per-tick weight gradients that kept up to 10
+# copies of every partition's dtheta alive (dense16, K=1, T=8: 543 MB peak
+# above idle instead of 111 MB) and made the unrecomputed loop's autodiff 3x
+# slower. GPipe's schedule is tick-synchronous anyway: within a tick the K
+# partitions still run concurrently on their devices.
+_PARALLEL_ITERATIONS = 1
 
 
 def _Zeros(specs: Sequence[tf.TensorSpec]) -> List[tf.Tensor]:
@@ -66,6 +74,27 @@ def _IsFloat(spec: tf.TensorSpec) -> bool:
 
 def _SpecOf(x: tf.Tensor) -> tf.TensorSpec:
   return tf.TensorSpec(x.shape, x.dtype)
+
+
+def _NoStamps(rec, n: int = 2) -> List[tf.Tensor]:
+  """Timestamps of a bubble tick (-1 = did not run), when recording."""
+  return [tf.constant(-1.0, tf.float64)] * n if rec else []
+
+
+def _RecordTick(events: tf.Tensor, c: tf.Tensor, stamps) -> tf.Tensor:
+  """Writes one tick's stamps into row c of a [ticks, n] events tensor."""
+  return tf.tensor_scatter_nd_update(events, tf.reshape(c, [1, 1]),
+                                     tf.stack(stamps)[tf.newaxis])
+
+
+def _Stamped(call):
+  """Wraps a stage call to also return its start and end timestamps."""
+  def Call(flat_in, t):
+    start = timeline.Stamp(flat_in)
+    with tf.control_dependencies([start]):
+      res = list(call(list(flat_in), t))
+    return res + [start, timeline.Stamp(res)]
+  return Call
 
 
 class _Stage:
@@ -190,7 +219,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
                            'empty; every partition needs at least one layer')
       if p.input_shapes is not None:
         self._CheckChain([lp for part in parts for lp in part],
-                         self._InputShapes(p.input_shapes))
+                         base_layer.InputShapes(p.input_shapes))
       return [list(part) for part in parts]
     if p.layers is None:
       raise ValueError(f'TensorPipeLayer {p.name!r}: no layers; set '
@@ -214,7 +243,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
           'partitions balances FPropMeta costs, which need the input shapes; '
           'set input_shapes (e.g. [[batch, height, width, channels]]) or give '
           '`partitions` explicitly')
-    metas = self._CheckChain(layers, self._InputShapes(p.input_shapes))
+    metas = self._CheckChain(layers, base_layer.InputShapes(p.input_shapes))
     costs = [m.flops for m in metas]
     plan = partitioning.Partition(costs, k, method=p.partition_method)
     logging.info('TensorPipeLayer %r partition plan:\n%s', p.name,
@@ -225,23 +254,6 @@ class TensorPipeLayer(base_layer.BaseLayer):
       out.append(layers[start:start + size])
       start += size
     return out
-
-  @staticmethod
-  def _InputShapes(input_shapes) -> Tuple[Any, ...]:
-    if isinstance(input_shapes, dict):
-      return (tf.nest.map_structure(base_layer.ToShape, input_shapes),)
-
-    def IsShape(s):
-      return isinstance(s, tf.TensorShape) or (
-          isinstance(s, (list, tuple)) and all(
-              isinstance(d, int) or d is None for d in s))
-    if IsShape(input_shapes):
-      raise ValueError(f'input_shapes={input_shapes!r} looks like one shape; '
-                       'give a list with one shape per input, e.g. '
-                       f'[{list(input_shapes)!r}]')
-    return tuple(base_layer.ToShape(s) if IsShape(s) else
-                 tf.nest.map_structure(base_layer.ToShape, s)
-                 for s in input_shapes)
 
   def _CheckChain(self, layer_params, input_shapes):
     try:
@@ -300,6 +312,9 @@ class TensorPipeLayer(base_layer.BaseLayer):
                                         p.micro_batch_size)
     mb_size = batch // num_mb
     self._CheckInputShapes(inputs, num_mb)
+    training = py_utils.IsTraining()
+    if len(self._stages) == 1 and num_mb == 1:
+      return self._SingleCall(theta, inputs, training)
     thetas = []
     for k, stage in enumerate(self._stages):
       with tf.device(stage.device):
@@ -307,7 +322,6 @@ class TensorPipeLayer(base_layer.BaseLayer):
             tf.identity, list(theta[f'partition_{k}'])))
     stacked = microbatch.Split(inputs, num_mb, p.batch_dim)
     self._InferSpecs(thetas, stacked, mb_size)
-    training = py_utils.IsTraining()
     flat_stacked = tf.nest.flatten(stacked)
     if training and p.recompute and p.recompute_impl == 'explicit':
       flat_out, flat_stats = self._RecomputedPipeline(
@@ -323,6 +337,33 @@ class TensorPipeLayer(base_layer.BaseLayer):
     with tf.device(last.device):
       out = tf.nest.pack_sequence_as(last.out_struct, flat_out)
       return microbatch.Merge(out, p.batch_dim)
+
+  def _SingleCall(self, theta, inputs, training):
+    """K=1, T=1: one stage call, no micro-batch split and no loop.
+
+    Nothing is pipelined, so the loops would only add per-tick overhead.
+    Recompute is skipped as well: with one partition and one micro-batch the
+    recomputed forward would run right after the original one and hold the
+    same activations at the same time, so it would cost a forward pass and
+    save no memory. Results are those of the loops (same ops, same order).
+    """
+    stage = self._stages[0]
+    rec = timeline.Active()
+    with tf.device(stage.device):
+      th = list(theta['partition_0'])
+      start = rec and timeline.Stamp(tf.nest.flatten(inputs))
+      with tf.control_dependencies([start] if rec else []):
+        out, collected = stage.Call(th, tuple(inputs), 0)
+      if rec:
+        end = timeline.Stamp(tf.nest.flatten(out))
+        rec.Add('forward', 0, 1, 1, tf.reshape(tf.stack([start, end]),
+                                               [1, 2]))
+    if training:
+      for layer, stats in collected:
+        with tf.device(stage.device):
+          py_utils.AddBatchStats(layer, py_utils.BatchStats.Pack(
+              [tf.stop_gradient(s) for s in stats.Flatten()]))
+    return out
 
   def _CheckInputShapes(self, inputs, num_mb):
     """Checks shapes chain through all layers before any TF op is built."""
@@ -392,13 +433,18 @@ class TensorPipeLayer(base_layer.BaseLayer):
     ticks = num_mb + num_k - 1
     last = stages[-1]
 
+    forward_ctx = py_utils.Current()
+
     def MakeCall(stage, theta):
       def Call(*flat_args):
         n_in = len(stage.in_specs)
         flat_in = list(flat_args[:n_in])
         t = tf.cast(flat_args[n_in], tf.int32)
         th = tf.nest.pack_sequence_as(theta, list(flat_args[n_in + 1:]))
-        f_out, f_stats = stage.FlatCall(th, flat_in, t, mb_size)[:2]
+        # tf.recompute_grad re-runs Call when the gradient is taken: use the
+        # forward pass's context (step seed, mode) then too.
+        with py_utils.RestoreContext(forward_ctx):
+          f_out, f_stats = stage.FlatCall(th, flat_in, t, mb_size)[:2]
         return f_out + f_stats
       if wrap_recompute_grad:
         rc = tf.recompute_grad(Call)
@@ -407,9 +453,12 @@ class TensorPipeLayer(base_layer.BaseLayer):
                                      *tf.nest.flatten(theta))
       return lambda flat_in, t: Call(*flat_in, t, *tf.nest.flatten(theta))
     calls = [MakeCall(s, th) for s, th in zip(stages, thetas)]
+    rec = timeline.Active()
+    if rec:
+      calls = [_Stamped(call) for call in calls]
 
-    def Body(c, buffers, stats_acc, out_tas, saved_tas):
-      new_buffers, new_stats, new_saved = [], [], []
+    def Body(c, buffers, stats_acc, out_tas, saved_tas, events):
+      new_buffers, new_stats, new_saved, new_events = [], [], [], []
       for k, stage in enumerate(stages):
         t = c - k
         valid = tf.logical_and(t >= 0, t < num_mb)
@@ -424,31 +473,38 @@ class TensorPipeLayer(base_layer.BaseLayer):
             new_saved.append([ta.write(slot, v)
                               for ta, v in zip(saved_tas[k], x)])
           n_out = len(stage.out_specs)
+          n_stamps = 2 if rec else 0
           if wrap_recompute_grad:
             # The gradient of tf.recompute_grad inside a tf.cond inside a
             # while loop fails in cond_v2, so bubble ticks compute on a
             # clamped index; their outputs go nowhere and stats are masked.
             res = list(calls[k](x, tc))
-            y, st = res[:n_out], res[n_out:]
+            if rec:
+              res[-2:] = [tf.where(valid, v, -1.0) for v in res[-2:]]
+            y, st = res[:n_out], res[n_out:len(res) - n_stamps]
             st = [s * tf.cast(valid, s.dtype) for s in st]
           else:
             res = tf.cond(
                 valid, lambda k=k, x=x, tc=tc: calls[k](x, tc),
                 lambda k=k: _Zeros(stages[k].out_specs +
-                                   stages[k].stats_specs))
+                                   stages[k].stats_specs) + _NoStamps(rec))
             res = list(res) if isinstance(res, (list, tuple)) else [res]
-            y, st = res[:n_out], res[n_out:]
+            y, st = res[:n_out], res[n_out:len(res) - n_stamps]
+          if rec:
+            new_events.append(_RecordTick(events[k], c, res[-2:]))
           new_stats.append([a + b for a, b in zip(stats_acc[k], st)])
           if k < num_k - 1:
             new_buffers.append(y)
           else:
             out_tas = [ta.write(slot, v) for ta, v in zip(out_tas, y)]
       return (c + 1, new_buffers, new_stats, out_tas,
-              new_saved if save_inputs else saved_tas)
+              new_saved if save_inputs else saved_tas, new_events)
 
-    buffers, stats_acc, saved_tas = [], [], []
+    buffers, stats_acc, saved_tas, events = [], [], [], []
     for k, stage in enumerate(stages):
       with tf.device(stage.device):
+        if rec:
+          events.append(-tf.ones([ticks, 2], tf.float64))
         if k < num_k - 1:
           buffers.append(_Zeros(stage.out_specs))
         stats_acc.append(_Zeros(stage.stats_specs))
@@ -460,10 +516,13 @@ class TensorPipeLayer(base_layer.BaseLayer):
       out_tas = [tf.TensorArray(s.dtype, size=num_mb + 1,
                                 element_shape=s.shape)
                  for s in last.out_specs]
-    _, _, stats_acc, out_tas, saved_tas = tf.while_loop(
+    _, _, stats_acc, out_tas, saved_tas, events = tf.while_loop(
         lambda c, *_: c < ticks, Body,
-        (tf.constant(0), buffers, stats_acc, out_tas, saved_tas),
-        maximum_iterations=ticks)
+        (tf.constant(0), buffers, stats_acc, out_tas, saved_tas, events),
+        maximum_iterations=ticks,
+        parallel_iterations=_PARALLEL_ITERATIONS)
+    for k, ev in enumerate(events):
+      rec.Add('forward', k, num_k, num_mb, ev)
     with tf.device(last.device):
       flat_out = [ta.stack()[:num_mb] for ta in out_tas]
     flat_stats = [s for per_stage in stats_acc for s in per_stage]
@@ -496,11 +555,16 @@ class TensorPipeLayer(base_layer.BaseLayer):
       flat_out, flat_stats, saved = self._ForwardLoop(
           f_stacked, f_theta, num_mb, mb_size, save_inputs=True)
 
+      forward_ctx = py_utils.Current()
+
       def Grad(*dys):
         dys = [tf.zeros_like(o) if d is None else d
                for d, o in zip(dys[:n_out], flat_out)]
-        d_inputs, d_thetas = self._BackwardLoop(saved, f_theta, dys, num_mb,
-                                                mb_size)
+        # The recompute must draw the forward pass's dropout masks even when
+        # tape.gradient runs outside the forward's StepSeed block.
+        with py_utils.RestoreContext(forward_ctx):
+          d_inputs, d_thetas = self._BackwardLoop(saved, f_theta, dys, num_mb,
+                                                  mb_size)
         grads = list(d_inputs)
         for d in d_thetas:
           grads.extend(d)
@@ -534,10 +598,15 @@ class TensorPipeLayer(base_layer.BaseLayer):
     float_out = [[i for i, s in enumerate(st.out_specs) if _IsFloat(s)]
                  for st in stages]
 
+    rec = timeline.Active()
+
     def Vjp(k, x, dy, tc):
+      """Recompute + backprop of one cell; with a recorder also 3 stamps."""
       stage = stages[k]
       theta_flat = tf.nest.flatten(thetas[k])
-      with tf.GradientTape(watch_accessed_variables=False) as tape:
+      start = rec and timeline.Stamp(x + dy)
+      with tf.GradientTape(watch_accessed_variables=False) as tape, \
+          tf.control_dependencies([start] if rec else []):
         xs = [x[i] for i in float_in[k]]
         tape.watch(xs)
         tape.watch(theta_flat)
@@ -545,14 +614,17 @@ class TensorPipeLayer(base_layer.BaseLayer):
         x_all = list(x)
         y = stage.FlatCall(th, x_all, tc, mb_size)[0]
       ys = [y[i] for i in float_out[k]]
-      grads = tape.gradient(
-          ys, xs + theta_flat, output_gradients=dy,
-          unconnected_gradients=tf.UnconnectedGradients.ZERO)
-      return grads[:len(xs)], grads[len(xs):]
+      mid = rec and timeline.Stamp(ys)
+      with tf.control_dependencies([mid] if rec else []):
+        grads = tape.gradient(
+            ys, xs + theta_flat, output_gradients=dy,
+            unconnected_gradients=tf.UnconnectedGradients.ZERO)
+      stamps = [start, mid, timeline.Stamp(grads)] if rec else []
+      return grads[:len(xs)], grads[len(xs):] + stamps
 
-    def Body(c, gbufs, dtheta_acc, din_tas):
+    def Body(c, gbufs, dtheta_acc, din_tas, events):
       new_gbufs = [[] for _ in range(num_k)]
-      new_acc = []
+      new_acc, new_events = [], []
       for k in range(num_k):
         stage = stages[k]
         t = num_mb - 1 - (c - (num_k - 1 - k))
@@ -570,20 +642,25 @@ class TensorPipeLayer(base_layer.BaseLayer):
               valid,
               lambda k=k, x=x, dy=dy, tc=tc: sum(Vjp(k, x, dy, tc), []),
               lambda dx_specs=dx_specs, theta_specs=theta_specs: _Zeros(
-                  dx_specs + theta_specs))
+                  dx_specs + theta_specs) + _NoStamps(rec, 3))
           res = list(res) if isinstance(res, (list, tuple)) else [res]
-          dx, dth = res[:len(dx_specs)], res[len(dx_specs):]
+          dx = res[:len(dx_specs)]
+          dth = res[len(dx_specs):len(dx_specs) + len(theta_specs)]
+          if rec:
+            new_events.append(_RecordTick(events[k], c, res[-3:]))
           new_acc.append([a + b for a, b in zip(dtheta_acc[k], dth)])
           if k == 0:
             slot = tf.where(valid, t, num_mb)
             din_tas = [ta.write(slot, v) for ta, v in zip(din_tas, dx)]
           else:
             new_gbufs[k] = dx
-      return c + 1, new_gbufs, new_acc, din_tas
+      return c + 1, new_gbufs, new_acc, din_tas, new_events
 
-    gbufs, acc = [None] * num_k, []
+    gbufs, acc, events = [None] * num_k, [], []
     for k, stage in enumerate(stages):
       with tf.device(stage.device):
+        if rec:
+          events.append(-tf.ones([ticks, 3], tf.float64))
         if k > 0:
           gbufs[k] = _Zeros([stage.in_specs[i] for i in float_in[k]])
         acc.append([tf.zeros_like(w) for w in tf.nest.flatten(thetas[k])])
@@ -593,9 +670,13 @@ class TensorPipeLayer(base_layer.BaseLayer):
                  for i in float_in[0]]
     # While-loop state cannot hold None: stage 0 has no incoming gradient.
     gbufs[0] = []
-    _, _, acc, din_tas = tf.while_loop(
-        lambda c, *_: c < ticks, Body, (tf.constant(0), gbufs, acc, din_tas),
-        maximum_iterations=ticks)
+    _, _, acc, din_tas, events = tf.while_loop(
+        lambda c, *_: c < ticks, Body,
+        (tf.constant(0), gbufs, acc, din_tas, events),
+        maximum_iterations=ticks,
+        parallel_iterations=_PARALLEL_ITERATIONS)
+    for k, ev in enumerate(events):
+      rec.Add('backward', k, num_k, num_mb, ev)
     d_inputs = [None] * len(stages[0].in_specs)
     with tf.device(stages[0].device):
       for j, i in enumerate(float_in[0]):

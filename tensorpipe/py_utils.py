@@ -55,6 +55,16 @@ def _Push(**changes) -> Iterator[_Context]:
     _Stack().pop()
 
 
+def RestoreContext(ctx: _Context):
+  """Context manager re-entering `ctx`'s mode and step seed.
+
+  A recompute pass runs when the gradient is taken, possibly outside the
+  `StepSeed` / `EvalMode` blocks of the forward pass; it re-enters the forward
+  pass's context so that it draws the same random numbers.
+  """
+  return _Push(training=ctx.training, step_seed=ctx.step_seed)
+
+
 def IsTraining() -> bool:
   """Whether layers run in training mode (batch statistics, dropout on)."""
   return Current().training

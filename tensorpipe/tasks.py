@@ -156,7 +156,7 @@ class ClassificationTask(BaseTask):
 
   def FProp(self, theta, batch):
     p = self.params
-    out = self.model.FProp(theta.model, batch[p.input_key])
+    out = self.children.model.FProp(theta.model, batch[p.input_key])
     aux = None
     if isinstance(out, dict):
       logits, aux = out['logits'], out.get('aux_logits')
@@ -181,20 +181,25 @@ class ClassificationTask(BaseTask):
 
 
 class SequenceTask(BaseTask):
-  """Token-level softmax loss for translation and language modelling.
+  """Token-level loss for translation and language modelling.
 
-  The model maps the whole batch NestedMap to logits [b, L, V] (or
-  NestedMap(logits=...)). Labels and paddings are batch.tgt_labels /
-  batch.tgt_paddings for translation, else batch.labels / batch.paddings.
-  Metrics: loss (with smoothing), log_pplx (without), token_accuracy; eval
-  adds perplexity = exp(log_pplx).
+  The model maps the whole batch NestedMap either to
+  NestedMap(per_example_loss, per_example_tokens, per_example_correct) (a
+  model ending in a SequenceSoftmaxLayer, which computes the loss inside the
+  pipeline, models/transformer.py), or to logits [b, L, V] (or
+  NestedMap(logits=...)), scored here against batch.tgt_labels /
+  batch.tgt_paddings (translation) or batch.labels / batch.paddings (LM).
+  Metrics: loss, log_pplx (= loss without label smoothing), token_accuracy;
+  eval adds perplexity = exp(log_pplx).
   """
 
   @classmethod
   def Params(cls):
     p = super().Params()
     p.Define('vocab_size', None, 'Vocabulary size V (last axis of logits).')
-    p.Define('label_smoothing', 0.0, 'Label smoothing s in [0, 1).')
+    p.Define('label_smoothing', 0.0, 'Label smoothing s in [0, 1) when the '
+             'model returns logits (a model computing its own loss smooths '
+             'with its own setting).')
     return p
 
   def __init__(self, params):
@@ -214,33 +219,37 @@ class SequenceTask(BaseTask):
       labels, paddings = batch.labels, batch.paddings
     return labels, 1.0 - tf.cast(paddings, tf.float32)
 
-  def Logits(self, theta, batch) -> tf.Tensor:
-    out = self.model.FProp(theta.model, batch)
-    if isinstance(out, dict):
-      out = out['logits']
-    return tf.cast(out, tf.float32)
-
-  def FProp(self, theta, batch):
+  def _TokenSums(self, out, batch):
+    """(summed loss, summed unsmoothed loss, tokens, correct tokens)."""
     p = self.params
-    logits = self.Logits(theta, batch)
+    if isinstance(out, dict) and 'per_example_loss' in out:
+      loss_sum = tf.reduce_sum(out['per_example_loss'])
+      return (loss_sum, loss_sum, tf.reduce_sum(out['per_example_tokens']),
+              tf.reduce_sum(out['per_example_correct']))
+    logits = out['logits'] if isinstance(out, dict) else out
+    logits = tf.cast(logits, tf.float32)
     labels, weights = self._LabelsAndWeights(batch)
-    num_tokens = tf.maximum(tf.reduce_sum(weights), 1.0)
     xent = losses.SoftmaxCrossEntropyLoss(logits, labels, 0.0, p.vocab_size)
-    log_pplx = tf.reduce_sum(xent * weights) / num_tokens
+    plain = tf.reduce_sum(xent * weights)
+    smoothed = plain
     if p.label_smoothing:
-      smoothed = losses.SoftmaxCrossEntropyLoss(
-          logits, labels, p.label_smoothing, p.vocab_size)
-      loss = tf.reduce_sum(smoothed * weights) / num_tokens
-    else:
-      loss = log_pplx
+      smoothed = tf.reduce_sum(losses.SoftmaxCrossEntropyLoss(
+          logits, labels, p.label_smoothing, p.vocab_size) * weights)
     correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
                                tf.cast(labels, tf.int32)), tf.float32)
-    accuracy = tf.reduce_sum(correct * weights) / num_tokens
+    return (smoothed, plain, tf.reduce_sum(weights),
+            tf.reduce_sum(correct * weights))
+
+  def FProp(self, theta, batch):
+    out = self.children.model.FProp(theta.model, batch)
+    loss_sum, plain_sum, tokens, correct = self._TokenSums(out, batch)
+    num_tokens = tf.maximum(tokens, 1.0)
+    loss = loss_sum / num_tokens
     metrics = NestedMap(loss=(loss, num_tokens),
-                        log_pplx=(log_pplx, num_tokens),
-                        token_accuracy=(accuracy, num_tokens),
-                        num_tokens=(num_tokens, tf.constant(1.0)))
-    return NestedMap(loss=loss, metrics=metrics, logits=logits)
+                        log_pplx=(plain_sum / num_tokens, num_tokens),
+                        token_accuracy=(correct / num_tokens, num_tokens),
+                        num_tokens=(tokens, tf.constant(1.0)))
+    return NestedMap(loss=loss, metrics=metrics)
 
   def PostProcessEvalMetrics(self, metrics):
     metrics = dict(metrics)
@@ -248,33 +257,69 @@ class SequenceTask(BaseTask):
       metrics['perplexity'] = float(np.exp(min(metrics['log_pplx'], 50.0)))
     return metrics
 
+  def _FlatLayers(self):
+    """The model's layers in order with their thetas (pipeline unrolled)."""
+    model = self.children.model
+    theta = model.theta
+    layers, thetas = [], []
+    names = sorted((n for n in model.children if n.startswith('partition_')),
+                   key=lambda n: int(n.split('_')[1]))
+    if not names and 'sub' in model.children:
+      names = ['sub']
+    if not names:
+      return [model], [theta]
+    for name in names:
+      layers.extend(model.children[name])
+      thetas.extend(theta[name])
+    return layers, thetas
+
+  def Logits(self, batch: NestedMap) -> tf.Tensor:
+    """Logits [b, L, V] of the model, run unpipelined.
+
+    A last layer computing its own loss (SequenceSoftmaxLayer) is replaced by
+    its `logits` projection of its input.
+    """
+    layers, thetas = self._FlatLayers()
+    args = (batch,)
+    for i, (layer, theta) in enumerate(zip(layers, thetas)):
+      last = i == len(layers) - 1
+      if last and 'logits' in layer.children and 'input_key' in layer.params:
+        nm = args[0]
+        return tf.cast(layer.children.logits.FProp(
+            theta.logits, nm[layer.params.input_key]), tf.float32)
+      out = layer.FProp(theta, *args)
+      args = out if isinstance(out, tuple) else (out,)
+    out = args[0]
+    return tf.cast(out['logits'] if isinstance(out, dict) else out,
+                   tf.float32)
+
   def GreedyDecode(self, batch: NestedMap) -> tf.Tensor:
     """Greedy decoding of translation targets, [b, Lt] int32 token ids.
 
     Position 0 of batch.tgt_ids (<s> or the target-language token) is kept;
-    each step runs the model on the prefix decoded so far and takes the
-    argmax at the next position. Needs a model whose decoder is causal.
-    Position i of the result is the prediction for label i.
+    step i runs the model on the prefix decoded so far and takes the argmax
+    at position i, which becomes the decoder input at i + 1. Position i of
+    the result is the prediction for label i. Needs a causal decoder.
     """
     tgt_ids = tf.cast(batch.tgt_ids, tf.int32)
     length = tgt_ids.shape[1]
-    first = tgt_ids[:, :1]
     dec = NestedMap(batch)
     dec.tgt_paddings = tf.zeros_like(batch.tgt_paddings)
-    theta = self.theta
+    dec.tgt_labels = tf.zeros_like(batch.tgt_labels)
 
     def Body(i, ids, hyp):
-      dec.tgt_ids = ids
-      logits = self.Logits(theta, dec)
-      next_ids = tf.argmax(logits[:, i], -1, output_type=tf.int32)
-      onehot = tf.one_hot(i + 1, length, dtype=tf.int32)[tf.newaxis]
-      ids = ids * (1 - onehot) + next_ids[:, tf.newaxis] * onehot
-      onehot_i = tf.one_hot(i, length, dtype=tf.int32)[tf.newaxis]
-      hyp = hyp + next_ids[:, tf.newaxis] * onehot_i
+      step_batch = NestedMap(dec)
+      step_batch.tgt_ids = tf.cast(ids, batch.tgt_ids.dtype)
+      logits = self.Logits(step_batch)
+      next_ids = tf.argmax(tf.gather(logits, i, axis=1), -1,
+                           output_type=tf.int32)
+      at_i = tf.one_hot(i, length, dtype=tf.int32)[tf.newaxis]
+      at_next = tf.one_hot(i + 1, length, dtype=tf.int32)[tf.newaxis]
+      ids = ids * (1 - at_next) + next_ids[:, tf.newaxis] * at_next
+      hyp = hyp + next_ids[:, tf.newaxis] * at_i
       return i + 1, ids, hyp
 
-    ids = tf.concat([first, tf.zeros_like(tgt_ids[:, 1:])], 1)
-    hyp = tf.zeros_like(tgt_ids)
+    ids = tf.concat([tgt_ids[:, :1], tf.zeros_like(tgt_ids[:, 1:])], 1)
     _, _, hyp = tf.while_loop(lambda i, *_: i < length, Body,
-                              (tf.constant(0), ids, hyp))
+                              (tf.constant(0), ids, tf.zeros_like(tgt_ids)))
     return hyp

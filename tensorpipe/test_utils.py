@@ -22,7 +22,8 @@ def LossAndGrads(layer: Any, loss_fn: Callable[[Any], tf.Tensor],
   """
   variables = layer.trainable_variables
 
-  @tf.function
+  # autograph=False: layers are plain Python; converting them is slow.
+  @tf.function(autograph=False)
   def Step(*xs):
     with tf.GradientTape() as tape:
       out = layer.FPropDefaultTheta(*xs)

@@ -148,7 +148,7 @@ def MicroBatchOracle(layer, num_micro_batches, loss_fn, x):
   variables = layer.trainable_variables
   n = x.shape[0] // num_micro_batches
 
-  @tf.function
+  @tf.function(autograph=False)
   def Step(x):
     with tf.GradientTape() as tape:
       outs = []
@@ -267,6 +267,27 @@ class TransparencyTest(tf.test.TestCase):
       b = layer.FPropDefaultTheta(x)
     self.assertNotAllClose(a, b)
 
+  def testGradientTakenOutsideStepSeedBlockUsesForwardMasks(self):
+    layer_ps = [
+        linear.FCLayer.Params().Set(name='fc0', input_dim=6, output_dim=6),
+        dropout.DropoutLayer.Params().Set(name='drop', keep_prob=0.5),
+        linear.FCLayer.Params().Set(name='fc1', input_dim=6, output_dim=6),
+    ]
+    x = tf.random.stateless_normal([8, 6], seed=[7, 9])
+    for impl in ('explicit', 'tf_recompute_grad'):
+      with self.subTest(impl=impl):
+        pipe = Pipe(layers=layer_ps, num_partitions=2, num_micro_batches=4,
+                    input_shapes=[[8, 6]], recompute_impl=impl)
+        ref = Sequential(layer_ps)
+        grads = []
+        for layer in (pipe, ref):
+          with tf.GradientTape() as tape:
+            with py_utils.StepSeed(7):
+              loss = MeanLoss(layer.FPropDefaultTheta(x))
+          grads.append(tape.gradient(loss, layer.trainable_variables))
+        for a, b in zip(*grads):
+          self.assertAllClose(a, b, rtol=1e-5, atol=1e-7)
+
   def testEvalModeUsesMovingStatsAndMatchesSequential(self):
     x = tf.random.stateless_normal([8, 8, 8, 2], seed=[9, 9])
     pipe = Pipe(layers=MixedModel(), num_partitions=2, num_micro_batches=4,
@@ -294,6 +315,11 @@ class TransparencyTest(tf.test.TestCase):
 
 
 class BatchNormStatsTest(tf.test.TestCase):
+
+  def testInputShapesMayBeADictOfLists(self):
+    layer = Pipe(layers=[UseNestedLayer.Params().Set(name='use')],
+                 input_shapes=[dict(x=[4, 4], ids=[4])])
+    self.assertEqual(layer.num_partitions, 1)
 
   def testMovingStatsAfterStepEqualWholeMiniBatchStats(self):
     bn_p = normalization.BatchNormLayer.Params().Set(

@@ -1,15 +1,19 @@
 """TensorPipe layers, one module per family; the layer classes re-exported."""
 
 from tensorpipe.layers import activations
+from tensorpipe.layers import attention
 from tensorpipe.layers import composite
 from tensorpipe.layers import conv
 from tensorpipe.layers import dropout
+from tensorpipe.layers import embedding
 from tensorpipe.layers import linear
 from tensorpipe.layers import losses
 from tensorpipe.layers import normalization
 from tensorpipe.layers import pooling
+from tensorpipe.layers import transformer
 from tensorpipe.layers.activations import ActivationLayer
 from tensorpipe.layers.activations import GetActivation
+from tensorpipe.layers.attention import MultiHeadedAttention
 from tensorpipe.layers.composite import IdentityLayer
 from tensorpipe.layers.composite import ParallelLayer
 from tensorpipe.layers.composite import SequentialLayer
@@ -17,6 +21,8 @@ from tensorpipe.layers.conv import Conv2DLayer
 from tensorpipe.layers.conv import DepthwiseConv2DLayer
 from tensorpipe.layers.conv import SeparableConv2DLayer
 from tensorpipe.layers.dropout import DropoutLayer
+from tensorpipe.layers.embedding import EmbeddingLayer
+from tensorpipe.layers.embedding import TransformerEmbeddingLayer
 from tensorpipe.layers.linear import FCLayer
 from tensorpipe.layers.linear import FlattenLayer
 from tensorpipe.layers.losses import SoftmaxCrossEntropyLoss
@@ -26,3 +32,6 @@ from tensorpipe.layers.normalization import BatchNormLayer
 from tensorpipe.layers.normalization import LayerNormLayer
 from tensorpipe.layers.pooling import GlobalPoolingLayer
 from tensorpipe.layers.pooling import PoolingLayer
+from tensorpipe.layers.transformer import SequenceSoftmaxLayer
+from tensorpipe.layers.transformer import TransformerDecoderLayer
+from tensorpipe.layers.transformer import TransformerEncoderLayer

@@ -1,0 +1,180 @@
+"""Transformer T(L, H, A) for translation and a decoder-only language model.
+
+GPipe's notation (Huang et al. 2018, section 4): T(L, H, A) has L encoder and
+L decoder layers, feed-forward hidden size H and A attention heads; the model
+dimension D is a separate value (1024 for the paper's Transformer-Big family).
+The model is a flat list of layer Params, so `TensorPipeLayer` can cut it at
+any layer boundary:
+
+  layer 0                 TransformerEmbeddingLayer (source + target tables)
+  layers 1 .. L           TransformerEncoderLayer   (transform src_vecs)
+  layers L+1 .. 2L        TransformerDecoderLayer   (transform tgt_vecs,
+                                                     attend to src_vecs)
+  layer 2L+1              SequenceSoftmaxLayer      (label-smoothed loss)
+
+The embeddings are in the first partition and the softmax in the last; the
+encoder output travels in the NestedMap with the decoder's input through the
+decoder partitions. The input is a NestedMap batch (src_ids, src_paddings,
+tgt_ids, tgt_labels, tgt_paddings; tensorpipe/base_input.py); the output is
+NestedMap(per_example_loss, per_example_tokens, per_example_correct), each
+[batch], so the mean loss over real tokens is `MeanTokenLoss(out)`.
+
+Shared embeddings share the source and target tables. The softmax has its own
+weights: tying it to the embedding would put one variable in the first and
+the last partition (on different devices).
+"""
+
+from typing import List, Optional
+
+import tensorflow as tf
+
+from tensorpipe import hyperparams
+from tensorpipe import pipeline
+from tensorpipe.layers import embedding
+from tensorpipe.layers import transformer
+
+MeanTokenLoss = transformer.MeanTokenLoss
+
+
+def _CheckArgs(num_layers, hidden_dim, num_heads, model_dim, vocab_size):
+  for name, value in (('num_layers', num_layers), ('hidden_dim', hidden_dim),
+                      ('num_heads', num_heads), ('model_dim', model_dim),
+                      ('vocab_size', vocab_size)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f'{name}={value!r} must be a positive int')
+  if model_dim % num_heads:
+    raise ValueError(f'model_dim={model_dim} is not divisible by num_heads='
+                     f'{num_heads}; choose num_heads dividing model_dim')
+
+
+def _Stack(prefix, cls, num_layers, pre_layer_norm, **kwargs):
+  layers = []
+  for i in range(num_layers):
+    layers.append(cls.Params().Set(
+        name=f'{prefix}{i}', pre_layer_norm=pre_layer_norm,
+        final_layer_norm=pre_layer_norm and i == num_layers - 1, **kwargs))
+  return layers
+
+
+def TransformerLayers(num_layers: int = 6,
+                      hidden_dim: int = 4096,
+                      num_heads: int = 16,
+                      model_dim: int = 1024,
+                      vocab_size: int = 32000,
+                      max_len: int = 1024,
+                      pre_layer_norm: bool = False,
+                      shared_embeddings: bool = True,
+                      label_smoothing: float = 0.1,
+                      dropout: float = 0.1,
+                      atten_dropout: float = 0.0,
+                      relu_dropout: float = 0.0,
+                      src_vocab_size: Optional[int] = None
+                      ) -> List[hyperparams.Params]:
+  """Layer Params of T(L=num_layers, H=hidden_dim, A=num_heads).
+
+  Args:
+    num_layers: L, encoder layers (and as many decoder layers).
+    hidden_dim: H, feed-forward hidden size.
+    num_heads: A, attention heads (must divide model_dim).
+    model_dim: D, model dimension (1024 for Transformer-Big).
+    vocab_size: target vocabulary (and source unless src_vocab_size).
+    max_len: longest source / target sequence.
+    pre_layer_norm: pre-LN residuals (with a final LN after each stack)
+      instead of the original post-LN.
+    shared_embeddings: one embedding table for source and target.
+    label_smoothing: label smoothing of the loss.
+    dropout: residual dropout rate (also on the embeddings).
+    atten_dropout: dropout rate on attention probabilities.
+    relu_dropout: dropout rate inside the feed-forward blocks.
+    src_vocab_size: source vocabulary for separate embeddings; None means
+      vocab_size.
+
+  Returns:
+    2 * num_layers + 2 layer Params (see the module docstring).
+  """
+  _CheckArgs(num_layers, hidden_dim, num_heads, model_dim, vocab_size)
+  common = dict(model_dim=model_dim, hidden_dim=hidden_dim,
+                num_heads=num_heads, residual_dropout_prob=dropout,
+                atten_dropout_prob=atten_dropout,
+                relu_dropout_prob=relu_dropout)
+  layers = [embedding.TransformerEmbeddingLayer.Params().Set(
+      name='emb', vocab_size=vocab_size, src_vocab_size=src_vocab_size,
+      model_dim=model_dim, mode='seq2seq',
+      shared_embeddings=shared_embeddings, max_len=max_len,
+      dropout_prob=dropout)]
+  layers += _Stack('enc', transformer.TransformerEncoderLayer, num_layers,
+                   pre_layer_norm, **common)
+  layers += _Stack('dec', transformer.TransformerDecoderLayer, num_layers,
+                   pre_layer_norm, has_cross_attention=True, **common)
+  layers.append(transformer.SequenceSoftmaxLayer.Params().Set(
+      name='softmax', input_dim=model_dim, vocab_size=vocab_size,
+      label_smoothing=label_smoothing))
+  return layers
+
+
+def TransformerLmLayers(num_layers: int = 6,
+                        hidden_dim: int = 2048,
+                        num_heads: int = 8,
+                        model_dim: int = 512,
+                        vocab_size: int = 32000,
+                        max_len: int = 1024,
+                        pre_layer_norm: bool = True,
+                        label_smoothing: float = 0.0,
+                        dropout: float = 0.1,
+                        atten_dropout: float = 0.0,
+                        relu_dropout: float = 0.0
+                        ) -> List[hyperparams.Params]:
+  """Layer Params of a decoder-only language model.
+
+  Input NestedMap: ids [b, L], labels [b, L], paddings [b, L]; output as for
+  TransformerLayers. Layers: embedding, num_layers decoder layers without
+  cross-attention, softmax (num_layers + 2 in all).
+  """
+  _CheckArgs(num_layers, hidden_dim, num_heads, model_dim, vocab_size)
+  layers = [embedding.TransformerEmbeddingLayer.Params().Set(
+      name='emb', vocab_size=vocab_size, model_dim=model_dim, mode='lm',
+      max_len=max_len, dropout_prob=dropout)]
+  layers += _Stack('dec', transformer.TransformerDecoderLayer, num_layers,
+                   pre_layer_norm, has_cross_attention=False,
+                   model_dim=model_dim, hidden_dim=hidden_dim,
+                   num_heads=num_heads, residual_dropout_prob=dropout,
+                   atten_dropout_prob=atten_dropout,
+                   relu_dropout_prob=relu_dropout)
+  layers.append(transformer.SequenceSoftmaxLayer.Params().Set(
+      name='softmax', input_dim=model_dim, vocab_size=vocab_size,
+      label_smoothing=label_smoothing))
+  return layers
+
+
+def TranslationInputShapes(batch_size: int, src_len: int, tgt_len: int):
+  """input_shapes (for TensorPipeLayer / model analysis) of a batch."""
+  src = tf.TensorShape([batch_size, src_len])
+  tgt = tf.TensorShape([batch_size, tgt_len])
+  return [dict(src_ids=src, src_paddings=src, tgt_ids=tgt, tgt_labels=tgt,
+               tgt_paddings=tgt)]
+
+
+def LmInputShapes(batch_size: int, seq_len: int):
+  """input_shapes of a language-model batch."""
+  s = tf.TensorShape([batch_size, seq_len])
+  return [dict(ids=s, labels=s, paddings=s)]
+
+
+def TransformerPipeline(num_partitions: int, num_micro_batches: int,
+                        batch_size: int, src_len: int, tgt_len: int,
+                        **kwargs) -> hyperparams.Params:
+  """TensorPipeLayer Params of TransformerLayers(**kwargs), split by FLOPs."""
+  return pipeline.TensorPipeLayer.Params().Set(
+      name='TensorPipe', layers=TransformerLayers(**kwargs),
+      num_partitions=num_partitions, num_micro_batches=num_micro_batches,
+      input_shapes=TranslationInputShapes(batch_size, src_len, tgt_len))
+
+
+def TransformerLmPipeline(num_partitions: int, num_micro_batches: int,
+                          batch_size: int, seq_len: int,
+                          **kwargs) -> hyperparams.Params:
+  """TensorPipeLayer Params of TransformerLmLayers(**kwargs)."""
+  return pipeline.TensorPipeLayer.Params().Set(
+      name='TensorPipe', layers=TransformerLmLayers(**kwargs),
+      num_partitions=num_partitions, num_micro_batches=num_micro_batches,
+      input_shapes=LmInputShapes(batch_size, seq_len))

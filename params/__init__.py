@@ -1,0 +1,1 @@
+"""Registered experiments (see tensorpipe/model_registry.py)."""

@@ -1,0 +1,1 @@
+"""Registered experiments of image (see tensorpipe/model_registry.py)."""

@@ -1,0 +1,17 @@
+"""CIFAR-10 experiments (GPipe supplement: learning rate 0.0125, weight decay 4e-5)."""
+
+from params.image import base_image
+from tensorpipe import model_registry
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetB_4x8(base_image.AmoebaNetExperiment):
+  """AmoebaNet-B fine-tuning recipe: SGD momentum 0.9, lr 0.0125, wd 4e-5; K=4, T=8."""
+
+  INPUT_CLASS_NAME = 'Cifar10Input'
+  NUM_TRAIN_EXAMPLES = 50000
+  NUM_CLASSES = 10
+  LEARNING_RATE = 0.0125
+  WEIGHT_DECAY = 4e-5
+  IMAGE_SIZE = 32
+  SMALL_STEM = True

@@ -1,0 +1,15 @@
+"""Food-101 experiments (GPipe supplement: learning rate 0.15, weight decay 4e-8)."""
+
+from params.image import base_image
+from tensorpipe import model_registry
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetB_4x8(base_image.AmoebaNetExperiment):
+  """AmoebaNet-B fine-tuning recipe: SGD momentum 0.9, lr 0.15, wd 4e-8; K=4, T=8."""
+
+  INPUT_CLASS_NAME = 'Food101Input'
+  NUM_TRAIN_EXAMPLES = 75750
+  NUM_CLASSES = 101
+  LEARNING_RATE = 0.15
+  WEIGHT_DECAY = 4e-8

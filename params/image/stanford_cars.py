@@ -1,0 +1,15 @@
+"""Stanford Cars experiments (GPipe supplement: learning rate 0.15, weight decay 0.0)."""
+
+from params.image import base_image
+from tensorpipe import model_registry
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetB_4x8(base_image.AmoebaNetExperiment):
+  """AmoebaNet-B fine-tuning recipe: SGD momentum 0.9, lr 0.15, wd 0.0; K=4, T=8."""
+
+  INPUT_CLASS_NAME = 'StanfordCarsInput'
+  NUM_TRAIN_EXAMPLES = 8144
+  NUM_CLASSES = 196
+  LEARNING_RATE = 0.15
+  WEIGHT_DECAY = 0.0

@@ -1,0 +1,1 @@
+"""Registered experiments of lm (see tensorpipe/model_registry.py)."""

@@ -1,0 +1,1 @@
+"""Registered experiments of nmt (see tensorpipe/model_registry.py)."""

@@ -1,0 +1,266 @@
+"""Predicts GPipe step time, bubble and per-device busy time from stage costs.
+
+GPipe (Huang et al. 2018, section 2.2) runs partition k on device k. With
+per-partition costs f_k (forward of one micro-batch) and b_k (its backward)
+the step is a dependency graph of cells (phase, t, k):
+
+  forward  (t, k) after (t, k - 1)  (its input)   and (t - 1, k)  (same device)
+  backward (t, k) after (t, k + 1)  (its dy)      and (t + 1, k)  (same device)
+  every backward cell after every forward cell    (the loss needs all outputs)
+
+A backward cell costs r_k + b_k where r_k = f_k with recompute (the forward is
+rematerialised first) and 0 without. `synchronous_ticks=True` adds the clock
+barrier of TensorPipeLayer's tf.while_loop (parallel_iterations=1): every
+cell of tick c waits for all cells of tick c - 1. A per-tick overhead (loop
+bookkeeping, op dispatch, copies) delays each tick's start, and a fixed
+overhead (input split, loss, output merge, weight update) is added once.
+
+With `num_cores` < K the devices share the cores (processor sharing: n busy
+devices on C cores each progress at min(1, C / n)), which is how K logical CPU
+devices behave on a machine with fewer cores.
+
+For equal costs and no overhead the idle share of each device is the
+schedule's bubble (K - 1) / (T + K - 1) (schedules.BubbleFraction).
+
+Usage:
+  res = Simulate(forward_costs=[1., 1.], backward_costs=[2., 2.],
+                 num_micro_batches=4)
+  res.step_time, res.bubble_fraction, res.busy, res.cells
+
+Pure Python; no TensorFlow.
+"""
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from tensorpipe import schedules
+
+
+@dataclasses.dataclass(frozen=True)
+class SimCell:
+  """One simulated stage call."""
+  phase: str      # 'forward' or 'backward' (backward includes any recompute)
+  t: int
+  k: int
+  start: float
+  end: float
+  recompute: float = 0.0   # the part of [start, end] spent recomputing
+
+
+@dataclasses.dataclass
+class SimResult:
+  """Prediction for one step.
+
+  Attributes:
+    step_time: predicted wall time of one step.
+    forward_time: span of the forward pass (first cell start to last end).
+    backward_time: span of the backward pass.
+    busy: per device, time spent in stage calls (wall time).
+    bubble_fraction: mean over devices of the idle share of the forward plus
+      backward spans.
+    cells: every simulated cell, in start order.
+  """
+  step_time: float
+  forward_time: float
+  backward_time: float
+  busy: List[float]
+  bubble_fraction: float
+  cells: List[SimCell]
+
+
+def _CheckCosts(name: str, costs: Sequence[float]) -> List[float]:
+  costs = list(costs)
+  if not costs:
+    raise ValueError(f'{name} is empty; give one cost per partition')
+  for c in costs:
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or c < 0:
+      raise ValueError(f'{name}={costs!r}: every cost must be a number >= 0')
+  return [float(c) for c in costs]
+
+
+def _RunPhase(ticks: List[List[Tuple[int, int]]], cost: Dict[Tuple[int, int],
+                                                               float],
+              deps, t0: float, tick_overhead: float, synchronous: bool,
+              num_cores: float) -> Dict[Tuple[int, int], Tuple[float, float]]:
+  """Event-driven processor-sharing simulation of one pass.
+
+  Args:
+    ticks: the schedule, per tick the (t, k) cells.
+    cost: work of each cell.
+    deps: function (t, k) -> cells it waits for (within this pass).
+    t0: time the pass may start.
+    tick_overhead: delay between a cell's dependencies finishing (or its
+      tick's barrier) and its start.
+    synchronous: whether tick c waits for all of tick c - 1.
+    num_cores: cores shared by the running cells.
+
+  Returns:
+    (t, k) -> (start, end).
+  """
+  tick_of = {cell: c for c, cells in enumerate(ticks) for cell in cells}
+  pending = set(tick_of)
+  done: Dict[Tuple[int, int], Tuple[float, float]] = {}
+  running: Dict[Tuple[int, int], float] = {}     # cell -> remaining work
+  started: Dict[Tuple[int, int], float] = {}
+  tick_end = [None] * len(ticks)                 # last end per tick
+  now = t0
+
+  def ReadyTime(cell) -> Optional[float]:
+    ends = []
+    for d in deps(*cell):
+      if d not in done:
+        return None
+      ends.append(done[d][1])
+    c = tick_of[cell]
+    if synchronous and c > 0:
+      if tick_end[c - 1] is None:
+        return None
+      ends.append(tick_end[c - 1])
+    return max([t0] + ends) + tick_overhead
+
+  while pending or running:
+    # Start every cell whose dependencies are met by `now`.
+    next_ready = None
+    for cell in sorted(pending, key=lambda x: (tick_of[x], x[1])):
+      ready = ReadyTime(cell)
+      if ready is None:
+        continue
+      if ready <= now + 1e-15:
+        running[cell] = cost[cell]
+        started[cell] = now
+        pending.discard(cell)
+      elif next_ready is None or ready < next_ready:
+        next_ready = ready
+    if not running:
+      assert next_ready is not None, 'schedule deadlock'
+      now = next_ready
+      continue
+    rate = min(1.0, num_cores / len(running))
+    cell, rem = min(running.items(), key=lambda kv: (kv[1], kv[0]))
+    dt = rem / rate
+    if next_ready is not None and next_ready - now < dt:
+      dt = next_ready - now
+    for c in running:
+      running[c] -= dt * rate
+    now += dt
+    for c in [c for c, r in running.items() if r <= 1e-12]:
+      del running[c]
+      done[c] = (started[c], now)
+      tc = tick_of[c]
+      if all(x in done for x in ticks[tc]):
+        tick_end[tc] = max(done[x][1] for x in ticks[tc])
+  return done
+
+
+def Simulate(forward_costs: Sequence[float], backward_costs: Sequence[float],
+             num_micro_batches: int, recompute: bool = True,
+             tick_overhead: float = 0.0, fixed_overhead: float = 0.0,
+             synchronous_ticks: bool = True,
+             num_cores: Optional[float] = None) -> SimResult:
+  """Simulates one GPipe training step.
+
+  Args:
+    forward_costs: f_k, seconds (or any unit) of partition k's forward on one
+      micro-batch; K = len(forward_costs).
+    backward_costs: b_k, its backward without recompute.
+    num_micro_batches: T.
+    recompute: whether each backward cell first recomputes the forward.
+    tick_overhead: added before every cell (per clock tick).
+    fixed_overhead: added once per step (setup, loss, weight update).
+    synchronous_ticks: clock barrier between ticks (TensorPipeLayer's loop);
+      False gives pure dataflow.
+    num_cores: cores shared by the K devices; None means one per device.
+
+  Returns:
+    A SimResult.
+
+  Raises:
+    ValueError: mismatched or negative costs, bad T or num_cores.
+  """
+  f = _CheckCosts('forward_costs', forward_costs)
+  b = _CheckCosts('backward_costs', backward_costs)
+  if len(f) != len(b):
+    raise ValueError(f'forward_costs has {len(f)} entries but backward_costs '
+                     f'{len(b)}; give one of each per partition')
+  kk = len(f)
+  tt = num_micro_batches
+  schedules.NumClockTicks(kk, tt)   # checks T
+  cores = float(kk if num_cores is None else num_cores)
+  if cores <= 0:
+    raise ValueError(f'num_cores={num_cores!r} must be > 0')
+  for name, v in (('tick_overhead', tick_overhead),
+                  ('fixed_overhead', fixed_overhead)):
+    if v < 0:
+      raise ValueError(f'{name}={v!r} must be >= 0')
+
+  fwd_ticks = list(schedules.GPipeClockCycles(kk, tt))
+  bwd_ticks = list(schedules.GPipeBackwardClockCycles(kk, tt))
+  rc = [fk if recompute else 0.0 for fk in f]
+  fwd_cost = {(t, k): f[k] for t in range(tt) for k in range(kk)}
+  bwd_cost = {(t, k): rc[k] + b[k] for t in range(tt) for k in range(kk)}
+
+  def FwdDeps(t, k):
+    return [c for c in ((t, k - 1), (t - 1, k)) if c[0] >= 0 and c[1] >= 0]
+
+  def BwdDeps(t, k):
+    return [c for c in ((t, k + 1), (t + 1, k)) if c[0] < tt and c[1] < kk]
+
+  fwd = _RunPhase(fwd_ticks, fwd_cost, FwdDeps, 0.0, tick_overhead,
+                  synchronous_ticks, cores)
+  fwd_end = max(e for _, e in fwd.values())
+  bwd = _RunPhase(bwd_ticks, bwd_cost, BwdDeps, fwd_end, tick_overhead,
+                  synchronous_ticks, cores)
+  bwd_end = max(e for _, e in bwd.values())
+  cells = [SimCell('forward', t, k, s, e) for (t, k), (s, e) in fwd.items()]
+  for (t, k), (s, e) in bwd.items():
+    share = rc[k] / bwd_cost[(t, k)] if bwd_cost[(t, k)] else 0.0
+    cells.append(SimCell('backward', t, k, s, e, recompute=(e - s) * share))
+  cells.sort(key=lambda c: (c.start, c.k))
+  busy = [0.0] * kk
+  for c in cells:
+    busy[c.k] += c.end - c.start
+  span = bwd_end
+  bubble = (sum(1.0 - bk / span for bk in busy) / kk) if span > 0 else 0.0
+  return SimResult(step_time=bwd_end + fixed_overhead, forward_time=fwd_end,
+                   backward_time=bwd_end - fwd_end, busy=busy,
+                   bubble_fraction=bubble, cells=cells)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+  """Overheads fitted from measured K=1 runs (see `CalibrateFromK1`)."""
+  tick_overhead: float
+  fixed_overhead: float
+  residual: float       # largest |prediction - measurement| on the fit data
+
+
+def CalibrateFromK1(runs: Sequence[Tuple[int, float, float, float]],
+                    recompute: bool) -> Calibration:
+  """Fits tick and fixed overhead to K=1 runs by least squares.
+
+  With K=1 nothing overlaps, so step = T (f + r + b) + 2T o + F exactly in
+  the model; given measured (T, f, b, step) for two or more T the fit of o
+  (per tick) and F (fixed) is linear. With a single run o = 0.
+
+  Args:
+    runs: (T, f, b, measured step) of K=1 runs (f, b per micro-batch).
+    recompute: whether those runs recomputed.
+
+  Returns:
+    A Calibration; overheads are clipped at 0.
+  """
+  if not runs:
+    raise ValueError('CalibrateFromK1 needs at least one K=1 run')
+  xs, ys = [], []
+  for t, f, b, step in runs:
+    work = t * ((2 * f if recompute else f) + b)
+    xs.append(2.0 * t)
+    ys.append(step - work)
+  n = len(xs)
+  mx, my = sum(xs) / n, sum(ys) / n
+  var = sum((x - mx) ** 2 for x in xs)
+  o = (sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var) if var else 0.0
+  o = max(0.0, o)
+  fixed = max(0.0, my - o * mx)
+  resid = max(abs(fixed + o * x - y) for x, y in zip(xs, ys))
+  return Calibration(o, fixed, resid)

@@ -1,0 +1,223 @@
+"""Tests of models/amoebanet.py: shapes, parameter counts, pipelining."""
+
+import numpy as np
+import tensorflow as tf
+
+from models import amoebanet
+from models import amoebanet_cells
+from models import model_utils
+from tensorpipe import base_layer
+from tensorpipe import pipeline
+from tensorpipe import py_utils
+from tensorpipe import test_utils
+from tensorpipe.layers import composite
+
+test_utils.ConfigureTestDevices()
+
+BATCH = 4
+SIZE = 16
+CLASSES = 5
+
+
+def TinyLayers(variant='D', **kw):
+  args = dict(num_normal_cells=1, num_filters=8, num_classes=CLASSES,
+              image_size=SIZE, small_stem=True, stem_filters=8,
+              drop_path_keep_prob=0.6, dropout_keep_prob=0.7)
+  args.update(kw)
+  return amoebanet.AmoebaNetLayers(variant, **args)
+
+
+def Sequential(layer_ps):
+  return composite.SequentialLayer.Params().Set(
+      name='Sequential', sub=layer_ps).Instantiate()
+
+
+def Loss(out):
+  """CE(logits) + 0.4 * CE(aux_logits), the AmoebaNet training loss."""
+  labels = tf.range(BATCH) % CLASSES
+
+  def Ce(logits):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+  if isinstance(out, dict):
+    return Ce(out['logits']) + amoebanet.AUX_LOSS_WEIGHT * Ce(out['aux_logits'])
+  return Ce(out)
+
+
+def Oracle(layer, num_micro_batches, x):
+  """The unpipelined model on each micro-batch (BN sees micro-batch
+  statistics, as in GPipe); outputs concatenated, loss and gradients."""
+  variables = layer.trainable_variables
+  n = x.shape[0] // num_micro_batches
+
+  @tf.function
+  def Step(x):
+    with tf.GradientTape() as tape:
+      outs = []
+      for t in range(num_micro_batches):
+        with py_utils.ExampleOffset(t * n):
+          outs.append(layer.FPropDefaultTheta(x[t * n:(t + 1) * n]))
+      out = tf.nest.map_structure(lambda *xs: tf.concat(xs, 0), *outs)
+      loss = Loss(out)
+    return out, loss, tape.gradient(loss, variables)
+  return Step(x)
+
+
+def Images(seed=1):
+  return tf.random.stateless_normal([BATCH, SIZE, SIZE, 3], seed=[seed, 7])
+
+
+class AmoebaNetParamCountTest(tf.test.TestCase):
+
+  def testFPropMetaCountsEqualCreatedVariables(self):
+    for variant in ('B', 'D'):
+      with self.subTest(variant=variant):
+        layer_ps = TinyLayers(variant)
+        shape = [BATCH, SIZE, SIZE, 3]
+        model = Sequential(layer_ps)
+        all_vars = sum(int(np.prod(v.shape)) for v in model.variables)
+        trainable = sum(int(np.prod(v.shape))
+                        for v in model.trainable_variables)
+        self.assertEqual(model_utils.NumParams(layer_ps, shape), all_vars)
+        self.assertEqual(model_utils.NumTrainableParams(layer_ps, shape),
+                         trainable)
+
+  def testImageNetStemCountsEqualCreatedVariables(self):
+    layer_ps = amoebanet.AmoebaNetLayers('D', 1, 8, num_classes=CLASSES,
+                                         image_size=80)
+    model = Sequential(layer_ps)
+    trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    self.assertEqual(model_utils.NumTrainableParams(layer_ps, [1, 80, 80, 3]),
+                     trainable)
+
+  def testPaperTableOneSizes(self):
+    """GPipe Table 1: AmoebaNet-D(6, 208) 82M, (6, 416) 318M, (6, 544) 542M,
+    (12, 544) 1.05B, (24, 512) 1.8B; AmoebaNet-B(6, 512) 557M (the 84.3%
+    model). Counted from FPropMeta alone, within 1%."""
+    for variant, l, f, paper in [('D', 6, 208, 82e6), ('D', 6, 416, 318e6),
+                                 ('D', 6, 544, 542e6), ('D', 12, 544, 1.05e9),
+                                 ('D', 24, 512, 1.8e9), ('B', 6, 512, 557e6)]:
+      n = model_utils.NumTrainableParams(
+          amoebanet.AmoebaNetLayers(variant, l, f), [1, 224, 224, 3])
+      self.assertAllClose(n, paper, rtol=0.025, msg=f'{variant}({l}, {f})')
+
+
+class AmoebaNetShapesTest(tf.test.TestCase):
+
+  def testFPropMetaShapesEqualRealShapes(self):
+    for variant, kw in (('D', {}), ('B', dict(small_stem=False,
+                                              image_size=80))):
+      with self.subTest(variant=variant):
+        layer_ps = TinyLayers(variant, **kw)
+        size = kw.get('image_size', SIZE)
+        x = tf.random.stateless_normal([2, size, size, 3], seed=[1, 2])
+        model = Sequential(layer_ps)
+        args = (x,)
+        shapes = (x.shape,)
+        for layer, lp in zip(model.children.sub, layer_ps):
+          args = composite.AsArgs(layer.FPropDefaultTheta(*args))
+          shapes = lp.cls.FPropMeta(lp, *shapes).out_shapes
+          self.assertEqual(
+              [list(s) for s in tf.nest.flatten(shapes)],
+              [list(a.shape) for a in tf.nest.flatten(args)], msg=lp.name)
+        self.assertEqual(sorted(args[0].keys()), ['aux_logits', 'logits'])
+        self.assertEqual(args[0].logits.shape, [2, CLASSES])
+
+  def testWithoutAuxHeadOutputIsLogits(self):
+    model = Sequential(TinyLayers(aux_head=False))
+    out = model.FPropDefaultTheta(Images())
+    self.assertEqual(out.shape, [BATCH, CLASSES])
+
+
+# A cheap genotype (identities, pools and 1x1 convolutions) with the same
+# mechanics as B and D: strided inputs of reduction cells, a factorized
+# reduction of an unused input state, drop-path on non-identity operations.
+CHEAP_OPS = ['none', 'avg_pool_3x3', 'max_pool_3x3', 'none', '1x1', 'none',
+             'avg_pool_3x3', 'none', 'max_pool_2x2', 'none']
+CHEAP_GENOTYPE = dict(
+    normal=(CHEAP_OPS, [0, 1, 1, 0, 2, 2, 1, 3, 4, 0], [1, 1, 1, 1, 1, 0, 0]),
+    reduction=(CHEAP_OPS, [0, 0, 2, 0, 2, 3, 0, 4, 5, 0],
+               [1, 0, 1, 1, 1, 1, 0]))
+
+
+def ComparePipelined(test, layer_ps, k, t, x, rtol=1e-4):
+  """Asserts the pipelined model's outputs, loss and gradients equal the
+  unpipelined model's run on each micro-batch."""
+  ref = Sequential(layer_ps)
+  ref_out, ref_loss, ref_grads = Oracle(ref, t, x)
+  pipe = pipeline.TensorPipeLayer.Params().Set(
+      name='AmoebaNet', layers=layer_ps, num_partitions=k,
+      num_micro_batches=t, input_shapes=[x.shape.as_list()]).Instantiate()
+  test.assertLen(pipe.PartitionLayers(), k)
+  out, loss, grads = test_utils.LossAndGrads(pipe, Loss, x)
+  test.assertAllClose(out.logits, ref_out.logits, rtol=rtol, atol=1e-5)
+  test.assertAllClose(out.aux_logits, ref_out.aux_logits, rtol=rtol,
+                      atol=1e-5)
+  test.assertAllClose(loss, ref_loss, rtol=rtol)
+  ref_vars = test_utils.VariablesByName(ref)
+  pipe_vars = test_utils.VariablesByName(pipe)
+  test.assertEqual(sorted(ref_vars), sorted(pipe_vars))
+  ref_g = {v.ref(): g for v, g in zip(ref.trainable_variables, ref_grads)}
+  pipe_g = {v.ref(): g for v, g in zip(pipe.trainable_variables, grads)}
+  checked = 0
+  for name, var in ref_vars.items():
+    if var.trainable:
+      test.assertAllClose(pipe_g[pipe_vars[name].ref()], ref_g[var.ref()],
+                          rtol=rtol, atol=1e-5, msg=name)
+      checked += 1
+  test.assertGreater(checked, 10)
+
+
+class AmoebaNetPipelineTest(tf.test.TestCase):
+
+  def testPipelineMatchesUnpipelined(self):
+    """Cells carry (prev, cur) and the aux logits across the boundaries;
+    drop-path and dropout are on; BN uses micro-batch statistics. (The B and
+    D genotypes are compared in amoebanet_slow_test.py.)"""
+    ComparePipelined(self, TinyLayers(CHEAP_GENOTYPE), 4, 2, Images())
+
+
+class DropPathTest(tf.test.TestCase):
+
+  def _Cell(self, keep):
+    ops, idx, used = amoebanet.GENOTYPES['D']['normal']
+    return amoebanet_cells.NASCellLayer.Params().Set(
+        name='cell', operations=ops, hiddenstate_indices=idx,
+        used_hiddenstates=used, num_filters=4, cur_channels=4,
+        prev_channels=4, cell_num=3, total_num_cells=4,
+        drop_path_keep_prob=keep).Instantiate()
+
+  def testMasksIndependentOfMicroBatches(self):
+    cell = self._Cell(0.5)
+    x = tf.ones([8, 2, 2, 3])
+    with py_utils.StepSeed(3):
+      whole = cell._DropPath(x, 0.5, 1)
+      parts = []
+      for t in range(4):
+        with py_utils.ExampleOffset(2 * t):
+          parts.append(cell._DropPath(x[2 * t:2 * t + 2], 0.5, 1))
+    self.assertAllEqual(tf.concat(parts, 0), whole)
+    per_example = whole[:, 0, 0, 0].numpy()
+    self.assertAllEqual(whole, np.ones([8, 2, 2, 3]) *
+                        per_example[:, None, None, None])
+    self.assertEqual(set(per_example.tolist()), {0.0, 2.0})
+
+  def testScheduleAndProgress(self):
+    prev = tf.random.stateless_normal([16, 4, 4, 4], seed=[1, 1])
+    cur = tf.random.stateless_normal([16, 4, 4, 4], seed=[2, 2])
+    cell = self._Cell(0.5)
+    plain = self._Cell(1.0)
+    with py_utils.EvalMode():
+      self.assertIsNone(cell._KeepProb())
+    # Last cell, full progress: keep = 1 - 1 * (4 / 4) * 0.5.
+    self.assertAllClose(cell._KeepProb(), 0.5)
+    with amoebanet_cells.DropPathProgress(0.5):
+      self.assertAllClose(cell._KeepProb(), 0.75)
+    with amoebanet_cells.DropPathProgress(0.0):
+      off = cell.FProp(plain.theta, prev, cur)[1]
+    self.assertAllClose(off, plain.FProp(plain.theta, prev, cur)[1])
+    self.assertNotAllClose(cell.FProp(plain.theta, prev, cur)[1], off)
+
+
+if __name__ == '__main__':
+  tf.test.main()

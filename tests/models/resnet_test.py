@@ -1,0 +1,162 @@
+"""Tests of models/resnet.py: parameter counts, shapes, pipelining."""
+
+import numpy as np
+import tensorflow as tf
+
+from models import model_utils
+from models import resnet
+from tensorpipe import pipeline
+from tensorpipe import py_utils
+from tensorpipe import test_utils
+from tensorpipe.layers import composite
+
+test_utils.ConfigureTestDevices()
+
+BATCH = 4
+SIZE = 8
+CLASSES = 5
+
+
+def TinyLayers(depth=50, **kw):
+  return resnet.ResNetLayers(depth, num_classes=CLASSES, width=2,
+                             input_shape=(None, SIZE, SIZE, 3),
+                             small_stem=True, **kw)
+
+
+def TrimmedLayers():
+  """Tiny ResNet-50's stem, first stage (a projection and two identity
+  blocks) and the second stage's first (strided) block, then the head: keeps
+  the test fast; the whole model is compared in resnet_slow_test.py."""
+  layer_ps = TinyLayers()
+  blocks = layer_ps[1:5]
+  head = layer_ps[-1].Copy().Set(input_dim=4 * 2 * 2)
+  return [layer_ps[0]] + blocks + [layer_ps[-2], head]
+
+
+def Sequential(layer_ps):
+  return composite.SequentialLayer.Params().Set(
+      name='Sequential', sub=layer_ps).Instantiate()
+
+
+def Loss(logits):
+  labels = tf.range(BATCH) % CLASSES
+  return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=labels, logits=logits))
+
+
+def Images(seed=1):
+  return tf.random.stateless_normal([BATCH, SIZE, SIZE, 3], seed=[seed, 5])
+
+
+def Oracle(layer, num_micro_batches, x):
+  """The unpipelined model run on each micro-batch (BN uses micro-batch
+  statistics, as in GPipe); outputs concatenated, loss and gradients."""
+  variables = layer.trainable_variables
+  n = x.shape[0] // num_micro_batches
+
+  @tf.function
+  def Step(x):
+    with tf.GradientTape() as tape:
+      outs = []
+      for t in range(num_micro_batches):
+        with py_utils.ExampleOffset(t * n):
+          outs.append(layer.FPropDefaultTheta(x[t * n:(t + 1) * n]))
+      out = tf.concat(outs, 0)
+      loss = Loss(out)
+    return out, loss, tape.gradient(loss, variables)
+  return Step(x)
+
+
+def ComparePipelined(test, layer_ps, k, t, x, rtol=1e-4):
+  """Pipelined outputs, loss and gradients == the micro-batch oracle's."""
+  ref = Sequential(layer_ps)
+  ref_out, ref_loss, ref_grads = Oracle(ref, t, x)
+  pipe = pipeline.TensorPipeLayer.Params().Set(
+      name='ResNet', layers=layer_ps, num_partitions=k, num_micro_batches=t,
+      input_shapes=[x.shape.as_list()]).Instantiate()
+  test.assertLen(pipe.PartitionLayers(), k)
+  out, loss, grads = test_utils.LossAndGrads(pipe, Loss, x)
+  test.assertAllClose(out, ref_out, rtol=rtol, atol=1e-5)
+  test.assertAllClose(loss, ref_loss, rtol=rtol)
+  ref_vars = test_utils.VariablesByName(ref)
+  pipe_vars = test_utils.VariablesByName(pipe)
+  test.assertEqual(sorted(ref_vars), sorted(pipe_vars))
+  ref_g = {v.ref(): g for v, g in zip(ref.trainable_variables, ref_grads)}
+  pipe_g = {v.ref(): g for v, g in zip(pipe.trainable_variables, grads)}
+  for name, var in ref_vars.items():
+    if var.trainable:
+      test.assertAllClose(pipe_g[pipe_vars[name].ref()], ref_g[var.ref()],
+                          rtol=rtol, atol=1e-5, msg=name)
+
+
+class ResNetParamCountTest(tf.test.TestCase):
+
+  def testWellKnownCountsFromFPropMetaAlone(self):
+    """torchvision's ResNet-50 / ResNet-101 at 1000 classes."""
+    for depth, expected in ((50, 25557032), (101, 44549160)):
+      layer_ps = resnet.ResNetLayers(depth, num_classes=1000)
+      self.assertEqual(
+          model_utils.NumTrainableParams(layer_ps, [1, 224, 224, 3]),
+          expected, msg=f'ResNet-{depth}')
+      # FPropMeta's total also has BN's moving mean and variance.
+      self.assertGreater(model_utils.NumParams(layer_ps, [1, 224, 224, 3]),
+                         expected)
+
+  def testFPropMetaCountsEqualCreatedVariables(self):
+    layer_ps = TinyLayers(101)
+    model = Sequential(layer_ps)
+    shape = [BATCH, SIZE, SIZE, 3]
+    self.assertEqual(model_utils.NumParams(layer_ps, shape),
+                     sum(int(np.prod(v.shape)) for v in model.variables))
+    self.assertEqual(model_utils.NumTrainableParams(layer_ps, shape),
+                     sum(int(np.prod(v.shape))
+                         for v in model.trainable_variables))
+
+  def testLayerStructure(self):
+    layer_ps = resnet.ResNetLayers(50)
+    # stem conv, max pool, 16 blocks, pool, fc
+    self.assertLen(layer_ps, 20)
+    self.assertEqual(layer_ps[2].sub[0].cls.__name__, 'Conv2DLayer')
+    self.assertEqual(layer_ps[3].sub[0].cls.__name__, 'IdentityLayer')
+    # v1.5: the stride of a downsampling block is on its 3x3 convolution.
+    first_of_stage2 = layer_ps[5]
+    convs = first_of_stage2.sub[1].sub
+    self.assertEqual([tuple(c.filter_stride) for c in convs],
+                     [(1, 1), (2, 2), (1, 1)])
+    self.assertEqual(tuple(first_of_stage2.sub[0].filter_stride), (2, 2))
+
+  def testBadDepthRaises(self):
+    with self.assertRaisesRegex(ValueError, r'depth=34.*\[50, 101, 152\]'):
+      resnet.ResNetLayers(34)
+
+
+class ResNetShapesTest(tf.test.TestCase):
+
+  def testFPropMetaShapesEqualRealShapes(self):
+    layer_ps = resnet.ResNetLayers(50, num_classes=CLASSES, width=2,
+                                   input_shape=(None, 32, 32, 3))
+    x = tf.random.stateless_normal([2, 32, 32, 3], seed=[1, 2])
+    model = Sequential(layer_ps)
+    meta = composite.ChainFPropMeta(layer_ps, (x.shape,))[0]
+    y = x
+    for layer, m in zip(model.children.sub, meta):
+      y = layer.FPropDefaultTheta(y)
+      self.assertEqual(list(y.shape), list(m.out_shapes[0]), msg=layer.path)
+    self.assertEqual(y.shape, [2, CLASSES])
+
+
+class ResNetPipelineTest(tf.test.TestCase):
+
+  def testPipelineMatchesUnpipelined(self):
+    ComparePipelined(self, TrimmedLayers(), 2, 2, Images())
+
+  def testResNetPipelineParams(self):
+    p = resnet.ResNetPipeline(50, num_classes=10, input_shape=(8, 32, 32, 3),
+                              num_partitions=4, num_micro_batches=2,
+                              width=2, small_stem=True)
+    self.assertEqual(p.num_partitions, 4)
+    self.assertLen(p.layers, 19)
+
+
+if __name__ == '__main__':
+  tf.test.main()

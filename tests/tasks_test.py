@@ -1,0 +1,160 @@
+"""Tests of tensorpipe.tasks: losses and metrics against NumPy."""
+
+import numpy as np
+import tensorflow as tf
+
+from tensorpipe import base_layer
+from tensorpipe import tasks
+from tensorpipe import test_utils
+from tensorpipe.layers import composite
+from tensorpipe.layers import linear
+from tensorpipe.nested_map import NestedMap
+
+test_utils.ConfigureTestDevices()
+
+
+def _LogSoftmax(x):
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+class _AuxModel(base_layer.BaseLayer):
+  """Returns NestedMap(logits, aux_logits) from two FC layers."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('dim', 4, 'Input and class dimension.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    d = self.params.dim
+    self.CreateChild('main', linear.FCLayer.Params().Set(
+        input_dim=d, output_dim=d, activation='NONE'))
+    self.CreateChild('aux', linear.FCLayer.Params().Set(
+        input_dim=d, output_dim=d, activation='NONE'))
+
+  def FProp(self, theta, x):
+    return NestedMap(logits=self.children.main.FProp(theta.main, x),
+                     aux_logits=self.children.aux.FProp(theta.aux, x))
+
+
+class _LogitsModel(base_layer.BaseLayer):
+  """Sequence model: logits [b, L, V] = embedding of batch.ids (one-hot FC)."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('vocab', 5, 'Vocabulary size.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    v = self.params.vocab
+    self.CreateChild('fc', linear.FCLayer.Params().Set(
+        input_dim=v, output_dim=v, activation='NONE'))
+
+  def FProp(self, theta, batch):
+    x = tf.one_hot(batch.ids, self.params.vocab)
+    return self.children.fc.FProp(theta.fc, x)
+
+
+class TasksTest(tf.test.TestCase):
+
+  def testClassificationLossSmoothingAuxAndTopK(self):
+    p = tasks.ClassificationTask.Params().Set(
+        name='task', num_classes=4, label_smoothing=0.2, aux_loss_weight=0.5,
+        model=_AuxModel.Params())
+    task = p.Instantiate()
+    rng = np.random.RandomState(0)
+    x = rng.randn(6, 4).astype(np.float32)
+    labels = np.array([0, 1, 2, 3, 0, 1], np.int32)
+    out = task.FPropDefaultTheta(NestedMap(image=tf.constant(x),
+                                           label=tf.constant(labels)))
+    m = task.children.model
+    logits = x @ m.children.main.vars.w.numpy() + m.children.main.vars.b.numpy()
+    aux = x @ m.children.aux.vars.w.numpy() + m.children.aux.vars.b.numpy()
+    target = np.eye(4)[labels] * 0.8 + 0.05
+
+    def Xent(lg):
+      return float(np.mean(-(target * _LogSoftmax(lg)).sum(-1)))
+    self.assertAllClose(float(out.loss), Xent(logits) + 0.5 * Xent(aux),
+                        rtol=1e-5)
+    self.assertAllClose(float(out.metrics.loss[0]), Xent(logits), rtol=1e-5)
+    top1 = np.mean(logits.argmax(-1) == labels)
+    self.assertAllClose(float(out.metrics.accuracy[0]), top1)
+    self.assertAllClose(float(out.metrics.acc5[0]), 1.0)  # 4 classes <= 5
+    self.assertEqual(float(out.metrics.accuracy[1]), 6.0)
+
+  def testL2RegularisationCoversKernelsOnly(self):
+    p = tasks.ClassificationTask.Params().Set(
+        name='task', num_classes=4, model=_AuxModel.Params())
+    p.train.l2_regularizer_weight = 0.1
+    task = p.Instantiate()
+    kernels = [v.numpy() for v in task.trainable_variables if v.shape.rank >= 2]
+    want = 0.1 * sum(float((k ** 2).sum()) / 2 for k in kernels)
+    self.assertAllClose(float(task.RegularizationLoss()), want, rtol=1e-5)
+    batch = NestedMap(image=tf.ones([2, 4]), label=tf.constant([0, 1]))
+    out = task.ComputeLoss(batch)
+    plain = task.FPropDefaultTheta(batch)
+    self.assertAllClose(float(out.loss), float(plain.loss) + want, rtol=1e-5)
+
+  def testSequenceTaskMasksPaddingAndReportsPerplexity(self):
+    p = tasks.SequenceTask.Params().Set(name='task', vocab_size=5,
+                                        model=_LogitsModel.Params())
+    task = p.Instantiate()
+    ids = np.array([[1, 2, 3], [4, 0, 0]], np.int32)
+    labels = np.array([[2, 3, 4], [1, 0, 0]], np.int32)
+    paddings = np.array([[0, 0, 0], [0, 1, 1]], np.float32)
+    out = task.FPropDefaultTheta(NestedMap(
+        ids=tf.constant(ids), labels=tf.constant(labels),
+        paddings=tf.constant(paddings)))
+    fc = task.children.model.children.fc
+    logits = np.eye(5)[ids] @ fc.vars.w.numpy() + fc.vars.b.numpy()
+    nll = -np.take_along_axis(_LogSoftmax(logits), labels[..., None], -1)[..., 0]
+    w = 1 - paddings
+    want = float((nll * w).sum() / w.sum())
+    self.assertAllClose(float(out.loss), want, rtol=1e-5)
+    self.assertAllClose(float(out.metrics.log_pplx[0]), want, rtol=1e-5)
+    self.assertEqual(float(out.metrics.num_tokens[0]), 4.0)
+    acc = float(((logits.argmax(-1) == labels) * w).sum() / w.sum())
+    self.assertAllClose(float(out.metrics.token_accuracy[0]), acc)
+    post = task.PostProcessEvalMetrics({'log_pplx': want})
+    self.assertAllClose(post['perplexity'], np.exp(want), rtol=1e-6)
+
+  def testSequenceTaskAcceptsPerExampleLossModels(self):
+    class _SumsModel(base_layer.BaseLayer):
+
+      def FProp(self, theta, batch):
+        del theta
+        return NestedMap(per_example_loss=tf.constant([3.0, 1.0]),
+                         per_example_tokens=tf.constant([2.0, 2.0]),
+                         per_example_correct=tf.constant([1.0, 2.0]))
+    task = tasks.SequenceTask.Params().Set(
+        name='task', vocab_size=5, model=_SumsModel.Params()).Instantiate()
+    out = task.FPropDefaultTheta(NestedMap(ids=tf.zeros([2, 2], tf.int32)))
+    self.assertAllClose(float(out.loss), 1.0)
+    self.assertAllClose(float(out.metrics.token_accuracy[0]), 0.75)
+
+  def testAggregateMetricsIsWeighted(self):
+    agg = tasks.BaseTask.AggregateMetrics([{'acc': (1.0, 1.0)},
+                                           {'acc': (0.0, 3.0)}])
+    self.assertAllClose(agg['acc'], 0.25)
+
+  def testBadParamsRaise(self):
+    with self.assertRaisesRegex(ValueError, 'p.model is None'):
+      tasks.ClassificationTask.Params().Set(name='t', num_classes=3
+                                            ).Instantiate()
+    with self.assertRaisesRegex(ValueError, 'num_classes=1'):
+      tasks.ClassificationTask.Params().Set(
+          name='t', num_classes=1,
+          model=composite.IdentityLayer.Params()).Instantiate()
+    with self.assertRaisesRegex(ValueError, 'label_smoothing=1.0'):
+      tasks.ClassificationTask.Params().Set(
+          name='t', num_classes=3, label_smoothing=1.0,
+          model=composite.IdentityLayer.Params()).Instantiate()
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,127 @@
+"""Tests for tensorpipe.timeline: recorded cells follow the GPipe schedule."""
+
+import json
+
+import tensorflow as tf
+
+import tensorpipe
+from tensorpipe import test_utils
+from tensorpipe import timeline
+from tensorpipe.layers import linear
+
+test_utils.ConfigureTestDevices()
+
+_K, _T = 2, 3
+
+
+def _Layers(n=4, dim=8):
+  return [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=dim,
+                                      output_dim=dim) for i in range(n)]
+
+
+def _Step(layer):
+  variables = layer.trainable_variables
+
+  def Step(x):
+    rec = timeline.Active()
+    start = rec.Mark('step_start', [x]) if rec else tf.constant(0.0)
+    with tf.control_dependencies([start]):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(layer.FPropDefaultTheta(x))
+    grads = tape.gradient(loss, variables)
+    updates = [v.assign_sub(0.1 * g) for v, g in zip(variables, grads)]
+    if rec:
+      rec.Mark('step_end', updates)
+      return rec.Tensors()
+    return {'loss': loss}
+  return Step
+
+
+def _OpTypes(concrete):
+  graph_def = concrete.graph.as_graph_def()
+  types = {n.op for n in graph_def.node}
+  for f in graph_def.library.function:
+    types.update(n.op for n in f.node_def)
+  return types
+
+
+class TimelineTest(tf.test.TestCase):
+
+  def _Record(self, recompute=True):
+    layer = tensorpipe.TensorPipeLayer.Params().Set(
+        name='pipe', layers=_Layers(), num_partitions=_K,
+        num_micro_batches=_T, input_shapes=[[6, 8]],
+        recompute=recompute).Instantiate()
+    x = tf.random.stateless_uniform([6, 8], seed=[1, 2])
+    with timeline.Record() as rec:
+      fn = tf.function(_Step(layer)).get_concrete_function(x)
+    raw = fn(x)
+    return rec, rec.Events(raw), rec.Marks(raw), layer
+
+  def testEveryCellOnceAndDependenciesRespected(self):
+    _, events, marks, _ = self._Record()
+    cells = {}
+    for ev in events:
+      key = (ev.phase, ev.t, ev.k)
+      self.assertNotIn(key, cells)
+      cells[key] = ev
+      self.assertLessEqual(ev.start, ev.end)
+    want = {(ph, t, k) for ph in timeline.PHASES for t in range(_T)
+            for k in range(_K)}
+    self.assertEqual(set(cells), want)
+    for (ph, t, k), ev in cells.items():
+      if ph == 'forward':
+        deps = [('forward', t, k - 1), ('forward', t - 1, k)]
+      elif ph == 'recompute':
+        deps = [('backward', t, k + 1), ('backward', t + 1, k)]
+        deps += [('forward', tt, kk) for tt in range(_T) for kk in range(_K)]
+      else:
+        deps = [('recompute', t, k)]
+      for dep in deps:
+        if dep in cells:
+          self.assertGreaterEqual(ev.start, cells[dep].end, (ph, t, k, dep))
+    self.assertLessEqual(marks['step_start'], events[0].start)
+    self.assertGreaterEqual(marks['step_end'], max(e.end for e in events))
+
+  def testChromeTraceAndBreakdown(self):
+    _, events, marks, layer = self._Record()
+    trace = json.loads(json.dumps(timeline.ChromeTrace(
+        events, layer.devices, marks)))
+    spans = [e for e in trace['traceEvents'] if e['ph'] == 'X']
+    self.assertLen(spans, 3 * _K * _T)
+    self.assertEqual({e['tid'] for e in spans}, set(range(_K)))
+    for e in spans:
+      self.assertGreaterEqual(e['ts'], 0)
+      self.assertIn(e['args']['phase'], timeline.PHASES)
+    names = [e['args']['name'] for e in trace['traceEvents']
+             if e['ph'] == 'M']
+    self.assertEqual(len(names), _K)
+    parts = timeline.Breakdown(events, _K, marks['step_start'],
+                               marks['step_end'])
+    total = sum(v for key, v in parts.items() if key != 'step')
+    self.assertAllClose(total, parts['step'], rtol=1e-9)
+    self.assertGreater(parts['recompute'], 0)
+
+  def testNoRecomputeRecordsForwardOnly(self):
+    _, events, marks, _ = self._Record(recompute=False)
+    self.assertEqual({e.phase for e in events}, {'forward'})
+    self.assertLen(events, _K * _T)
+    parts = timeline.Breakdown(events, _K, marks['step_start'],
+                               marks['step_end'])
+    self.assertNotIn('weight_update', parts)
+    self.assertGreater(parts['backward_and_weight_update'], 0)
+
+  def testNoTimestampOpsWhenOff(self):
+    layer = tensorpipe.TensorPipeLayer.Params().Set(
+        name='pipe', layers=_Layers(), num_partitions=_K,
+        num_micro_batches=_T, input_shapes=[[6, 8]]).Instantiate()
+    x = tf.zeros([6, 8])
+    off = tf.function(_Step(layer)).get_concrete_function(x)
+    self.assertNotIn('Timestamp', _OpTypes(off))
+    with timeline.Record():
+      on = tf.function(_Step(layer)).get_concrete_function(x)
+    self.assertIn('Timestamp', _OpTypes(on))
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,43 @@
+"""End-to-end run of the tools/benchmark binary on the tiny model (slow)."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+class BenchmarkBinaryTest(unittest.TestCase):
+
+  def testTinyRunWritesTableJsonPlotsAndTimeline(self):
+    with tempfile.TemporaryDirectory(
+        dir=os.environ.get('TEST_TMPDIR')) as out:
+      proc = subprocess.run(
+          [sys.executable, '-m', 'tools.benchmark', '--models=tiny',
+           '--settings=plain,naive-2,K1-T2-rc,K2-T2-rc', '--steps=2',
+           '--warmup=1', '--memory_settings=', '--timeline=K2-T2-rc',
+           f'--out={out}'],
+          cwd=_ROOT, capture_output=True, text=True, timeout=900,
+          check=False)
+      self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+      self.assertIn('| tiny | K2-T2-rc | 2 | 2 | yes |', proc.stdout)
+      self.assertIn('| bubble |', proc.stdout)
+      with open(os.path.join(out, 'results.json')) as f:
+        report = json.load(f)
+      self.assertEqual([r['setting'] for r in report['results']],
+                       ['plain', 'naive-2', 'K1-T2-rc', 'K2-T2-rc'])
+      for path in report['plots']:
+        self.assertTrue(os.path.exists(path), path)
+      tl = report['timelines'][0]['timeline']
+      self.assertEqual(tl['num_events'], 3 * 2 * 2)
+      with open(tl['chrome_trace']) as f:
+        self.assertIn('traceEvents', json.load(f))
+      self.assertTrue(os.path.exists(tl['png']))
+
+
+if __name__ == '__main__':
+  unittest.main()

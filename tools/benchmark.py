@@ -1,0 +1,146 @@
+"""Benchmarks TensorPipeLayer: throughput, memory, timeline and simulator.
+
+For each model and each setting (see tools/benchmark_lib.py: plain, naive-K,
+K<k>-T<t>-rc / -norc / -rcg) a fresh process builds the model, warms up and
+times the median of --steps training steps (forward + backward + SGD update)
+with one intra-op thread and K inter-op threads (one core per device). The
+binary prints a markdown table (examples/s, speed-up vs --baseline, peak RSS
+above idle, simulator prediction), the issue's targets, and writes
+results.json and PNG plots under --out. --timeline records one step of the
+named settings (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
+
+  python -m tools.benchmark --models=dense16,conv16 --out=benchmarks/out
+  python -m tools.benchmark --models=dense16 --settings=plain,K2-T8-rc \
+      --steps=5 --timeline=K2-T8-rc
+  bazel run //tools:benchmark -- --models=tiny --settings=plain,K2-T2-rc
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from tools import benchmark_lib
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list('models', ['dense16', 'conv16'], 'Built-in micro-benchmarks '
+                  f'({sorted(benchmark_lib.BUILTIN_MODELS)}) or registered '
+                  'experiment keys.')
+flags.DEFINE_list('settings', None, 'Settings to run; default: plain, naive-K '
+                  'and K in {1,2,4} x T in {1,4,8} x recompute on/off.')
+flags.DEFINE_string('baseline', 'plain', 'Setting the speed-up is against.')
+flags.DEFINE_integer('steps', 10, 'Timed steps per setting (median).')
+flags.DEFINE_integer('warmup', 2, 'Untimed steps after tracing.')
+flags.DEFINE_list('memory_settings', ['plain', 'K1-T8-rc'], 'Settings run on '
+                  '--memory_model for the memory target (empty: skip).')
+flags.DEFINE_string('memory_model', 'dense32mem', 'Model of the memory runs.')
+flags.DEFINE_list('timeline', ['K4-T8-rc'], 'Settings whose one-step '
+                  'timeline is recorded, for the first model (empty: none).')
+flags.DEFINE_string('out', 'benchmarks/out', 'Output folder (results.json, '
+                    'PNGs, timelines); relative to the working directory (or '
+                    'where bazel run was called).')
+flags.DEFINE_float('wait_for_load', 0.0, 'If > 0, wait up to '
+                   '--max_wait_s for the 1-minute load average to drop below '
+                   'this before starting.')
+flags.DEFINE_integer('max_wait_s', 600, 'See --wait_for_load.')
+flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
+                     '(needed by the simulator predictions).')
+
+
+def _OutDir() -> str:
+  out = FLAGS.out
+  if not os.path.isabs(out):
+    out = os.path.join(os.environ.get('BUILD_WORKING_DIRECTORY', os.getcwd()),
+                       out)
+  os.makedirs(out, exist_ok=True)
+  return out
+
+
+def _WaitForQuiet() -> float:
+  start = time.time()
+  while True:
+    load = os.getloadavg()[0]
+    if load < FLAGS.wait_for_load or time.time() - start > FLAGS.max_wait_s:
+      return load
+    print(f'load average {load:.2f} >= {FLAGS.wait_for_load}; waiting',
+          flush=True)
+    time.sleep(20)
+
+
+def _Run(argv):
+  del argv
+  settings = FLAGS.settings or benchmark_lib.GridSettings()
+  for s in settings + FLAGS.memory_settings + FLAGS.timeline:
+    try:
+      benchmark_lib.ParseSetting(s)
+    except ValueError as e:
+      raise app.UsageError(str(e)) from None
+  out = _OutDir()
+  load = _WaitForQuiet() if FLAGS.wait_for_load > 0 else os.getloadavg()[0]
+  started = time.time()
+  results = []
+  runs = [(m, s) for m in FLAGS.models for s in settings]
+  runs += [(FLAGS.memory_model, s) for s in FLAGS.memory_settings]
+  for model, setting in runs:
+    try:
+      r = benchmark_lib.RunSettingSubprocess(
+          model, setting, steps=FLAGS.steps, warmup=FLAGS.warmup,
+          partition_costs=FLAGS.partition_costs)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+      print(f'SKIPPED {model} {setting}: {e}', file=sys.stderr, flush=True)
+      continue
+    print(f'{model} {setting}: {r["step_time_s"] * 1e3:.1f} ms/step',
+          flush=True)
+    results.append(r)
+  timelines = []
+  for setting in FLAGS.timeline:
+    r = benchmark_lib.RunSettingSubprocess(
+        FLAGS.models[0], setting, steps=1, warmup=FLAGS.warmup,
+        partition_costs=False, timeline_dir=out)
+    timelines.append(r)
+  benchmark_lib.AddSpeedups(results, FLAGS.baseline)
+  calib = benchmark_lib.AddPredictions(results)
+  targets = benchmark_lib.EvaluateTargets(results)
+  pngs = []
+  for model in FLAGS.models:
+    for kind, fn in (('speedup', benchmark_lib.PlotSpeedup),
+                     ('memory', benchmark_lib.PlotMemory)):
+      path = os.path.join(out, f'{kind}_{model}.png')
+      fn(results, model, path)
+      pngs.append(path)
+  if FLAGS.memory_settings:
+    path = os.path.join(out, f'memory_{FLAGS.memory_model}.png')
+    benchmark_lib.PlotMemory(results, FLAGS.memory_model, path)
+    pngs.append(path)
+  report = {
+      'load_average_at_start': load, 'cpu_count': os.cpu_count(),
+      'wall_time_s': time.time() - started, 'results': results,
+      'calibration': calib, 'targets': targets, 'plots': pngs,
+      'timelines': [{k: v for k, v in t.items()} for t in timelines],
+  }
+  with open(os.path.join(out, 'results.json'), 'w') as f:
+    json.dump(report, f, indent=1)
+  print()
+  print(benchmark_lib.MarkdownTable(results))
+  print()
+  print(benchmark_lib.TargetsTable(targets))
+  for t in timelines:
+    tl = t['timeline']
+    print(f'\nTimeline {t["model"]} {t["setting"]} (step '
+          f'{tl["breakdown_s"]["step"] * 1e3:.1f} ms): {tl["png"]}, '
+          f'{tl["chrome_trace"]}')
+    print(benchmark_lib.BreakdownTable(tl['breakdown_s']))
+  print(f'\nwrote {os.path.join(out, "results.json")} and {len(pngs)} plots '
+        f'in {time.time() - started:.0f} s (load average at start {load:.2f})')
+
+
+def main():
+  app.run(_Run)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,663 @@
+"""Library of tools/benchmark: settings, one-setting runs, tables and plots.
+
+Each setting (K, T, recompute, or a baseline) runs in a fresh Python process
+(`RunSettingSubprocess`), so thread-pool sizes and logical devices can be set
+before TensorFlow starts and the peak RSS belongs to that setting alone. The
+child (`RunSetting`) builds the model, traces the training step (forward +
+backward + SGD update in one tf.function), runs warm-up steps, then times N
+steps and reports the median, examples/s and memory. For pipelined settings it
+also times each partition's forward and forward+backward alone on one
+micro-batch: these are the costs the simulator (tensorpipe/simulator.py) needs.
+
+Settings are named:
+  plain          the layers as one SequentialLayer, no TensorPipeLayer;
+  naive-K        K partitions, T=1, no recompute (model parallelism, no
+                 pipelining);
+  K2-T8-rc       TensorPipeLayer with K=2, T=8 and recompute;
+  K2-T8-norc     the same without recompute;
+  K2-T8-rcg      recompute with recompute_impl='tf_recompute_grad'.
+
+Nothing here defines flags or runs TensorFlow ops at import; TensorFlow is
+imported inside the child functions.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name -> (description, batch size)
+BUILTIN_MODELS = {
+    'dense16': ('16 layers relu(x @ W + b), W 1024x1024, batch 64, float32',
+                64),
+    'conv16': ('16 layers relu(conv3x3), 16 -> 16 channels, no bias, input '
+               '[64, 32, 32, 16] NHWC, float32', 64),
+    'dense32': ('32 layers relu(x @ W + b), W 1024x1024, batch 64, float32',
+                64),
+    'dense32mem': ('32 layers relu(x @ W + b), W 256x256, batch 4096, '
+                   'float32: activation-dominated, for the memory target',
+                   4096),
+    'tiny': ('4 layers relu(x @ W + b), W 8x8, batch 8 (smoke tests)', 8),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """One benchmark configuration."""
+  name: str
+  kind: str                  # 'plain' or 'pipe'
+  num_partitions: int = 1
+  num_micro_batches: int = 1
+  recompute: bool = False
+  recompute_impl: str = 'explicit'
+
+  @property
+  def threads(self) -> Tuple[int, int]:
+    """(intra-op, inter-op) threads: one core per device."""
+    return 1, max(1, self.num_partitions)
+
+
+_SETTING_RE = re.compile(r'^K(\d+)-T(\d+)-(rc|norc|rcg)$')
+
+
+def ParseSetting(name: str) -> Setting:
+  """Parses a setting name such as 'plain', 'naive-2' or 'K4-T8-rc'.
+
+  Raises:
+    ValueError: for an unknown name, listing the accepted forms.
+  """
+  if name == 'plain':
+    return Setting(name, 'plain')
+  m = re.match(r'^naive-(\d+)$', name)
+  if m and int(m.group(1)) >= 1:
+    return Setting(name, 'pipe', int(m.group(1)), 1, False)
+  m = _SETTING_RE.match(name)
+  if m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1:
+    mode = m.group(3)
+    return Setting(name, 'pipe', int(m.group(1)), int(m.group(2)),
+                   mode != 'norc',
+                   'tf_recompute_grad' if mode == 'rcg' else 'explicit')
+  raise ValueError(f'unknown benchmark setting {name!r}; use plain, naive-K '
+                   '(e.g. naive-2) or K<k>-T<t>-<rc|norc|rcg> (e.g. K4-T8-rc)')
+
+
+def GridSettings(ks: Sequence[int] = (1, 2, 4),
+                 ts: Sequence[int] = (1, 4, 8)) -> List[str]:
+  """plain, naive-K for K > 1, and every (K, T) with and without recompute."""
+  names = ['plain'] + [f'naive-{k}' for k in ks if k > 1]
+  for k in ks:
+    for t in ts:
+      names += [f'K{k}-T{t}-rc', f'K{k}-T{t}-norc']
+  return names
+
+
+# -- models ------------------------------------------------------------------
+
+
+def BuiltinModel(name: str) -> Tuple[List[Any], List[int]]:
+  """(list of layer Params, input shape) of a built-in micro-benchmark."""
+  from tensorpipe.layers import conv  # pylint: disable=g-import-not-at-top
+  from tensorpipe.layers import linear  # pylint: disable=g-import-not-at-top
+  if name not in BUILTIN_MODELS:
+    raise ValueError(f'unknown model {name!r}; built-in models are '
+                     f'{sorted(BUILTIN_MODELS)} (or a registered experiment '
+                     'key)')
+  batch = BUILTIN_MODELS[name][1]
+  if name == 'conv16':
+    return [conv.Conv2DLayer.Params().Set(
+        name=f'conv{i}', filter_shape=(3, 3, 16, 16), filter_stride=(1, 1),
+        bias=False, activation='RELU') for i in range(16)], [batch, 32, 32, 16]
+  num, dim = {'dense16': (16, 1024), 'dense32': (32, 1024),
+              'dense32mem': (32, 256), 'tiny': (4, 8)}[name]
+  return [linear.FCLayer.Params().Set(
+      name=f'fc{i}', input_dim=dim, output_dim=dim, activation='RELU')
+          for i in range(num)], [batch, dim]
+
+
+def RegistryModel(key: str) -> Tuple[List[Any], List[int]]:
+  """Layers and input shape of a registered experiment's TensorPipeLayer.
+
+  The experiment's `Task().model` must be TensorPipeLayer Params with
+  `layers` (or `partitions`) and `input_shapes`; the benchmark re-partitions
+  those layers for each setting and trains them on random inputs with a
+  mean-of-output loss (the model's cost, not its task's).
+
+  Raises:
+    ValueError: unknown key (with the known keys) or no layer list.
+  """
+  from tensorpipe import model_registry  # pylint: disable=g-import-not-at-top
+  try:
+    task_p = model_registry.GetExperiment(key).Task()
+  except ValueError as e:
+    raise ValueError(f'--models: {key!r} is neither a built-in model '
+                     f'({sorted(BUILTIN_MODELS)}) nor usable: {e}') from None
+  model = getattr(task_p, 'model', None)
+  layers = getattr(model, 'layers', None) or [
+      lp for part in (getattr(model, 'partitions', None) or []) for lp in part]
+  shapes = getattr(model, 'input_shapes', None)
+  if not layers or not shapes:
+    raise ValueError(f'experiment {key!r}: Task().model has no `layers` / '
+                     '`partitions` with `input_shapes`; the benchmark needs a '
+                     'TensorPipeLayer model')
+  return list(layers), list(shapes[0])
+
+
+def ModelLayers(name: str) -> Tuple[List[Any], List[int]]:
+  if name in BUILTIN_MODELS:
+    return BuiltinModel(name)
+  return RegistryModel(name)
+
+
+def _BuildLayer(setting: Setting, layer_ps, input_shape):
+  """The layer under test for a setting."""
+  from tensorpipe import pipeline  # pylint: disable=g-import-not-at-top
+  from tensorpipe.layers import composite  # pylint: disable=g-import-not-at-top
+  if setting.kind == 'plain':
+    return composite.SequentialLayer.Params().Set(
+        name='Sequential', sub=layer_ps).Instantiate()
+  return pipeline.TensorPipeLayer.Params().Set(
+      name='TensorPipe', layers=layer_ps,
+      num_partitions=setting.num_partitions,
+      num_micro_batches=setting.num_micro_batches,
+      input_shapes=[input_shape], recompute=setting.recompute,
+      recompute_impl=setting.recompute_impl).Instantiate()
+
+
+# -- the child: one setting in this process ----------------------------------
+
+
+def _ResetPeakRss() -> bool:
+  """Resets the kernel's peak-RSS counter (VmHWM) of this process."""
+  try:
+    with open('/proc/self/clear_refs', 'w') as f:
+      f.write('5')
+    return True
+  except OSError:
+    return False
+
+
+def _Rss() -> Tuple[int, int]:
+  """(current RSS, peak RSS) in bytes."""
+  cur = peak = 0
+  try:
+    with open('/proc/self/status') as f:
+      for line in f:
+        if line.startswith('VmRSS:'):
+          cur = int(line.split()[1]) * 1024
+        elif line.startswith('VmHWM:'):
+          peak = int(line.split()[1]) * 1024
+  except OSError:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  return cur, peak
+
+
+def _TfMemoryInfo(tf) -> Optional[Dict[str, int]]:
+  try:
+    info = tf.config.experimental.get_memory_info('CPU:0')
+    return {k: int(v) for k, v in info.items()}
+  except (ValueError, RuntimeError, tf.errors.OpError):
+    return None
+
+
+def _Median(fn, reps: int) -> float:
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _PartitionCosts(tf, layer, x, num_mb: int, reps: int) -> Dict[str, Any]:
+  """Median time of each partition's forward / forward+vjp on a micro-batch."""
+  from tensorpipe import microbatch  # pylint: disable=g-import-not-at-top
+  from tensorpipe.layers import composite  # pylint: disable=g-import-not-at-top
+  mb = microbatch.Slice(microbatch.Split((x,), num_mb), 0)
+  fwd, bwd = [], []
+  args = tuple(mb)
+  for k, (layers, device) in enumerate(zip(layer.PartitionLayers(),
+                                           layer.devices)):
+    thetas = [lay.theta for lay in layers]
+
+    def Forward(*a, layers=layers, thetas=thetas):
+      for lay, th in zip(layers, thetas):
+        a = composite.AsArgs(lay.FProp(th, *a))
+      return composite.FromArgs(a)
+
+    def ForwardBackward(*a, layers=layers, thetas=thetas):
+      variables = [v for lay in layers for v in lay.trainable_variables]
+      with tf.GradientTape() as tape:
+        tape.watch([t for t in a if t.dtype.is_floating])
+        y = Forward(*a, layers=layers, thetas=thetas)
+      return tape.gradient(y, [t for t in a if t.dtype.is_floating] +
+                           variables)
+
+    def Null(*a):
+      return [tf.identity(t) for t in a]
+
+    with tf.device(device):
+      f_fn = tf.function(Forward)
+      fb_fn = tf.function(ForwardBackward)
+      null_fn = tf.function(Null)
+      out = f_fn(*args)
+      fb_fn(*args)
+      null_fn(*args)
+      # The cost of calling a tf.function (dispatch, fetching results) is not
+      # part of a stage call inside the pipeline's loop: subtract it.
+      null = _Median(lambda null_fn=null_fn: [
+          t.numpy() for t in null_fn(*args)], reps)
+      f = _Median(lambda f_fn=f_fn: tf.nest.map_structure(
+          lambda t: t.numpy(), f_fn(*args)), reps)
+      fb = _Median(lambda fb_fn=fb_fn: [g.numpy() for g in fb_fn(*args)],
+                   reps)
+    fwd.append(max(0.0, f - null))
+    bwd.append(max(0.0, fb - f))
+    args = composite.AsArgs(out)
+  return {'forward': fwd, 'backward': bwd}
+
+
+def RunSetting(model: str, setting_name: str, steps: int = 10,
+               warmup: int = 2, partition_costs: bool = True,
+               timeline_dir: Optional[str] = None,
+               learning_rate: float = 1e-3) -> Dict[str, Any]:
+  """Runs one setting in this process (TensorFlow must not be started yet).
+
+  Returns:
+    A JSON-able dict: step times, examples/s, memory, partition costs and,
+    with `timeline_dir`, the timeline's breakdown and file paths.
+  """
+  setting = ParseSetting(setting_name)
+  intra, inter = setting.threads
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.threading.set_intra_op_parallelism_threads(intra)
+  tf.config.threading.set_inter_op_parallelism_threads(inter)
+  from tensorpipe import devices  # pylint: disable=g-import-not-at-top
+  from tensorpipe import timeline  # pylint: disable=g-import-not-at-top
+  devices.SetNumLogicalCpuDevices(max(1, setting.num_partitions))
+
+  layer_ps, input_shape = ModelLayers(model)
+  batch = input_shape[0]
+  x = tf.random.stateless_uniform(input_shape, seed=[1, 2])
+  layer = _BuildLayer(setting, layer_ps, input_shape)
+  variables = layer.trainable_variables
+  rec_ctx = timeline.Record() if timeline_dir else None
+
+  def Step(x):
+    rec = timeline.Active()
+    start = rec.Mark('step_start', [x]) if rec else None
+    with tf.control_dependencies([start] if rec else []):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nest.flatten(layer.FPropDefaultTheta(x))[0])
+    grads = tape.gradient(loss, variables)
+    updates = [v.assign_sub(learning_rate * g)
+               for v, g in zip(variables, grads)]
+    if rec:
+      rec.Mark('step_end', updates)
+      return loss, rec.Tensors()
+    return loss, {}
+
+  t0 = time.perf_counter()
+  if rec_ctx:
+    with rec_ctx as recorder:
+      step_fn = tf.function(Step).get_concrete_function(x)
+  else:
+    recorder = None
+    step_fn = tf.function(Step).get_concrete_function(x)
+  trace_s = time.perf_counter() - t0
+  idle_rss, _ = _Rss()
+  reset_ok = _ResetPeakRss()
+
+  def Run():
+    loss, raw = step_fn(x)
+    loss.numpy()
+    return raw
+
+  t0 = time.perf_counter()
+  for _ in range(warmup):
+    Run()
+  warmup_s = time.perf_counter() - t0
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    raw = Run()
+    times.append(time.perf_counter() - start)
+  _, peak_rss = _Rss()
+  med = statistics.median(times)
+  result = {
+      'model': model, 'setting': setting.name, 'kind': setting.kind,
+      'K': setting.num_partitions, 'T': setting.num_micro_batches,
+      'recompute': setting.recompute, 'recompute_impl': setting.recompute_impl,
+      'batch': batch, 'threads': {'intra_op': intra, 'inter_op': inter},
+      'steps': steps, 'warmup': warmup, 'step_times_s': times,
+      'step_time_s': med, 'examples_per_s': batch / med,
+      'trace_s': trace_s, 'warmup_s': warmup_s,
+      'memory': {
+          'idle_rss_bytes': idle_rss, 'peak_rss_bytes': peak_rss,
+          'peak_above_idle_bytes': max(0, peak_rss - idle_rss),
+          'peak_reset': reset_ok, 'tf_allocator': _TfMemoryInfo(tf)},
+  }
+  if timeline_dir and recorder is not None:
+    result['timeline'] = _WriteTimeline(
+        recorder, raw, setting, model, timeline_dir,
+        layer.devices if setting.kind == 'pipe' else ['/CPU:0'])
+  if partition_costs and setting.kind == 'pipe':
+    result['partition_costs_s'] = _PartitionCosts(
+        tf, layer, x, setting.num_micro_batches, reps=max(3, steps // 2))
+  return result
+
+
+def _WriteTimeline(recorder, raw, setting, model, out_dir,
+                   device_names) -> Dict[str, Any]:
+  from tensorpipe import timeline  # pylint: disable=g-import-not-at-top
+  events = recorder.Events(raw)
+  marks = recorder.Marks(raw)
+  os.makedirs(out_dir, exist_ok=True)
+  stem = os.path.join(out_dir, f'timeline_{model}_{setting.name}')
+  with open(stem + '.json', 'w') as f:
+    json.dump(timeline.ChromeTrace(events, device_names, marks), f)
+  breakdown = timeline.Breakdown(events, setting.num_partitions,
+                                 marks['step_start'], marks['step_end'])
+  png = stem + '.png'
+  PlotGantt(events, setting.num_partitions, marks, png,
+            title=f'{model} {setting.name}: one training step')
+  return {'chrome_trace': stem + '.json', 'png': png,
+          'breakdown_s': breakdown, 'num_events': len(events),
+          'events': [dataclasses.asdict(e) for e in events],
+          'marks': marks}
+
+
+def PlotGantt(events, num_partitions: int, marks: Dict[str, float],
+              path: str, title: str = '') -> None:
+  """PNG Gantt chart: one row per device, colour by phase, label t."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  colors = {'forward': '#4c72b0', 'recompute': '#dd8452',
+            'backward': '#55a868'}
+  origin = marks.get('step_start', min(e.start for e in events))
+  fig, ax = plt.subplots(figsize=(12, 1.0 + 0.6 * num_partitions))
+  for e in events:
+    left, width = (e.start - origin) * 1e3, (e.end - e.start) * 1e3
+    ax.barh(e.k, width, left=left, color=colors[e.phase], edgecolor='black',
+            linewidth=0.3, height=0.8)
+    if width > 0:
+      ax.text(left + width / 2, e.k, str(e.t), ha='center', va='center',
+              fontsize=6, color='white')
+  for name in ('step_start', 'step_end'):
+    if name in marks:
+      ax.axvline((marks[name] - origin) * 1e3, color='gray', ls='--', lw=0.8)
+  ax.set_yticks(range(num_partitions))
+  ax.set_yticklabels([f'device {k}' for k in range(num_partitions)])
+  ax.invert_yaxis()
+  ax.set_xlabel('time in the step (ms); number = micro-batch t')
+  handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+  ax.legend(handles, list(colors), loc='upper right', fontsize=7, ncol=3)
+  ax.set_title(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def ChildMain() -> None:
+  """Entry point of the per-setting subprocess: argv[1] is a JSON request."""
+  request = json.loads(sys.argv[1])
+  result = RunSetting(**request)
+  sys.stdout.write('BENCHMARK_RESULT ' + json.dumps(result) + '\n')
+
+
+def RunSettingSubprocess(model: str, setting_name: str, timeout_s: float = 600,
+                         **kwargs) -> Dict[str, Any]:
+  """Runs `RunSetting` in a fresh Python process and returns its result.
+
+  Raises:
+    RuntimeError: the child failed, with its stderr tail.
+  """
+  ParseSetting(setting_name)
+  request = dict(model=model, setting_name=setting_name, **kwargs)
+  env = dict(os.environ)
+  env['PYTHONPATH'] = _REPO_ROOT + (
+      os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
+  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  proc = subprocess.run(
+      [sys.executable, '-c',
+       'from tools import benchmark_lib; benchmark_lib.ChildMain()',
+       json.dumps(request)],
+      capture_output=True, text=True, timeout=timeout_s, env=env,
+      cwd=_REPO_ROOT, check=False)
+  for line in proc.stdout.splitlines():
+    if line.startswith('BENCHMARK_RESULT '):
+      return json.loads(line[len('BENCHMARK_RESULT '):])
+  raise RuntimeError(f'benchmark setting {setting_name!r} of {model!r} '
+                     f'failed (exit {proc.returncode}):\n'
+                     f'{proc.stderr[-3000:]}')
+
+
+# -- analysis of a set of results (parent process) ---------------------------
+
+
+def AddSpeedups(results: List[Dict[str, Any]], baseline: str) -> None:
+  """Sets 'speedup' (baseline step time / step time) per model, in place."""
+  base = {r['model']: r['step_time_s'] for r in results
+          if r['setting'] == baseline}
+  for r in results:
+    b = base.get(r['model'])
+    r['speedup_vs'] = baseline if b else None
+    r['speedup'] = (b / r['step_time_s']) if b else None
+
+
+def _Costs(r):
+  c = r.get('partition_costs_s')
+  return (c['forward'], c['backward']) if c else None
+
+
+def AddPredictions(results: List[Dict[str, Any]],
+                   num_cores: Optional[int] = None) -> Dict[str, Any]:
+  """Adds the simulator's predicted step time to every pipelined result.
+
+  Calibration (per model and recompute mode): the per-tick overhead o and
+  the fixed per-step overhead F are fitted by least squares to the measured
+  K=1 runs that use the loops (T > 1), given their measured partition costs
+  (simulator.CalibrateFromK1). Everything else is then predicted from each
+  setting's own measured partition costs: K=1, T=1 (the loop-free fast path:
+  f + b + F, no ticks, no recompute) and every K > 1 run are out-of-sample.
+  Measured runs share `num_cores` (default os.cpu_count()) cores; the
+  'predicted_ideal_step_s' field assumes one core per device.
+
+  Returns:
+    The calibrations, keyed 'model/rc' or 'model/norc'.
+  """
+  from tensorpipe import simulator  # pylint: disable=g-import-not-at-top
+  cores = num_cores or os.cpu_count() or 1
+  calib = {}
+  for model in sorted({r['model'] for r in results}):
+    for rc in (True, False):
+      runs = [(r['T'], _Costs(r)[0][0], _Costs(r)[1][0], r['step_time_s'])
+              for r in results
+              if r['model'] == model and r['kind'] == 'pipe' and r['K'] == 1
+              and r['T'] > 1 and r['recompute'] == rc and _Costs(r)
+              and r['recompute_impl'] == 'explicit']
+      if runs:
+        c = simulator.CalibrateFromK1(runs, rc)
+        calib[f'{model}/{"rc" if rc else "norc"}'] = dataclasses.asdict(c)
+  for r in results:
+    costs = _Costs(r)
+    if r['kind'] != 'pipe' or not costs or r['recompute_impl'] != 'explicit':
+      continue
+    c = calib.get(f'{r["model"]}/{"rc" if r["recompute"] else "norc"}')
+    if c is None:
+      continue
+    fast = r['K'] == 1 and r['T'] == 1
+    kwargs = dict(num_micro_batches=r['T'],
+                  recompute=r['recompute'] and not fast,
+                  tick_overhead=0.0 if fast else c['tick_overhead'],
+                  fixed_overhead=c['fixed_overhead'])
+    pred = simulator.Simulate(costs[0], costs[1],
+                              num_cores=min(r['K'], cores), **kwargs)
+    ideal = simulator.Simulate(costs[0], costs[1], **kwargs)
+    r['predicted_step_s'] = pred.step_time
+    r['predicted_ideal_step_s'] = ideal.step_time
+    r['predicted_bubble_fraction'] = ideal.bubble_fraction
+    r['predicted_busy_s'] = ideal.busy
+    r['prediction_error'] = pred.step_time / r['step_time_s'] - 1.0
+    r['calibration_run'] = r['K'] == 1 and r['T'] > 1
+  return calib
+
+
+def _Mb(x: Optional[float]) -> str:
+  return '-' if x is None else f'{x / 2**20:.0f}'
+
+
+def MarkdownTable(results: List[Dict[str, Any]]) -> str:
+  """A markdown table of results (one row per setting)."""
+  head = ('| model | setting | K | T | recompute | step ms | examples/s | '
+          'speed-up | vs | peak MiB above idle | predicted ms | error |')
+  lines = [head, '|' + '---|' * (head.count('|') - 1)]
+  for r in results:
+    pipe = r['kind'] == 'pipe'
+    sp = r.get('speedup')
+    pred = r.get('predicted_step_s')
+    err = r.get('prediction_error')
+    err_s = '-' if err is None else f'{err * 100:+.0f}%'
+    if r.get('calibration_run'):
+      err_s += ' (fit)'
+    cells = [r['model'], r['setting'], r['K'] if pipe else '-',
+             r['T'] if pipe else '-', 'yes' if r['recompute'] else 'no',
+             f"{r['step_time_s'] * 1e3:.1f}", f"{r['examples_per_s']:.0f}",
+             '-' if sp is None else f'{sp:.2f}x', r.get('speedup_vs') or '-',
+             _Mb(r['memory']['peak_above_idle_bytes']),
+             '-' if pred is None else f'{pred * 1e3:.1f}', err_s]
+    lines.append('| ' + ' | '.join(str(c) for c in cells) + ' |')
+  return '\n'.join(lines)
+
+
+def BreakdownTable(breakdown: Dict[str, float]) -> str:
+  """Markdown table of a timeline breakdown (seconds -> ms and % of step)."""
+  step = breakdown['step']
+  lines = ['| part | ms | % of step |', '|---|---|---|']
+  for key in ('forward', 'backward', 'recompute', 'bubble', 'load_imbalance',
+              'setup', 'weight_update', 'backward_and_weight_update', 'step'):
+    if key in breakdown:
+      v = breakdown[key]
+      lines.append(f'| {key} | {v * 1e3:.1f} | {100 * v / step:.0f}% |')
+  return '\n'.join(lines)
+
+
+def _Find(results, model, setting):
+  for r in results:
+    if r['model'] == model and r['setting'] == setting:
+      return r
+  return None
+
+
+def EvaluateTargets(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """The issue's targets 1-6 as (name, measured ratio, limit, passed) rows.
+
+  Missing settings give rows with ratio None (not evaluated).
+  """
+  rows = []
+
+  def Ratio(model, a, b, inverse=False):
+    ra, rb = _Find(results, model, a), _Find(results, model, b)
+    if not ra or not rb:
+      return None
+    x = ra['step_time_s'] / rb['step_time_s']
+    return 1.0 / x if inverse else x
+
+  def Add(name, value, limit, op):
+    ok = None if value is None else (value <= limit if op == '<='
+                                     else value >= limit)
+    rows.append({'target': name, 'measured': value, 'limit': f'{op} {limit}',
+                 'passed': ok})
+
+  for model in ('dense16', 'conv16'):
+    Add(f'1. {model}: K1-T1-norc time / plain time',
+        Ratio(model, 'K1-T1-norc', 'plain'), 1.05, '<=')
+    Add(f'2. {model}: throughput K1-T1-rc / K1-T1-norc',
+        Ratio(model, 'K1-T1-rc', 'K1-T1-norc', inverse=True), 0.85, '>=')
+    Add(f'2b. {model}: throughput K1-T8-rc / K1-T8-norc (recompute really '
+        'done)', Ratio(model, 'K1-T8-rc', 'K1-T8-norc', inverse=True), 0.85,
+        '>=')
+    Add(f'3. {model}: K1-T8-rc time / plain time',
+        Ratio(model, 'K1-T8-rc', 'plain'), 1.3, '<=')
+    Add(f'4. {model}: throughput K2-T8-rc / naive-2',
+        Ratio(model, 'K2-T8-rc', 'naive-2', inverse=True), 1.6, '>=')
+  mem_rc = _Find(results, 'dense32mem', 'K1-T8-rc')
+  mem_plain = _Find(results, 'dense32mem', 'plain')
+  Add('5. dense32mem: peak memory K1-T8-rc / plain',
+      (mem_rc['memory']['peak_above_idle_bytes'] /
+       mem_plain['memory']['peak_above_idle_bytes'])
+      if mem_rc and mem_plain else None, round(1 / 3, 3), '<=')
+  errs = [abs(r['prediction_error']) for r in results
+          if r.get('prediction_error') is not None and r['K'] in (1, 2, 4)
+          and r['T'] in (1, 4, 8) and r['model'] in ('dense16', 'conv16')]
+  Add('6. simulator: largest |predicted / measured - 1| (K in 1,2,4; '
+      'T in 1,4,8)', max(errs) if errs else None, 0.15, '<=')
+  return rows
+
+
+def TargetsTable(rows: List[Dict[str, Any]]) -> str:
+  lines = ['| target | measured | limit | result |', '|---|---|---|---|']
+  for r in rows:
+    m = '-' if r['measured'] is None else f"{r['measured']:.3f}"
+    res = {True: 'pass', False: 'FAIL', None: 'not run'}[r['passed']]
+    lines.append(f"| {r['target']} | {m} | {r['limit']} | {res} |")
+  return '\n'.join(lines)
+
+
+def PlotSpeedup(results: List[Dict[str, Any]], model: str, path: str) -> None:
+  """Speed-up vs K, one line per (T, recompute)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  rs = [r for r in results if r['model'] == model and r['kind'] == 'pipe'
+        and r.get('speedup') and r['setting'][0] == 'K'
+        and r['recompute_impl'] == 'explicit']
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for t in sorted({r['T'] for r in rs}):
+    for rc in (True, False):
+      pts = sorted((r['K'], r['speedup']) for r in rs
+                   if r['T'] == t and r['recompute'] == rc)
+      if pts:
+        ax.plot(*zip(*pts), marker='o', ls='-' if rc else ':',
+                label=f'T={t}{" recompute" if rc else ""}')
+  naive = sorted((r['K'], r['speedup']) for r in results
+                 if r['model'] == model and r['setting'].startswith('naive')
+                 and r.get('speedup'))
+  if naive:
+    ax.plot(*zip(*naive), marker='x', color='black', label='naive-K')
+  ax.axhline(1.0, color='gray', lw=0.8)
+  ax.set_xlabel('K (partitions = logical CPU devices)')
+  ax.set_ylabel(f'speed-up vs {rs[0]["speedup_vs"] if rs else "baseline"}')
+  ax.set_title(f'{model}: throughput speed-up ({os.cpu_count()} cores)')
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def PlotMemory(results: List[Dict[str, Any]], model: str, path: str) -> None:
+  """Peak RSS above idle per setting (bar chart)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  rs = [r for r in results if r['model'] == model]
+  fig, ax = plt.subplots(figsize=(max(5, 0.45 * len(rs)), 4))
+  ax.bar(range(len(rs)),
+         [r['memory']['peak_above_idle_bytes'] / 2**20 for r in rs],
+         color=['#dd8452' if r['recompute'] else '#4c72b0' for r in rs])
+  ax.set_xticks(range(len(rs)))
+  ax.set_xticklabels([r['setting'] for r in rs], rotation=60, fontsize=7,
+                     ha='right')
+  ax.set_ylabel('peak RSS above idle (MiB)')
+  ax.set_title(f'{model}: peak memory per setting (orange = recompute)')
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

@@ -1,0 +1,171 @@
+"""Prints parameters, FLOPs, memory and the partition plan of a built-in model.
+
+Everything is computed from layer Params (tensorpipe/model_analysis.py): no
+variable is created, so billion-parameter models are analysed in seconds.
+
+  python -m tools.model_analysis --model=amoebanet_d --L=6 --F=208 \
+      --num_partitions=4 --num_micro_batches=16
+  python -m tools.model_analysis --model=transformer --L=64 --H=16384 --A=32 \
+      --vocab=64000 --num_partitions=8 --num_micro_batches=32
+  bazel run //tools:model_analysis -- --model=resnet101 --num_partitions=4
+
+Models: transformer (T(L, H, A) translation, model dim --D), transformer_lm
+(decoder-only), amoebanet_d / amoebanet_b (AmoebaNet(L, F)), resnet50 /
+resnet101 / resnet152, consistency (the paper's 3x3 conv stack, --L convs).
+"""
+
+from typing import Any, List, Optional, Tuple
+
+from absl import app
+from absl import flags
+
+MODELS = ('transformer', 'transformer_lm', 'amoebanet_d', 'amoebanet_b',
+          'resnet50', 'resnet101', 'resnet152', 'consistency')
+
+# Defaults that depend on the model (used where a flag is left unset).
+_DEFAULT_L = {'transformer': 6, 'transformer_lm': 6, 'amoebanet_d': 6,
+              'amoebanet_b': 6, 'consistency': 16}
+_DEFAULT_IMAGE_SIZE = {'consistency': 8}
+
+
+def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines this tool's flags (called by the binary, or by tests on their
+  own FlagValues so that importing the module defines no flags)."""
+  fv = flag_values
+  flags.DEFINE_enum('model', 'transformer', MODELS, 'Model to analyse.',
+                    flag_values=fv)
+  flags.DEFINE_integer('L', None, 'Transformer: encoder (= decoder) layers; '
+                       'AmoebaNet: normal cells per stage; consistency: conv '
+                       'layers. Default 6 (16 for consistency).',
+                       flag_values=fv)
+  flags.DEFINE_integer('H', 4096, 'Transformer feed-forward hidden size.',
+                       flag_values=fv)
+  flags.DEFINE_integer('A', 16, 'Transformer attention heads.',
+                       flag_values=fv)
+  flags.DEFINE_integer('D', 1024, 'Transformer model dimension (1024 = '
+                       'Transformer-Big).', flag_values=fv)
+  flags.DEFINE_integer('vocab', 32000, 'Transformer vocabulary size.',
+                       flag_values=fv)
+  flags.DEFINE_integer('seq_len', 256, 'Transformer source and target (or LM) '
+                       'sequence length.', flag_values=fv)
+  flags.DEFINE_bool('shared_embeddings', True, 'Transformer: share source and '
+                    'target embeddings.', flag_values=fv)
+  flags.DEFINE_bool('pre_layer_norm', False, 'Transformer: pre-LN residuals.',
+                    flag_values=fv)
+  flags.DEFINE_integer('F', 208, 'AmoebaNet filters of the first normal '
+                       'cells.', flag_values=fv)
+  flags.DEFINE_integer('image_size', None, 'Image height = width (default 224; '
+                       '8 for consistency).', flag_values=fv)
+  flags.DEFINE_integer('num_classes', 1000, 'Image models: classes.',
+                       flag_values=fv)
+  flags.DEFINE_bool('small_stem', False, 'Image models: the stem for 32x32 / '
+                    '28x28 inputs.', flag_values=fv)
+  flags.DEFINE_integer('batch_size', 64, 'Mini-batch size N.', flag_values=fv)
+  flags.DEFINE_integer('num_partitions', 1, 'K.', flag_values=fv)
+  flags.DEFINE_integer('num_micro_batches', 1, 'T (must divide batch_size).',
+                       flag_values=fv)
+  flags.DEFINE_enum('optimizer', 'adam', ['sgd', 'momentum', 'rmsprop', 'adam',
+                                          'adafactor'],
+                    'Optimizer whose state is counted.', flag_values=fv)
+  flags.DEFINE_string('param_dtype', 'float32', 'Dtype of weights, gradients '
+                      'and optimizer state.', flag_values=fv)
+  flags.DEFINE_string('activation_dtype', 'float32', 'Dtype of activations.',
+                      flag_values=fv)
+  flags.DEFINE_enum('partition_method', 'min_max', ['min_max', 'min_variance'],
+                    'Partitioning objective.', flag_values=fv)
+  flags.DEFINE_integer('max_layer_rows', 0, 'Print at most this many layer '
+                       'rows (0 = all).', flag_values=fv)
+
+
+def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
+              A: int = 16, D: int = 1024, vocab: int = 32000,
+              seq_len: int = 256, shared_embeddings: bool = True,
+              pre_layer_norm: bool = False, F: int = 208,
+              image_size: Optional[int] = None, num_classes: int = 1000,
+              small_stem: bool = False,
+              batch_size: int = 64) -> Tuple[List[Any], List[Any], str]:
+  """Layer Params, input shapes and a title of a built-in model.
+
+  The model modules are imported here, lazily, so that the tool works for the
+  models that exist even if another one fails to import.
+
+  Raises:
+    ValueError: for an unknown model name.
+  """
+  if model not in MODELS:
+    raise ValueError(f'unknown model {model!r}; use one of {MODELS}')
+  if L is None:
+    L = _DEFAULT_L.get(model)
+  if image_size is None:
+    image_size = _DEFAULT_IMAGE_SIZE.get(model, 224)
+  images = [[batch_size, image_size, image_size, 3]]
+  # pylint: disable=g-import-not-at-top
+  if model == 'transformer':
+    from models import transformer
+    layers = transformer.TransformerLayers(
+        L, H, A, model_dim=D, vocab_size=vocab, max_len=seq_len,
+        pre_layer_norm=pre_layer_norm, shared_embeddings=shared_embeddings)
+    return (layers, transformer.TranslationInputShapes(batch_size, seq_len,
+                                                       seq_len),
+            f'Transformer T({L}, {H}, {A}), model dim {D}, vocabulary {vocab}')
+  if model == 'transformer_lm':
+    from models import transformer
+    layers = transformer.TransformerLmLayers(
+        L, H, A, model_dim=D, vocab_size=vocab, max_len=seq_len,
+        pre_layer_norm=pre_layer_norm)
+    return (layers, transformer.LmInputShapes(batch_size, seq_len),
+            f'Transformer LM ({L} decoder layers, H={H}, A={A}), model dim '
+            f'{D}, vocabulary {vocab}')
+  if model.startswith('amoebanet'):
+    from models import amoebanet
+    variant = model[-1].upper()
+    layers = amoebanet.AmoebaNetLayers(
+        variant, num_normal_cells=L, num_filters=F, num_classes=num_classes,
+        image_size=image_size, small_stem=small_stem)
+    return layers, images, (f'AmoebaNet-{variant}({L}, {F}), {image_size}x'
+                            f'{image_size}, {num_classes} classes')
+  if model.startswith('resnet'):
+    from models import resnet
+    depth = int(model[len('resnet'):])
+    layers = resnet.ResNetLayers(depth, num_classes,
+                                 input_shape=(None, image_size, image_size, 3),
+                                 small_stem=small_stem)
+    return layers, images, (f'ResNet-{depth}, {image_size}x{image_size}, '
+                            f'{num_classes} classes')
+  from models import consistency_cnn
+  layers = consistency_cnn.ConsistencyLayers(L)
+  return (layers, [[batch_size, image_size, image_size, 1]],
+          f'consistency CNN: {L} Conv2DLayers 3x3x1x1')
+  # pylint: enable=g-import-not-at-top
+
+
+def Run(fv: flags.FlagValues) -> str:
+  """Builds the model named by the flags and returns the printed report."""
+  from tensorpipe import model_analysis  # pylint: disable=g-import-not-at-top
+  layers, input_shapes, title = ModelSpec(
+      fv.model, L=fv.L, H=fv.H, A=fv.A, D=fv.D, vocab=fv.vocab,
+      seq_len=fv.seq_len, shared_embeddings=fv.shared_embeddings,
+      pre_layer_norm=fv.pre_layer_norm, F=fv.F, image_size=fv.image_size,
+      num_classes=fv.num_classes, small_stem=fv.small_stem,
+      batch_size=fv.batch_size)
+  report = model_analysis.AnalyzeLayers(
+      layers, input_shapes, num_partitions=fv.num_partitions,
+      num_micro_batches=fv.num_micro_batches, optimizer=fv.optimizer,
+      param_dtype=fv.param_dtype, activation_dtype=fv.activation_dtype,
+      method=fv.partition_method)
+  return title + '\n' + report.ToText(max_layer_rows=fv.max_layer_rows or None)
+
+
+def main(argv, flag_values: Optional[flags.FlagValues] = None):
+  """Prints the report; flag_values defaults to the parsed global FLAGS."""
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}; use flags')
+  try:
+    print(Run(flags.FLAGS if flag_values is None else flag_values))
+  except (ValueError, TypeError) as e:
+    raise app.UsageError(str(e)) from None
+
+
+if __name__ == '__main__':
+  DefineFlags()
+  app.run(main)
