@@ -25,6 +25,16 @@ CE(logits) + 0.4 * CE(aux_logits) (`AUX_LOSS_WEIGHT`). Without it the output
 is the logits tensor. The auxiliary head is also computed in eval (its output
 is just not used there), so the output structure does not change.
 
+Trainable parameters at 224x224 and 1000 classes (`model_utils.
+NumTrainableParams`, from FPropMeta alone) against the GPipe paper's Table 1:
+
+  AmoebaNet-D(6, 208)     81,781,529   (paper 82M)
+  AmoebaNet-D(6, 416)    318,270,652   (paper 318M)
+  AmoebaNet-D(6, 544)    540,977,420   (paper 542M)
+  AmoebaNet-D(12, 544) 1,054,074,956   (paper 1.05B)
+  AmoebaNet-D(24, 512) 1,843,378,372   (paper 1.8B)
+  AmoebaNet-B(6, 512)    558,045,988   (paper 557M)
+
 Drop-path: see amoebanet_cells (`DropPathProgress` sets the training
 progress the schedule uses).
 """
@@ -60,8 +70,9 @@ GENOTYPES = {
 }
 
 
-def AmoebaNetLayers(variant: Union[str, Dict[str, Any]] = 'D', num_normal_cells: int = 6,
-                    num_filters: int = 208, num_classes: int = 1000,
+def AmoebaNetLayers(variant: Union[str, Dict[str, Any]] = 'D',
+                    num_normal_cells: int = 6, num_filters: int = 208,
+                    num_classes: int = 1000,
                     image_size: int = 224, in_channels: int = 3,
                     small_stem: bool = False, stem_filters: int = 32,
                     drop_path_keep_prob: float = 0.7,
@@ -157,6 +168,11 @@ def AmoebaNetLayers(variant: Union[str, Dict[str, Any]] = 'D', num_normal_cells:
     for _ in range(num_normal_cells):
       AddCell('normal', filters)
     if stage == 1 and aux_head:
+      if cur[1] < 5:
+        raise ValueError(
+            f'image_size={image_size}: the auxiliary head sees a {cur[1]}x'
+            f'{cur[1]} map, smaller than its 5x5 pooling window; use larger '
+            'images or aux_head=False')
       layers.append(cells.AuxHeadLayer.Params().Set(
           name='aux_head', in_channels=cur[0], in_size=(cur[1], cur[1]),
           hidden_dims=(int(128 * aux_scaling), int(768 * aux_scaling)),

@@ -33,7 +33,7 @@ training progress set by the trainer with `DropPathProgress(step / steps)`
 import contextlib
 import re
 import threading
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List
 
 import tensorflow as tf
 
@@ -57,8 +57,21 @@ _DROP_PATH_FLOPS_PER_ELEMENT = 2
 
 @contextlib.contextmanager
 def DropPathProgress(progress: Any) -> Iterator[None]:
-  """Sets the training progress in [0, 1] scaling drop-path (a float or a
-  scalar tensor, e.g. tf.minimum(1., step / total_steps)); read at trace."""
+  """Sets the training progress in [0, 1] that scales drop-path.
+
+  Args:
+    progress: a float or a scalar float tensor, e.g.
+      tf.minimum(1., tf.cast(step, tf.float32) / total_steps) computed in the
+      train step; read when the cells are traced. Not a tf.Variable: the
+      pipeline's custom gradient cannot capture variables.
+
+  Raises:
+    TypeError: for a tf.Variable.
+  """
+  if isinstance(progress, tf.Variable):
+    raise TypeError(f'DropPathProgress got the variable {progress.name!r}; '
+                    'pass a tensor: progress.read_value() inside the train '
+                    'step')
   stack = _local.__dict__.setdefault('progress', [])
   stack.append(progress)
   try:

@@ -28,8 +28,10 @@ def NumBatchNormChannels(p: hyperparams.InstantiableParams) -> int:
   cls = p.cls
   if issubclass(cls, normalization.BatchNormLayer):
     return int(p.dim)
-  if issubclass(cls, conv._ConvBase):  # pylint: disable=protected-access
-    return cls._OutChannels(p) if p.batch_norm else 0  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  if issubclass(cls, conv._ConvBase):
+    return cls._OutChannels(p) if p.batch_norm else 0
+  # pylint: enable=protected-access
   if hasattr(cls, 'SubLayerParams'):
     return sum(NumBatchNormChannels(s) for s in cls.SubLayerParams(p))
   total = 0

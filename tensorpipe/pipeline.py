@@ -34,6 +34,15 @@ still included the partition's inputs and made it much slower than the
 forward-plus-backward cost (see tools/benchmark). `recompute_impl=
 'tf_recompute_grad'` keeps that formulation for comparison.
 
+With one partition and one micro-batch (K=1, T=1) nothing is pipelined:
+FProp then calls the partition directly, without loops, and skips the
+recompute (it would save no memory there). The loops run one clock tick at
+a time (parallel_iterations=1), which bounds the weight gradients in flight;
+the backward loop adds each tick's weight gradients inside its tf.cond so
+bubble ticks cost no weight-sized add. Inside `timeline.Record()` (at trace
+time) every stage call also records tf.timestamp() before and after (and
+after the recomputed forward), for tools/benchmark's timeline.
+
 Batch norm uses each micro-batch's statistics; the moving averages are
 updated once per step from the statistics of the whole mini-batch. Dropout
 masks are drawn per example (py_utils.StatelessUniform), so they do not depend
@@ -174,7 +183,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
              'K GPUs, else K TPU cores, else K logical CPU devices.')
     p.Define('recompute', True, 'Recompute each partition\'s forward pass in '
              'the backward pass, keeping only partition-boundary activations '
-             '(GPipe re-materialisation). False keeps all activations.')
+             '(GPipe re-materialisation). False keeps all activations. Ignored '
+             'for K=1, T=1, where it would save no memory.')
     p.Define('recompute_impl', 'explicit', "How recompute is done: 'explicit' "
              "(a backward tf.while_loop with per-partition vjp; fast) or "
              "'tf_recompute_grad' (tf.recompute_grad in the forward loop).")
@@ -638,17 +648,24 @@ class TensorPipeLayer(base_layer.BaseLayer):
             dy = gbufs[k + 1]
           theta_specs = [_SpecOf(w) for w in tf.nest.flatten(thetas[k])]
           dx_specs = [stage.in_specs[i] for i in float_in[k]]
-          res = tf.cond(
-              valid,
-              lambda k=k, x=x, dy=dy, tc=tc: sum(Vjp(k, x, dy, tc), []),
-              lambda dx_specs=dx_specs, theta_specs=theta_specs: _Zeros(
-                  dx_specs + theta_specs) + _NoStamps(rec, 3))
+          # The weight-gradient sum is updated inside the cond: a bubble tick
+          # passes it through instead of adding a zero tensor the size of
+          # the partition's weights (that add and the zeros were most of a
+          # bubble tick's cost for large weights).
+          def Valid(k=k, x=x, dy=dy, tc=tc, acc=dtheta_acc[k]):
+            dx, rest = Vjp(k, x, dy, tc)
+            n = len(acc)
+            return (dx + [a + g for a, g in zip(acc, rest[:n])] + rest[n:])
+
+          def Bubble(dx_specs=dx_specs, acc=dtheta_acc[k]):
+            return _Zeros(dx_specs) + list(acc) + _NoStamps(rec, 3)
+
+          res = tf.cond(valid, Valid, Bubble)
           res = list(res) if isinstance(res, (list, tuple)) else [res]
           dx = res[:len(dx_specs)]
-          dth = res[len(dx_specs):len(dx_specs) + len(theta_specs)]
           if rec:
             new_events.append(_RecordTick(events[k], c, res[-3:]))
-          new_acc.append([a + b for a, b in zip(dtheta_acc[k], dth)])
+          new_acc.append(res[len(dx_specs):len(dx_specs) + len(theta_specs)])
           if k == 0:
             slot = tf.where(valid, t, num_mb)
             din_tas = [ta.write(slot, v) for ta, v in zip(din_tas, dx)]

@@ -97,3 +97,14 @@ class SyntheticSequenceInput(base_input.BaseInput):
   def _Dataset(self):
     ds = tf.data.Dataset.range(self.params.num_examples).map(self._Example)
     return self._Finish(ds)
+
+  def IdsToString(self, ids) -> str:
+    """Text of token ids: 'w<id>' words up to the first </s> (2), no <pad>."""
+    words = []
+    for i in ids:
+      i = int(i)
+      if i == 2:
+        break
+      if i > 2:
+        words.append(f'w{i}')
+    return ' '.join(words)

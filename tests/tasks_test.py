@@ -137,6 +137,54 @@ class TasksTest(tf.test.TestCase):
     self.assertAllClose(float(out.loss), 1.0)
     self.assertAllClose(float(out.metrics.token_accuracy[0]), 0.75)
 
+  def testTransformerLogitsAndGreedyDecode(self):
+    from models import transformer  # pylint: disable=g-import-not-at-top
+    from tensorpipe import synthetic_input  # pylint: disable=g-import-not-at-top
+    model = transformer.TransformerPipeline(
+        2, 2, 4, 6, 6, num_layers=1, hidden_dim=16, num_heads=2, model_dim=8,
+        vocab_size=16, max_len=6, label_smoothing=0.0, dropout=0.0)
+    task = tasks.SequenceTask.Params().Set(
+        name='task', vocab_size=16, model=model).Instantiate()
+    inp = synthetic_input.SyntheticSequenceInput.Params().Set(
+        task='nmt', batch_size=4, max_length=6, split='test').Instantiate()
+    batch = next(iter(inp.Dataset()))
+    # The unpipelined logits give the pipeline's loss.
+    out = task.FPropDefaultTheta(batch)
+    logits = task.Logits(batch).numpy()
+    labels = batch.tgt_labels.numpy()
+    w = 1 - batch.tgt_paddings.numpy()
+    nll = -np.take_along_axis(_LogSoftmax(logits), labels[..., None], -1)[..., 0]
+    self.assertAllClose(float(out.loss), (nll * w).sum() / w.sum(), rtol=1e-5)
+    # Greedy decoding: each token is the argmax given the decoded prefix.
+    hyp = task.GreedyDecode(batch).numpy()
+    for i in range(6):
+      ids = np.zeros_like(hyp)
+      ids[:, 0] = batch.tgt_ids.numpy()[:, 0]
+      ids[:, 1:i + 1] = hyp[:, :i]
+      step = NestedMap(batch)
+      step.tgt_ids = tf.constant(ids)
+      step.tgt_paddings = tf.zeros_like(batch.tgt_paddings)
+      want = task.Logits(step).numpy()[:, i].argmax(-1)
+      self.assertAllEqual(hyp[:, i], want, msg=f'position {i}')
+
+  def testBfloat16ActivationsKeepFloat32LossAndWeights(self):
+    p = tasks.ClassificationTask.Params().Set(
+        name='task', num_classes=4, model=_AuxModel.Params(),
+        fprop_dtype=tf.bfloat16)
+    task = p.Instantiate()
+    self.assertTrue(all(v.dtype == tf.float32 for v in task.variables))
+    batch = NestedMap(image=tf.ones([2, 4]), label=tf.constant([0, 1]))
+    with tf.GradientTape() as tape:
+      out = task.ComputeLoss(batch)
+    self.assertEqual(out.loss.dtype, tf.float32)
+    ref = tasks.ClassificationTask.Params().Set(
+        name='task', num_classes=4, model=_AuxModel.Params()).Instantiate()
+    # Same weights (same seeds), bfloat16 rounding only.
+    self.assertAllClose(float(out.loss),
+                        float(ref.FPropDefaultTheta(batch).loss), rtol=2e-2)
+    grads = tape.gradient(out.loss, task.trainable_variables)
+    self.assertTrue(all(g.dtype == tf.float32 for g in grads))
+
   def testAggregateMetricsIsWeighted(self):
     agg = tasks.BaseTask.AggregateMetrics([{'acc': (1.0, 1.0)},
                                            {'acc': (0.0, 3.0)}])

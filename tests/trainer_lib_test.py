@@ -139,6 +139,37 @@ class TrainerLibTest(tf.test.TestCase):
     self.assertAllClose(losses[1], losses[2], rtol=1e-5, atol=0)
     self.assertLess(losses[1][-1], losses[1][0] + 1.0)
 
+  def testTranslationEvalReportsBleuAndPerplexity(self):
+    from models import transformer  # pylint: disable=g-import-not-at-top
+
+    class _Nmt(base_experiment.BaseExperiment):
+
+      def Train(self):
+        return synthetic_input.SyntheticSequenceInput.Params().Set(
+            task='nmt', batch_size=4, max_length=6, num_examples=8)
+
+      def Test(self):
+        return self.Train().Set(split='test')
+
+      def Task(self):
+        model = transformer.TransformerPipeline(
+            2, 2, 4, 6, 6, num_layers=1, hidden_dim=16, num_heads=2,
+            model_dim=8, vocab_size=16, max_len=6)
+        return tasks.SequenceTask.Params().Set(name='task', vocab_size=16,
+                                               model=model)
+    trainer = trainer_lib.Trainer(_Nmt().ModelParams(), self.get_temp_dir(),
+                                  log_fn=lambda _: None)
+    metrics = trainer.Evaluate()
+    self.assertBetween(metrics['bleu'], 0.0, 100.0)
+    self.assertAllClose(metrics['perplexity'], np.exp(metrics['log_pplx']))
+    self.assertEqual(metrics['num_batches'], 2.0)
+
+  def testComputeBleu(self):
+    self.assertAllClose(trainer_lib.ComputeBleu(
+        ['the cat sat on the mat'], ['the cat sat on the mat']), 100.0)
+    self.assertLess(trainer_lib.ComputeBleu(
+        ['a dog ran far away'], ['the cat sat on the mat']), 10.0)
+
   def testParseOverrides(self):
     text = trainer_lib.ParseOverrides(
         'task.train.max_steps=7; input.batch_size : 4\n# comment\n'

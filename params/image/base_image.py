@@ -43,6 +43,7 @@ class AmoebaNetExperiment(base_experiment.BaseExperiment):
   WEIGHT_DECAY = 4e-5
   GRAD_NORM_CLIP = None
   DATA_DIR = None
+  FPROP_DTYPE = None        # e.g. tf.bfloat16 activations (weights float32)
 
   def _InputParams(self):
     from tensorpipe.inputs import image_inputs  # pylint: disable=g-import-not-at-top
@@ -88,6 +89,7 @@ class AmoebaNetExperiment(base_experiment.BaseExperiment):
   def Task(self):
     p = tasks.ClassificationTask.Params().Set(
         name='task', model=self.Model(), num_classes=self.NUM_CLASSES,
+        fprop_dtype=self.FPROP_DTYPE,
         label_smoothing=self.LABEL_SMOOTHING,
         aux_loss_weight=self.AUX_LOSS_WEIGHT)
     tp = p.train

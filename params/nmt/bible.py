@@ -38,6 +38,7 @@ class _BibleBase(base_experiment.BaseExperiment):
   MAX_STEPS = 4000
   EVAL_STEPS = 8           # eval batches (BLEU decoding is the slow part)
   DATA_DIR = None
+  FPROP_DTYPE = None        # e.g. tf.bfloat16 activations (weights float32)
 
   def _Input(self, split, batch_size):
     from tensorpipe.inputs import translation_input  # pylint: disable=g-import-not-at-top
@@ -63,7 +64,8 @@ class _BibleBase(base_experiment.BaseExperiment):
         max_len=self.MAX_LEN, label_smoothing=self.LABEL_SMOOTHING,
         dropout=self.DROPOUT)
     p = tasks.SequenceTask.Params().Set(name='task', model=model,
-                                        vocab_size=self.VOCAB_SIZE)
+                                        vocab_size=self.VOCAB_SIZE,
+                                        fprop_dtype=self.FPROP_DTYPE)
     tp = p.train
     tp.optimizer = optimizers.Adafactor.Params().Set(
         beta1=0.9, clipping_threshold=1.0)

@@ -6,7 +6,6 @@ import tensorflow as tf
 from models import amoebanet
 from models import amoebanet_cells
 from models import model_utils
-from tensorpipe import base_layer
 from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import test_utils
@@ -50,7 +49,7 @@ def Oracle(layer, num_micro_batches, x):
   variables = layer.trainable_variables
   n = x.shape[0] // num_micro_batches
 
-  @tf.function
+  @tf.function(autograph=False)
   def Step(x):
     with tf.GradientTape() as tape:
       outs = []
@@ -140,6 +139,20 @@ CHEAP_GENOTYPE = dict(
                [1, 0, 1, 1, 1, 1, 0]))
 
 
+def LossAndGrads(layer, x):
+  """Like test_utils.LossAndGrads, without autograph: converting every
+  layer's code made tracing these models ~7x slower."""
+  variables = layer.trainable_variables
+
+  @tf.function(autograph=False)
+  def Step(x):
+    with tf.GradientTape() as tape:
+      out = layer.FPropDefaultTheta(x)
+      loss = Loss(out)
+    return out, loss, tape.gradient(loss, variables)
+  return Step(x)
+
+
 def ComparePipelined(test, layer_ps, k, t, x, rtol=1e-4):
   """Asserts the pipelined model's outputs, loss and gradients equal the
   unpipelined model's run on each micro-batch."""
@@ -149,7 +162,7 @@ def ComparePipelined(test, layer_ps, k, t, x, rtol=1e-4):
       name='AmoebaNet', layers=layer_ps, num_partitions=k,
       num_micro_batches=t, input_shapes=[x.shape.as_list()]).Instantiate()
   test.assertLen(pipe.PartitionLayers(), k)
-  out, loss, grads = test_utils.LossAndGrads(pipe, Loss, x)
+  out, loss, grads = LossAndGrads(pipe, x)
   test.assertAllClose(out.logits, ref_out.logits, rtol=rtol, atol=1e-5)
   test.assertAllClose(out.aux_logits, ref_out.aux_logits, rtol=rtol,
                       atol=1e-5)
@@ -174,7 +187,31 @@ class AmoebaNetPipelineTest(tf.test.TestCase):
     """Cells carry (prev, cur) and the aux logits across the boundaries;
     drop-path and dropout are on; BN uses micro-batch statistics. (The B and
     D genotypes are compared in amoebanet_slow_test.py.)"""
-    ComparePipelined(self, TinyLayers(CHEAP_GENOTYPE), 4, 2, Images())
+    # The trainer sets the drop-path progress from the step: a tensor.
+    with amoebanet_cells.DropPathProgress(tf.constant(0.5)):
+      ComparePipelined(self, TinyLayers(CHEAP_GENOTYPE), 4, 2, Images())
+
+
+class AmoebaNetErrorsTest(tf.test.TestCase):
+
+  def testBadArgumentsRaise(self):
+    with self.assertRaisesRegex(ValueError, r"variant='C'.*\['B', 'D'\]"):
+      amoebanet.AmoebaNetLayers('C')
+    with self.assertRaisesRegex(ValueError,
+                                'num_filters=20.*multiple of 8.*24'):
+      amoebanet.AmoebaNetLayers('D', 6, 20)
+    with self.assertRaisesRegex(ValueError, "unknown cell operation 'conv_9'"):
+      amoebanet_cells.OperationParams('op', 'conv_9', 4, 4, 1)
+    with self.assertRaisesRegex(ValueError,
+                                r'image_size=8.*3x3.*aux_head=False'):
+      amoebanet.AmoebaNetLayers('D', 1, 8, image_size=8, small_stem=True)
+
+  def testStridedOperationsHalveTheMap(self):
+    for op in ('none', '1x1', '3x3', '1x7_7x1', 'max_pool_2x2',
+               'avg_pool_3x3', 'separable_5x5_2', 'dil_2_separable_5x5_2'):
+      p = amoebanet_cells.OperationParams('op', op, 6, 8, 2)
+      meta = p.cls.FPropMeta(p, tf.TensorShape([2, 7, 7, 6]))
+      self.assertEqual(meta.out_shapes[0].as_list(), [2, 4, 4, 8], msg=op)
 
 
 class DropPathTest(tf.test.TestCase):
@@ -215,6 +252,9 @@ class DropPathTest(tf.test.TestCase):
       self.assertAllClose(cell._KeepProb(), 0.75)
     with amoebanet_cells.DropPathProgress(0.0):
       off = cell.FProp(plain.theta, prev, cur)[1]
+    with self.assertRaisesRegex(TypeError, 'read_value'):
+      with amoebanet_cells.DropPathProgress(tf.Variable(0.5)):
+        pass
     self.assertAllClose(off, plain.FProp(plain.theta, prev, cur)[1])
     self.assertNotAllClose(cell.FProp(plain.theta, prev, cur)[1], off)
 
