@@ -6,8 +6,13 @@
 #       (a) bazel test //...  except targets tagged "slow" (= *_slow_test.py
 #           files, see build_defs.bzl); also builds every other target, so a
 #           broken BUILD file or py_binary fails here too;
-#       (b) pytest -m slow on the *_slow_test.py files: the slow end-to-end
-#           tests (marker set by tests/conftest.py). None at all is a success.
+#       (b) pytest on the end-to-end tier $E2E_TESTS (a subset of the
+#           *_slow_test.py files): the trainer binary on real Fashion-MNIST
+#           (train, SIGKILL, resume to identical weights; K=1 vs K=4 losses)
+#           and the prepared real data sets.
+#   bash tools/test.sh --slow
+#       (a), then every *_slow_test.py file (also the big-model transparency
+#       checks, the experiments and the benchmark binary; ~20 more minutes).
 #   bash tools/test.sh --all [pytest args...]
 #   TENSORPIPE_TEST_ALL=1 bash tools/test.sh
 #       Everything with pytest instead (no Bazel), e.g. `--all -n 2` (xdist)
@@ -17,10 +22,16 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python3
 
-usage="usage: bash tools/test.sh [--all [pytest args...]]"
+# The end-to-end tier of the default run.
+E2E_TESTS=(tests/tools/trainer_slow_test.py
+           tests/inputs/prepared_data_slow_test.py)
+
+usage="usage: bash tools/test.sh [--slow | --all [pytest args...]]"
 all="${TENSORPIPE_TEST_ALL:-0}"
+every_slow=0
 case "${1:-}" in
   --all) all=1; shift ;;
+  --slow) every_slow=1; shift ;;
   -h|--help) echo "$usage"; exit 0 ;;
 esac
 if [ "$all" = 0 ] && [ "$#" -gt 0 ]; then
@@ -60,7 +71,11 @@ esac
 
 # (b) pytest, slow tests only: the *_slow_test.py files (named directly, so
 # pytest does not import every test module just to deselect it).
-mapfile -t slow_files < <(find tests -name '*_slow_test.py' -not -path '*/__pycache__/*' | sort)
+if [ "$every_slow" = 1 ]; then
+  mapfile -t slow_files < <(find tests -name '*_slow_test.py' -not -path '*/__pycache__/*' | sort)
+else
+  slow_files=("${E2E_TESTS[@]}")
+fi
 if [ "${#slow_files[@]}" -eq 0 ]; then
   slow_result="PASS (no slow tests)"
 else
