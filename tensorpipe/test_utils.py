@@ -53,3 +53,73 @@ def _Collect(layer, prefix, out):
   for child in layer.children.values():
     for c in (child if isinstance(child, (list, tuple)) else [child]):
       _Collect(c, prefix + c.layer_name + '/', out)
+
+
+def MicroBatchOracle(layer: Any, num_micro_batches: int,
+                     loss_fn: Callable[[Any], tf.Tensor], *inputs):
+  """The unpipelined `layer` run on each micro-batch, outputs concatenated.
+
+  This is GPipe's semantics for an unpipelined model: batch norm sees
+  micro-batch statistics, and each micro-batch's randomness is that of its
+  examples (`py_utils.ExampleOffset`). Returns (outputs, loss, grads), the
+  grads in `layer.trainable_variables` order.
+  """
+  from tensorpipe import microbatch  # pylint: disable=g-import-not-at-top
+  from tensorpipe import py_utils  # pylint: disable=g-import-not-at-top
+  variables = layer.trainable_variables
+  size = microbatch.BatchSize(inputs) // num_micro_batches
+
+  @tf.function(autograph=False)
+  def Step(*xs):
+    stacked = microbatch.Split(xs, num_micro_batches)
+    with tf.GradientTape() as tape:
+      outs = []
+      for t in range(num_micro_batches):
+        with py_utils.ExampleOffset(t * size):
+          outs.append(layer.FPropDefaultTheta(*microbatch.Slice(stacked, t)))
+      out = tf.nest.map_structure(lambda *a: tf.concat(a, 0), *outs)
+      loss = loss_fn(out)
+    return out, loss, tape.gradient(loss, variables)
+  return Step(*inputs)
+
+
+def AssertPipelineMatchesOracle(test: tf.test.TestCase,
+                                layer_params: Sequence[Any],
+                                num_partitions: int, num_micro_batches: int,
+                                inputs: Sequence[Any],
+                                loss_fn: Callable[[Any], tf.Tensor],
+                                rtol: float = 1e-5, atol: float = 1e-6,
+                                **pipeline_params) -> Any:
+  """Asserts a TensorPipeLayer of `layer_params` equals MicroBatchOracle.
+
+  Outputs, loss and every trainable variable's gradient (matched by layer
+  names) are compared. Returns the pipeline layer.
+  """
+  from tensorpipe import pipeline  # pylint: disable=g-import-not-at-top
+  from tensorpipe.layers import composite  # pylint: disable=g-import-not-at-top
+  inputs = tuple(inputs)
+  ref = composite.SequentialLayer.Params().Set(
+      name='Sequential', sub=list(layer_params)).Instantiate()
+  ref_out, ref_loss, ref_grads = MicroBatchOracle(ref, num_micro_batches,
+                                                  loss_fn, *inputs)
+  pipe = pipeline.TensorPipeLayer.Params().Set(
+      name='TensorPipe', layers=list(layer_params),
+      num_partitions=num_partitions, num_micro_batches=num_micro_batches,
+      input_shapes=[tf.nest.map_structure(lambda x: x.shape.as_list(), x)
+                    for x in inputs], **pipeline_params).Instantiate()
+  test.assertLen(pipe.PartitionLayers(), num_partitions)
+  out, loss, grads = LossAndGrads(pipe, loss_fn, *inputs)
+  test.assertAllClose(out, ref_out, rtol=rtol, atol=atol)
+  test.assertAllClose(loss, ref_loss, rtol=rtol, atol=atol)
+  ref_vars, pipe_vars = VariablesByName(ref), VariablesByName(pipe)
+  test.assertEqual(sorted(ref_vars), sorted(pipe_vars))
+  ref_g = {v.ref(): g for v, g in zip(ref.trainable_variables, ref_grads)}
+  pipe_g = {v.ref(): g for v, g in zip(pipe.trainable_variables, grads)}
+  checked = 0
+  for name, var in ref_vars.items():
+    if var.trainable:
+      test.assertAllClose(pipe_g[pipe_vars[name].ref()], ref_g[var.ref()],
+                          rtol=rtol, atol=atol, msg=name)
+      checked += 1
+  test.assertGreater(checked, 0)
+  return pipe

@@ -142,25 +142,6 @@ def MixedModel():
   ]
 
 
-def MicroBatchOracle(layer, num_micro_batches, loss_fn, x):
-  """The unpipelined model run on each micro-batch (BN uses micro-batch
-  statistics, as in GPipe), outputs concatenated; returns out, loss, grads."""
-  variables = layer.trainable_variables
-  n = x.shape[0] // num_micro_batches
-
-  @tf.function(autograph=False)
-  def Step(x):
-    with tf.GradientTape() as tape:
-      outs = []
-      for t in range(num_micro_batches):
-        with py_utils.ExampleOffset(t * n):
-          outs.append(layer.FPropDefaultTheta(x[t * n:(t + 1) * n]))
-      out = tf.concat(outs, axis=0)
-      loss = loss_fn(out)
-    return out, loss, tape.gradient(loss, variables)
-  return Step(x)
-
-
 class ConsistencyTest(tf.test.TestCase):
   """The paper's unit test (supplement figure 1), ported to TF2."""
 
@@ -194,25 +175,9 @@ class ConsistencyTest(tf.test.TestCase):
 class TransparencyTest(tf.test.TestCase):
   """Pipelined == unpipelined: outputs, loss and every gradient."""
 
-  def _Compare(self, layer_ps, k, t, x, loss_fn=MeanLoss, rtol=1e-5, **kw):
-    ref = Sequential(layer_ps)
-    ref_out, ref_loss, ref_grads = MicroBatchOracle(ref, t, loss_fn, x)
-    pipe = Pipe(layers=layer_ps, num_partitions=k, num_micro_batches=t,
-                input_shapes=[x.shape.as_list()], **kw)
-    out, loss, grads = test_utils.LossAndGrads(pipe, loss_fn, x)
-    self.assertAllClose(out, ref_out, rtol=rtol, atol=1e-6)
-    self.assertAllClose(loss, ref_loss, rtol=rtol, atol=1e-7)
-    ref_vars = test_utils.VariablesByName(ref)
-    pipe_vars = test_utils.VariablesByName(pipe)
-    self.assertEqual(sorted(ref_vars), sorted(pipe_vars))
-    ref_g = {v.ref(): g for v, g in zip(ref.trainable_variables, ref_grads)}
-    pipe_g = {v.ref(): g for v, g in zip(pipe.trainable_variables, grads)}
-    for name, var in ref_vars.items():
-      if not var.trainable:
-        continue
-      self.assertAllClose(pipe_g[pipe_vars[name].ref()], ref_g[var.ref()],
-                          rtol=rtol, atol=1e-6, msg=name)
-    return pipe
+  def _Compare(self, layer_ps, k, t, x, **kw):
+    return test_utils.AssertPipelineMatchesOracle(
+        self, layer_ps, k, t, [x], MeanLoss, **kw)
 
   def testMixedModelMatchesUnpipelinedForSeveralKAndT(self):
     x = tf.random.stateless_normal([8, 8, 8, 2], seed=[1, 2])

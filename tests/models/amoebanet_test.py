@@ -6,7 +6,6 @@ import tensorflow as tf
 from models import amoebanet
 from models import amoebanet_cells
 from models import model_utils
-from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import test_utils
 from tensorpipe.layers import composite
@@ -41,25 +40,6 @@ def Loss(out):
   if isinstance(out, dict):
     return Ce(out['logits']) + amoebanet.AUX_LOSS_WEIGHT * Ce(out['aux_logits'])
   return Ce(out)
-
-
-def Oracle(layer, num_micro_batches, x):
-  """The unpipelined model on each micro-batch (BN sees micro-batch
-  statistics, as in GPipe); outputs concatenated, loss and gradients."""
-  variables = layer.trainable_variables
-  n = x.shape[0] // num_micro_batches
-
-  @tf.function(autograph=False)
-  def Step(x):
-    with tf.GradientTape() as tape:
-      outs = []
-      for t in range(num_micro_batches):
-        with py_utils.ExampleOffset(t * n):
-          outs.append(layer.FPropDefaultTheta(x[t * n:(t + 1) * n]))
-      out = tf.nest.map_structure(lambda *xs: tf.concat(xs, 0), *outs)
-      loss = Loss(out)
-    return out, loss, tape.gradient(loss, variables)
-  return Step(x)
 
 
 def Images(seed=1):
@@ -139,46 +119,10 @@ CHEAP_GENOTYPE = dict(
                [1, 0, 1, 1, 1, 1, 0]))
 
 
-def LossAndGrads(layer, x):
-  """Like test_utils.LossAndGrads, without autograph: converting every
-  layer's code made tracing these models ~7x slower."""
-  variables = layer.trainable_variables
-
-  @tf.function(autograph=False)
-  def Step(x):
-    with tf.GradientTape() as tape:
-      out = layer.FPropDefaultTheta(x)
-      loss = Loss(out)
-    return out, loss, tape.gradient(loss, variables)
-  return Step(x)
-
-
 def ComparePipelined(test, layer_ps, k, t, x, rtol=1e-4):
-  """Asserts the pipelined model's outputs, loss and gradients equal the
-  unpipelined model's run on each micro-batch."""
-  ref = Sequential(layer_ps)
-  ref_out, ref_loss, ref_grads = Oracle(ref, t, x)
-  pipe = pipeline.TensorPipeLayer.Params().Set(
-      name='AmoebaNet', layers=layer_ps, num_partitions=k,
-      num_micro_batches=t, input_shapes=[x.shape.as_list()]).Instantiate()
-  test.assertLen(pipe.PartitionLayers(), k)
-  out, loss, grads = LossAndGrads(pipe, x)
-  test.assertAllClose(out.logits, ref_out.logits, rtol=rtol, atol=1e-5)
-  test.assertAllClose(out.aux_logits, ref_out.aux_logits, rtol=rtol,
-                      atol=1e-5)
-  test.assertAllClose(loss, ref_loss, rtol=rtol)
-  ref_vars = test_utils.VariablesByName(ref)
-  pipe_vars = test_utils.VariablesByName(pipe)
-  test.assertEqual(sorted(ref_vars), sorted(pipe_vars))
-  ref_g = {v.ref(): g for v, g in zip(ref.trainable_variables, ref_grads)}
-  pipe_g = {v.ref(): g for v, g in zip(pipe.trainable_variables, grads)}
-  checked = 0
-  for name, var in ref_vars.items():
-    if var.trainable:
-      test.assertAllClose(pipe_g[pipe_vars[name].ref()], ref_g[var.ref()],
-                          rtol=rtol, atol=1e-5, msg=name)
-      checked += 1
-  test.assertGreater(checked, 10)
+  """Pipelined outputs, loss and gradients == the micro-batch oracle's."""
+  test_utils.AssertPipelineMatchesOracle(test, layer_ps, k, t, [x], Loss,
+                                         rtol=rtol, atol=1e-5)
 
 
 class AmoebaNetPipelineTest(tf.test.TestCase):
