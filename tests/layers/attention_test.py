@@ -4,36 +4,11 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import py_utils
+from tensorpipe import test_utils
 from tensorpipe.layers import attention
 
 
-def NumpyAttention(theta, query, source, paddings, num_heads, causal):
-  """Reference multi-head attention in NumPy (float64)."""
-  t = {k: np.asarray(v, np.float64) for k, v in theta.items()
-       if k != 'atten_dropout'}
-  b, lq, _ = query.shape
-  lk = source.shape[1]
-  h = t['wq'].shape[1]
-  dh = h // num_heads
-
-  def Heads(x, w, bias):
-    y = x @ t[w] + t[bias]
-    return y.reshape(b, -1, num_heads, dh).transpose(0, 2, 1, 3)
-
-  q, k, v = (Heads(query, 'wq', 'bq'), Heads(source, 'wk', 'bk'),
-             Heads(source, 'wv', 'bv'))
-  logits = q @ k.transpose(0, 1, 3, 2) / np.sqrt(dh)
-  mask = np.zeros([b, 1, lq, lk])
-  if paddings is not None:
-    mask = np.maximum(mask, paddings[:, None, None, :])
-  if causal:
-    mask = np.maximum(mask, np.triu(np.ones([lq, lk]), 1)[None, None])
-  logits = np.where(mask > 0, -1e30, logits)
-  logits -= logits.max(-1, keepdims=True)
-  probs = np.exp(logits)
-  probs /= probs.sum(-1, keepdims=True)
-  ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(b, lq, h)
-  return ctx @ t['wo'] + t['bo']
+NumpyAttention = test_utils.NumpyAttention
 
 
 def Layer(causal=False, dim=8, heads=2, **kw):
