@@ -96,6 +96,13 @@ def _RecordTick(events: tf.Tensor, c: tf.Tensor, stamps) -> tf.Tensor:
                                      tf.stack(stamps)[tf.newaxis])
 
 
+def _Cond(rec, pred, true_fn, false_fn):
+  """tf.cond; when recording a timeline, one that keeps ticks concurrent."""
+  if not rec:
+    return tf.cond(pred, true_fn, false_fn)
+  return timeline.Unordered(lambda: tf.cond(pred, true_fn, false_fn))
+
+
 def _Stamped(call):
   """Wraps a stage call to also return its start and end timestamps."""
   def Call(flat_in, t):
@@ -494,8 +501,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
             y, st = res[:n_out], res[n_out:len(res) - n_stamps]
             st = [s * tf.cast(valid, s.dtype) for s in st]
           else:
-            res = tf.cond(
-                valid, lambda k=k, x=x, tc=tc: calls[k](x, tc),
+            res = _Cond(
+                rec, valid, lambda k=k, x=x, tc=tc: calls[k](x, tc),
                 lambda k=k: _Zeros(stages[k].out_specs +
                                    stages[k].stats_specs) + _NoStamps(rec))
             res = list(res) if isinstance(res, (list, tuple)) else [res]
@@ -660,7 +667,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
           def Bubble(dx_specs=dx_specs, acc=dtheta_acc[k]):
             return _Zeros(dx_specs) + list(acc) + _NoStamps(rec, 3)
 
-          res = tf.cond(valid, Valid, Bubble)
+          res = _Cond(rec, valid, Valid, Bubble)
           res = list(res) if isinstance(res, (list, tuple)) else [res]
           dx = res[:len(dx_specs)]
           if rec:

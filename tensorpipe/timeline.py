@@ -26,7 +26,7 @@ Nothing here runs TensorFlow ops at import.
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -138,6 +138,28 @@ def Stamp(deps: Sequence[Any] = ()) -> tf.Tensor:
   deps = [d for d in tf.nest.flatten(deps) if d is not None]
   with tf.control_dependencies(deps):
     return tf.timestamp()
+
+
+def Unordered(fn: Callable[[], Any]) -> Any:
+  """Calls `fn` (which builds a tf.cond) and keeps its conds unordered.
+
+  tf.timestamp is stateful, so a tf.cond whose branch records one becomes a
+  stateful `If`, and tf.function's automatic control dependencies then run
+  the K partitions' conds of a clock tick one after another instead of
+  concurrently on their devices: the timeline would show (and cause) a
+  serial schedule. A timestamp has no side effect that needs ordering, so
+  the conds built by `fn` are registered to run independently (as the
+  unrecorded, stateless conds do).
+  """
+  graph = tf.compat.v1.get_default_graph()
+  before = len(graph.get_operations())
+  out = fn()
+  acd = getattr(graph, 'experimental_acd_manager', None)
+  if acd is not None:
+    for op in graph.get_operations()[before:]:
+      if op.type in ('If', 'StatelessIf'):
+        acd.run_independently(op)
+  return out
 
 
 def ChromeTrace(events: Sequence[Event], devices: Sequence[str],

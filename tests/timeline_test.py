@@ -122,6 +122,27 @@ class TimelineTest(tf.test.TestCase):
       on = tf.function(_Step(layer)).get_concrete_function(x)
     self.assertIn('Timestamp', _OpTypes(on))
 
+  def testRecordingKeepsPartitionsOfATickConcurrent(self):
+    # tf.timestamp is stateful: without timeline.Unordered, automatic control
+    # dependencies chained partition 1's cond after partition 0's in every
+    # tick, so the recorded (and the recording) schedule was serial.
+    for recompute in (True, False):
+      layer = tensorpipe.TensorPipeLayer.Params().Set(
+          name='pipe', layers=_Layers(), num_partitions=_K,
+          num_micro_batches=_T, input_shapes=[[6, 8]],
+          recompute=recompute).Instantiate()
+      x = tf.zeros([6, 8])
+      with timeline.Record():
+        fn = tf.function(_Step(layer)).get_concrete_function(x)
+      conds = [(f.signature.name, n) for f in
+               fn.graph.as_graph_def().library.function
+               for n in f.node_def if n.op in ('If', 'StatelessIf')]
+      self.assertGreaterEqual(len(conds), _K * (2 if recompute else 1))
+      for fname, node in conds:
+        ctrl = [i for i in node.input if i.startswith('^')]
+        self.assertEqual(ctrl, [], f'{fname}/{node.name} is ordered after '
+                         f'{ctrl}')
+
 
 if __name__ == '__main__':
   tf.test.main()

@@ -47,6 +47,10 @@ flags.DEFINE_float('wait_for_load', 0.0, 'If > 0, wait up to '
                    '--max_wait_s for the 1-minute load average to drop below '
                    'this before starting.')
 flags.DEFINE_integer('max_wait_s', 600, 'See --wait_for_load.')
+flags.DEFINE_boolean('pair', True, 'Time each setting\'s baselines (plain, '
+                     'naive-K, the no-recompute twin) in the same process, '
+                     'interleaved step by step, and take ratios from there: '
+                     'separate processes of one setting differ by up to ~25%.')
 flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
                      '(needed by the simulator predictions).')
 
@@ -83,18 +87,22 @@ def _Run(argv):
   load = _WaitForQuiet() if FLAGS.wait_for_load > 0 else os.getloadavg()[0]
   started = time.time()
   results = []
-  runs = [(m, s) for m in FLAGS.models for s in settings]
-  runs += [(FLAGS.memory_model, s) for s in FLAGS.memory_settings]
-  for model, setting in runs:
+  runs = [(m, s, FLAGS.pair) for m in FLAGS.models for s in settings]
+  # Memory runs hold one model each, so the peaks are the setting's own.
+  runs += [(FLAGS.memory_model, s, False) for s in FLAGS.memory_settings]
+  for model, setting, pair in runs:
     try:
       r = benchmark_lib.RunSettingSubprocess(
           model, setting, steps=FLAGS.steps, warmup=FLAGS.warmup,
-          partition_costs=FLAGS.partition_costs)
+          partition_costs=FLAGS.partition_costs,
+          pair_with=benchmark_lib.PairedBaselines(setting) if pair else [])
     except (RuntimeError, subprocess.TimeoutExpired) as e:
       print(f'SKIPPED {model} {setting}: {e}', file=sys.stderr, flush=True)
       continue
-    print(f'{model} {setting}: {r["step_time_s"] * 1e3:.1f} ms/step',
-          flush=True)
+    paired = ', '.join(f'{b} {p["step_time_s"] * 1e3:.1f}'
+                       for b, p in r['paired'].items())
+    print(f'{model} {setting}: {r["step_time_s"] * 1e3:.1f} ms/step'
+          + (f' (same process: {paired})' if paired else ''), flush=True)
     results.append(r)
   timelines = []
   for setting in FLAGS.timeline:

@@ -8,13 +8,16 @@ import unittest
 from tools import benchmark_lib
 
 
-def _Result(model, setting, step, peak=100 * 2**20, costs=None):
+def _Result(model, setting, step, peak=100 * 2**20, costs=None, paired=None,
+            activations=None):
   s = benchmark_lib.ParseSetting(setting)
   r = {'model': model, 'setting': setting, 'kind': s.kind,
        'K': s.num_partitions, 'T': s.num_micro_batches,
        'recompute': s.recompute, 'recompute_impl': s.recompute_impl,
        'batch': 64, 'step_time_s': step, 'examples_per_s': 64 / step,
-       'memory': {'peak_above_idle_bytes': peak}}
+       'memory': {'peak_above_idle_bytes': peak,
+                  'tf_allocator': {'activation_peak_bytes': activations}},
+       'paired': {b: {'step_time_s': t} for b, t in (paired or {}).items()}}
   if costs:
     r['partition_costs_s'] = {'forward': costs[0], 'backward': costs[1]}
   return r
@@ -78,16 +81,44 @@ class ReportTest(unittest.TestCase):
     self.assertAlmostEqual(rs[1]['speedup'], 0.75)
     table = benchmark_lib.MarkdownTable(rs).splitlines()
     self.assertEqual(len(table), 2 + len(rs))
-    self.assertTrue(all(line.count('|') == 13 for line in table))
+    self.assertTrue(all(line.count('|') == 15 for line in table))
     self.assertIn('| dense16 | K1-T1-norc | 1 | 1 | no | 4000.0 | 16 | '
-                  '0.75x | plain | 100 |', table[3])
+                  '0.75x | plain | 100 | - |', table[3])
     json.dumps(rs)
+
+  def testPairedBaselineWinsOverSeparateRun(self):
+    rs = [_Result('dense16', 'plain', 3.0),
+          _Result('dense16', 'K1-T8-rc', 4.0,
+                  paired={'plain': 2.0, 'K1-T8-norc': 3.2}),
+          _Result('dense16', 'K1-T8-norc', 1.0)]
+    benchmark_lib.AddSpeedups(rs, 'plain')
+    self.assertAlmostEqual(rs[1]['speedup'], 0.5)     # 2.0 / 4.0, not 3 / 4
+    self.assertTrue(rs[1]['speedup_paired'])
+    self.assertFalse(rs[2]['speedup_paired'])
+    table = benchmark_lib.MarkdownTable(rs)
+    self.assertIn('| 0.50x* | plain |', table)
+    self.assertIn('same process', table)
+    by_name = {r['target']: r for r in benchmark_lib.EvaluateTargets(rs)}
+    self.assertAlmostEqual(
+        by_name['3. dense16: K1-T8-rc time / plain time']['measured'], 2.0)
+    two_b = [v for k, v in by_name.items() if k.startswith('2b. dense16')][0]
+    self.assertAlmostEqual(two_b['measured'], 0.8)    # 3.2 / 4.0, not 1 / 4
+
+  def testPairedBaselinesPerSetting(self):
+    self.assertEqual(benchmark_lib.PairedBaselines('plain'), [])
+    self.assertEqual(benchmark_lib.PairedBaselines('K1-T1-norc'), ['plain'])
+    self.assertEqual(benchmark_lib.PairedBaselines('K1-T8-rc'),
+                     ['plain', 'K1-T8-norc'])
+    self.assertEqual(benchmark_lib.PairedBaselines('naive-2'), ['plain'])
+    self.assertEqual(benchmark_lib.PairedBaselines('K4-T8-rc'),
+                     ['plain', 'naive-4'])
 
   def testPredictionsCalibratedOnK1(self):
     rs = self._Results()
     calib = benchmark_lib.AddPredictions(rs, num_cores=2)
-    self.assertAlmostEqual(calib['dense16/rc']['tick_overhead'], 0.1)
-    self.assertAlmostEqual(calib['dense16/rc']['fixed_overhead'], 1.0)
+    self.assertAlmostEqual(calib['dense16/rc/isolated']['tick_overhead'], 0.1)
+    self.assertAlmostEqual(calib['dense16/rc/isolated']['fixed_overhead'],
+                           1.0)
     k1t8 = [r for r in rs if r['setting'] == 'K1-T8-rc'][0]
     self.assertAlmostEqual(k1t8['prediction_error'], 0.0)
     self.assertTrue(k1t8['calibration_run'])
@@ -97,20 +128,57 @@ class ReportTest(unittest.TestCase):
     # Tick overheads count as idle: busy 4 * 0.5 + 4 * 1.5 of a span of 11.
     self.assertAlmostEqual(k2['predicted_bubble_fraction'], 1 - 8 / 11)
     self.assertNotIn('predicted_step_s', rs[0])
+    self.assertEqual(k2['prediction_source'], 'isolated')
+
+  def testPipelineCostsPreferredAndFromEvents(self):
+    from tensorpipe import timeline  # pylint: disable=g-import-not-at-top
+    # Cells of a K=2 run: forward 0.5, recompute 0.6, backward 1.0 per cell
+    # (three samples each; the odd one out is ignored by the median).
+    ev = []
+    for k in range(2):
+      for i, scale in enumerate((1.0, 1.0, 3.0)):
+        for phase, d in (('forward', 0.5), ('recompute', 0.6),
+                         ('backward', 1.0)):
+          ev.append(timeline.Event(phase, k, i, 0.0, d * scale))
+    costs = benchmark_lib.StageCostsFromEvents(ev, 2)
+    self.assertEqual(costs, {'forward': [0.5, 0.5], 'recompute': [0.6, 0.6],
+                             'backward': [1.0, 1.0]})
+    rs = self._Results()
+    # K=1 pipeline cells of the same model as the isolated ones (f=1, b=2).
+    for r in rs:
+      if r['setting'] in ('K1-T4-rc', 'K1-T8-rc'):
+        r['stage_costs_s'] = {'forward': [1.0], 'recompute': [1.0],
+                              'backward': [2.0]}
+    k2 = [r for r in rs if r['setting'] == 'K2-T4-rc'][0]
+    k2['stage_costs_s'] = costs
+    calib = benchmark_lib.AddPredictions(rs, num_cores=2)
+    self.assertAlmostEqual(calib['dense16/rc/pipeline']['tick_overhead'], 0.1)
+    self.assertEqual(k2['prediction_source'], 'pipeline')
+    # Backward cell = recompute 0.6 + backward 1.0; 5 ticks each way.
+    self.assertAlmostEqual(k2['predicted_step_s'],
+                           5 * (0.5 + 0.1) + 5 * (1.6 + 0.1) + 1)
+    self.assertAlmostEqual(k2['predicted_isolated_step_s'],
+                           5 * 0.6 + 5 * 1.6 + 1)
+    targets = benchmark_lib.EvaluateTargets(rs)
+    six = [t for t in targets if t['target'].startswith('6.')][0]
+    # K=1 fit runs are left out; K2-T4-rc is off by (12.5 - 10) / 10.
+    self.assertAlmostEqual(six['measured'], 0.25)
 
   def testTargets(self):
     rs = self._Results() + [
-        _Result('dense32mem', 'plain', 1.0, peak=300),
-        _Result('dense32mem', 'K1-T8-rc', 1.0, peak=90)]
+        _Result('dense32mem', 'plain', 1.0, peak=300, activations=200),
+        _Result('dense32mem', 'K1-T8-rc', 1.0, peak=90, activations=50)]
     by_name = {r['target']: r for r in benchmark_lib.EvaluateTargets(rs)}
     one = by_name['1. dense16: K1-T1-norc time / plain time']
     self.assertAlmostEqual(one['measured'], 4 / 3)
     self.assertFalse(one['passed'])
     four = by_name['4. dense16: throughput K2-T8-rc / naive-2']
     self.assertIsNone(four['passed'])   # K2-T8-rc was not run
-    mem = by_name['5. dense32mem: peak memory K1-T8-rc / plain']
-    self.assertAlmostEqual(mem['measured'], 0.3)
+    mem = [v for k, v in by_name.items() if k.startswith('5. ')][0]
+    self.assertAlmostEqual(mem['measured'], 0.25)     # allocator figures
     self.assertTrue(mem['passed'])
+    rss = [v for k, v in by_name.items() if k.startswith('5b. ')][0]
+    self.assertAlmostEqual(rss['measured'], 0.3)
     table = benchmark_lib.TargetsTable(list(by_name.values()))
     self.assertIn('| pass |', table)
     self.assertIn('| FAIL |', table)
@@ -121,13 +189,23 @@ class SmokeTest(unittest.TestCase):
 
   def testOneSettingInASubprocess(self):
     r = benchmark_lib.RunSettingSubprocess('tiny', 'K1-T2-rc', steps=2,
-                                           warmup=1, timeout_s=300)
+                                           warmup=1, timeout_s=300,
+                                           pair_with=['plain'])
     self.assertEqual((r['K'], r['T'], r['recompute']), (1, 2, True))
     self.assertEqual(len(r['step_times_s']), 2)
     self.assertGreater(r['examples_per_s'], 0)
     self.assertEqual(r['threads'], {'intra_op': 1, 'inter_op': 1})
     self.assertGreaterEqual(r['memory']['peak_above_idle_bytes'], 0)
     self.assertEqual(len(r['partition_costs_s']['forward']), 1)
+    self.assertEqual(list(r['paired']), ['plain'])
+    self.assertEqual(len(r['paired']['plain']['step_times_s']), 2)
+    alloc = r['memory']['tf_allocator']
+    self.assertEqual(alloc['activation_peak_bytes'],
+                     alloc['peak'] - alloc['current_before_step'])
+    # Cells recorded inside the pipeline: one partition, three phases.
+    self.assertEqual(sorted(r['stage_costs_s']), ['backward', 'forward',
+                                                  'recompute'])
+    self.assertGreater(r['stage_costs_s']['forward'][0], 0)
 
   def testGanttPlotWritesPng(self):
     from tensorpipe import timeline  # pylint: disable=g-import-not-at-top
