@@ -11,6 +11,10 @@ micro-batch: these are the costs the simulator (tensorpipe/simulator.py) needs.
 
 Settings are named:
   plain          the layers as one SequentialLayer, no TensorPipeLayer;
+  plain-T8       the same, run on 8 micro-batches one after another
+                 (Python-unrolled in the step, gradients summed by autodiff,
+                 all activations kept): what micro-batching itself costs
+                 with these kernels, without any pipeline machinery;
   naive-K        K partitions, T=1, no recompute (model parallelism, no
                  pipelining);
   K2-T8-rc       TensorPipeLayer with K=2, T=8 and recompute;
@@ -76,6 +80,9 @@ def ParseSetting(name: str) -> Setting:
   """
   if name == 'plain':
     return Setting(name, 'plain')
+  m = re.match(r'^plain-T(\d+)$', name)
+  if m and int(m.group(1)) >= 1:
+    return Setting(name, 'plain', 1, int(m.group(1)), False)
   m = re.match(r'^naive-(\d+)$', name)
   if m and int(m.group(1)) >= 1:
     return Setting(name, 'pipe', int(m.group(1)), 1, False)
@@ -85,14 +92,16 @@ def ParseSetting(name: str) -> Setting:
     return Setting(name, 'pipe', int(m.group(1)), int(m.group(2)),
                    mode != 'norc',
                    'tf_recompute_grad' if mode == 'rcg' else 'explicit')
-  raise ValueError(f'unknown benchmark setting {name!r}; use plain, naive-K '
-                   '(e.g. naive-2) or K<k>-T<t>-<rc|norc|rcg> (e.g. K4-T8-rc)')
+  raise ValueError(f'unknown benchmark setting {name!r}; use plain, '
+                   'plain-T<t> (e.g. plain-T8), naive-K (e.g. naive-2) or '
+                   'K<k>-T<t>-<rc|norc|rcg> (e.g. K4-T8-rc)')
 
 
 def GridSettings(ks: Sequence[int] = (1, 2, 4),
                  ts: Sequence[int] = (1, 4, 8)) -> List[str]:
   """plain, naive-K for K > 1, and every (K, T) with and without recompute."""
-  names = ['plain'] + [f'naive-{k}' for k in ks if k > 1]
+  names = ['plain'] + [f'plain-T{t}' for t in ts if t > 1]
+  names += [f'naive-{k}' for k in ks if k > 1]
   for k in ks:
     for t in ts:
       names += [f'K{k}-T{t}-rc', f'K{k}-T{t}-norc']
@@ -161,14 +170,38 @@ def _BuildLayer(setting: Setting, layer_ps, input_shape):
   from tensorpipe import pipeline  # pylint: disable=g-import-not-at-top
   from tensorpipe.layers import composite  # pylint: disable=g-import-not-at-top
   if setting.kind == 'plain':
-    return composite.SequentialLayer.Params().Set(
+    seq = composite.SequentialLayer.Params().Set(
         name='Sequential', sub=layer_ps).Instantiate()
+    if setting.num_micro_batches == 1:
+      return seq
+    return _UnrolledMicroBatches(seq, setting.num_micro_batches)
   return pipeline.TensorPipeLayer.Params().Set(
       name='TensorPipe', layers=layer_ps,
       num_partitions=setting.num_partitions,
       num_micro_batches=setting.num_micro_batches,
       input_shapes=[input_shape], recompute=setting.recompute,
       recompute_impl=setting.recompute_impl).Instantiate()
+
+
+class _UnrolledMicroBatches:
+  """plain-T<t>: a layer run on T micro-batches in turn, outputs concatenated.
+
+  Autodiff sums each weight's gradient over the T uses, as gradient
+  accumulation does; nothing is recomputed or pipelined.
+  """
+
+  def __init__(self, layer, num_micro_batches: int):
+    self._layer = layer
+    self._t = num_micro_batches
+    self.trainable_variables = layer.trainable_variables
+
+  def FPropDefaultTheta(self, x):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if x.shape[0] % self._t:
+      raise ValueError(f'batch {x.shape[0]} is not divisible by T={self._t}')
+    outs = [self._layer.FPropDefaultTheta(mb)
+            for mb in tf.split(x, self._t, axis=0)]
+    return tf.concat(outs, axis=0)
 
 
 # -- the child: one setting in this process ----------------------------------
@@ -278,9 +311,11 @@ def PairedBaselines(setting_name: str) -> List[str]:
   """
   s = ParseSetting(setting_name)
   if s.kind == 'plain':
-    return []
+    return [] if s.name == 'plain' else ['plain']
   out = ['plain']
   k, t = s.num_partitions, s.num_micro_batches
+  if k == 1 and t > 1:
+    out.append(f'plain-T{t}')
   if k > 1 and s.name != f'naive-{k}':
     out.append(f'naive-{k}')
   if k == 1 and s.recompute:
@@ -678,7 +713,8 @@ def MarkdownTable(results: List[Dict[str, Any]]) -> str:
       any_paired = True
     alloc = r['memory'].get('tf_allocator') or {}
     cells = [r['model'], r['setting'], r['K'] if pipe else '-',
-             r['T'] if pipe else '-', 'yes' if r['recompute'] else 'no',
+             r['T'] if pipe or r['T'] > 1 else '-',
+             'yes' if r['recompute'] else 'no',
              f"{r['step_time_s'] * 1e3:.1f}", f"{r['examples_per_s']:.0f}",
              sp_s, r.get('speedup_vs') or '-',
              _Mb(r['memory']['peak_above_idle_bytes']),
@@ -733,6 +769,10 @@ def EvaluateTargets(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return 1.0 / x if inverse else x
 
   def Add(name, value, limit, op):
+    if op is None:     # an explanatory ratio, not a target
+      rows.append({'target': name, 'measured': value, 'limit': '-',
+                   'passed': None, 'info': True})
+      return
     ok = None if value is None else (value <= limit if op == '<='
                                      else value >= limit)
     rows.append({'target': name, 'measured': value, 'limit': f'{op} {limit}',
@@ -748,6 +788,11 @@ def EvaluateTargets(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         '>=')
     Add(f'3. {model}: K1-T8-rc time / plain time',
         Ratio(model, 'K1-T8-rc', 'plain'), 1.3, '<=')
+    Add(f'3a. {model}: plain-T8 time / plain time (micro-batching alone, '
+        'no pipeline code)', Ratio(model, 'plain-T8', 'plain'), None, None)
+    Add(f'3b. {model}: K1-T8-rc time / plain-T8 time (the engine with '
+        'recompute vs micro-batching alone)',
+        Ratio(model, 'K1-T8-rc', 'plain-T8'), None, None)
     Add(f'4. {model}: throughput K2-T8-rc / naive-2',
         Ratio(model, 'K2-T8-rc', 'naive-2', inverse=True), 1.6, '>=')
   mem_rc = _Find(results, 'dense32mem', 'K1-T8-rc')
@@ -782,6 +827,8 @@ def TargetsTable(rows: List[Dict[str, Any]]) -> str:
   for r in rows:
     m = '-' if r['measured'] is None else f"{r['measured']:.3f}"
     res = {True: 'pass', False: 'FAIL', None: 'not run'}[r['passed']]
+    if r.get('info'):
+      res = 'explains'
     lines.append(f"| {r['target']} | {m} | {r['limit']} | {res} |")
   return '\n'.join(lines)
 

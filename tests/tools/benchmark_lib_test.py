@@ -37,6 +37,9 @@ class SettingsTest(unittest.TestCase):
     self.assertEqual(benchmark_lib.ParseSetting('K1-T1-rcg').recompute_impl,
                      'tf_recompute_grad')
     self.assertEqual(s.threads, (1, 2))
+    mb = benchmark_lib.ParseSetting('plain-T8')
+    self.assertEqual((mb.kind, mb.num_micro_batches, mb.threads),
+                     ('plain', 8, (1, 1)))
 
   def testRejectsUnknownSetting(self):
     with self.assertRaisesRegex(ValueError, "'K2T8'.*K4-T8-rc"):
@@ -46,7 +49,8 @@ class SettingsTest(unittest.TestCase):
 
   def testGridHasBaselinesAndAllCombinations(self):
     grid = benchmark_lib.GridSettings((1, 2), (1, 4))
-    self.assertEqual(grid, ['plain', 'naive-2', 'K1-T1-rc', 'K1-T1-norc',
+    self.assertEqual(grid, ['plain', 'plain-T4', 'naive-2', 'K1-T1-rc',
+                            'K1-T1-norc',
                             'K1-T4-rc', 'K1-T4-norc', 'K2-T1-rc',
                             'K2-T1-norc', 'K2-T4-rc', 'K2-T4-norc'])
 
@@ -108,7 +112,8 @@ class ReportTest(unittest.TestCase):
     self.assertEqual(benchmark_lib.PairedBaselines('plain'), [])
     self.assertEqual(benchmark_lib.PairedBaselines('K1-T1-norc'), ['plain'])
     self.assertEqual(benchmark_lib.PairedBaselines('K1-T8-rc'),
-                     ['plain', 'K1-T8-norc'])
+                     ['plain', 'plain-T8', 'K1-T8-norc'])
+    self.assertEqual(benchmark_lib.PairedBaselines('plain-T8'), ['plain'])
     self.assertEqual(benchmark_lib.PairedBaselines('naive-2'), ['plain'])
     self.assertEqual(benchmark_lib.PairedBaselines('K4-T8-rc'),
                      ['plain', 'naive-4'])
@@ -183,6 +188,33 @@ class ReportTest(unittest.TestCase):
     self.assertIn('| pass |', table)
     self.assertIn('| FAIL |', table)
     self.assertIn('| not run |', table)
+
+
+class UnrolledMicroBatchesTest(unittest.TestCase):
+
+  def testSameOutputsAndGradientsAsPlain(self):
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    layer_ps, shape = benchmark_lib.ModelLayers('tiny')
+    x = tf.random.stateless_uniform(shape, seed=[3, 4])
+    plain = benchmark_lib._BuildLayer(benchmark_lib.ParseSetting('plain'),
+                                      layer_ps, shape)
+    unrolled = benchmark_lib._BuildLayer(
+        benchmark_lib.ParseSetting('plain-T4'), layer_ps, shape)
+    for v, w in zip(unrolled.trainable_variables, plain.trainable_variables):
+      v.assign(w)
+    results = []
+    for layer in (plain, unrolled):
+      with tf.GradientTape() as tape:
+        y = layer.FPropDefaultTheta(x)
+        loss = tf.reduce_sum(y * y)
+      results.append([y] + list(tape.gradient(loss,
+                                              layer.trainable_variables)))
+    for a, b in zip(*results):
+      np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    with self.assertRaisesRegex(ValueError, 'not divisible by T=3'):
+      benchmark_lib._BuildLayer(benchmark_lib.ParseSetting('plain-T3'),
+                                layer_ps, shape).FPropDefaultTheta(x)
 
 
 class SmokeTest(unittest.TestCase):
