@@ -16,7 +16,15 @@ Settings are named:
                  all activations kept): what micro-batching itself costs
                  with these kernels, without any pipeline machinery;
   naive-K        K partitions, T=1, no recompute (model parallelism, no
-                 pipelining);
+                 pipelining), with the issue's "one core per device" threads
+                 (one intra-op thread, K inter-op threads). TF's logical CPU
+                 devices share one thread pool, so the idle devices' cores
+                 still run the busy device's independent ops (e.g. the input
+                 and weight gradients of a conv at the same time);
+  naive-K-serial the same with a single inter-op thread: at most one op at a
+                 time, as on K single-core devices of which model
+                 parallelism keeps one busy at a time (the paper's naive
+                 baseline). Compared across processes.
   K2-T8-rc       TensorPipeLayer with K=2, T=8 and recompute;
   K2-T8-norc     the same without recompute;
   K2-T8-rcg      recompute with recompute_impl='tf_recompute_grad'.
@@ -62,11 +70,12 @@ class Setting:
   num_micro_batches: int = 1
   recompute: bool = False
   recompute_impl: str = 'explicit'
+  serial: bool = False       # naive-K-serial: one inter-op thread
 
   @property
   def threads(self) -> Tuple[int, int]:
-    """(intra-op, inter-op) threads: one core per device."""
-    return 1, max(1, self.num_partitions)
+    """(intra-op, inter-op) threads: one core per device (or one in all)."""
+    return 1, 1 if self.serial else max(1, self.num_partitions)
 
 
 _SETTING_RE = re.compile(r'^K(\d+)-T(\d+)-(rc|norc|rcg)$')
@@ -83,9 +92,10 @@ def ParseSetting(name: str) -> Setting:
   m = re.match(r'^plain-T(\d+)$', name)
   if m and int(m.group(1)) >= 1:
     return Setting(name, 'plain', 1, int(m.group(1)), False)
-  m = re.match(r'^naive-(\d+)$', name)
+  m = re.match(r'^naive-(\d+)(-serial)?$', name)
   if m and int(m.group(1)) >= 1:
-    return Setting(name, 'pipe', int(m.group(1)), 1, False)
+    return Setting(name, 'pipe', int(m.group(1)), 1, False,
+                   serial=bool(m.group(2)))
   m = _SETTING_RE.match(name)
   if m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1:
     mode = m.group(3)
@@ -93,7 +103,8 @@ def ParseSetting(name: str) -> Setting:
                    mode != 'norc',
                    'tf_recompute_grad' if mode == 'rcg' else 'explicit')
   raise ValueError(f'unknown benchmark setting {name!r}; use plain, '
-                   'plain-T<t> (e.g. plain-T8), naive-K (e.g. naive-2) or '
+                   'plain-T<t> (e.g. plain-T8), naive-K (e.g. naive-2), '
+                   'naive-K-serial or '
                    'K<k>-T<t>-<rc|norc|rcg> (e.g. K4-T8-rc)')
 
 
@@ -316,7 +327,7 @@ def PairedBaselines(setting_name: str) -> List[str]:
   k, t = s.num_partitions, s.num_micro_batches
   if k == 1 and t > 1:
     out.append(f'plain-T{t}')
-  if k > 1 and s.name != f'naive-{k}':
+  if k > 1 and t > 1:
     out.append(f'naive-{k}')
   if k == 1 and s.recompute:
     out.append(f'K1-T{t}-norc')
@@ -413,6 +424,20 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
                           learning_rate)
     for _ in range(max(1, warmup)):
       Run(fns[p.name])
+  # Stage costs for the simulator: the same layer's step with the timeline
+  # on, timed in the same rotation, so each recorded step's cells and its
+  # wall time come from the same moment (this machine drifts by 20-30%
+  # within minutes).
+  recorded, rec_events, rec_times = None, [], []
+  want_cells = (partition_costs and setting.kind == 'pipe' and
+                setting.recompute and setting.recompute_impl == 'explicit' and
+                (setting.num_partitions > 1 or setting.num_micro_batches > 1)
+                and not timeline_dir)
+  if want_cells:
+    with timeline.Record() as recorded:
+      fns['timeline'] = _StepFn(tf, layer, x, learning_rate)
+    for _ in range(max(1, warmup)):
+      Run(fns['timeline'])
   times = {name: [] for name in fns}
   names = list(fns)
   for i in range(steps):
@@ -423,6 +448,8 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
       times[name].append(time.perf_counter() - start)
       if name == setting.name:
         raw = raw_i
+      elif name == 'timeline':
+        rec_events.append(recorded.Events(raw_i))
   med = statistics.median(times[setting.name])
   result = {
       'model': model, 'setting': setting.name, 'kind': setting.kind,
@@ -447,34 +474,34 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   if partition_costs and setting.kind == 'pipe':
     result['partition_costs_s'] = _PartitionCosts(
         tf, layer, x, setting.num_micro_batches, reps=max(3, steps // 2))
-    if setting.recompute and setting.recompute_impl == 'explicit' and (
-        setting.num_partitions > 1 or setting.num_micro_batches > 1):
-      if timeline_dir and recorder is not None:
-        events = recorder.Events(raw)
-      else:
-        with timeline.Record() as rec:
-          rec_fn = _StepFn(tf, layer, x, learning_rate)
-        Run(rec_fn)
-        events = []
-        for _ in range(3):
-          events += rec.Events(Run(rec_fn))
-      result['stage_costs_s'] = StageCostsFromEvents(
-          events, setting.num_partitions)
+  if want_cells:
+    result['stage_costs_s'] = StageCostsFromEvents(
+        [e for events in rec_events for e in events], setting.num_partitions)
+    result['recorded_step_time_s'] = statistics.median(times['timeline'])
+  elif timeline_dir and recorder is not None and setting.recompute:
+    result['stage_costs_s'] = StageCostsFromEvents(recorder.Events(raw),
+                                                   setting.num_partitions)
+    result['recorded_step_time_s'] = med
   return result
 
 
 def StageCostsFromEvents(events, num_partitions: int) -> Dict[str, Any]:
-  """Per partition, the median duration of its recorded cells by phase.
+  """Per partition and phase, statistics of its recorded cells' durations.
 
   These are the stage costs inside the running pipeline (warm caches, no
-  per-call dispatch, and, with more devices than cores, the slowdown of
-  sharing a core), as opposed to `_PartitionCosts`' isolated calls.
+  per-call dispatch), as opposed to `_PartitionCosts`' isolated calls.
+  Returns {phase: [median per partition]} and, under 'alone', the lower
+  quartiles: with more devices than cores a cell's wall time includes
+  waiting for a core, and the quickest cells are those that had one to
+  themselves, i.e. the cell's work.
   """
-  out = {}
+  out = {'alone': {}}
   for phase in ('forward', 'recompute', 'backward'):
-    out[phase] = [statistics.median(
-        [e.end - e.start for e in events if e.phase == phase and e.k == k]
-        or [0.0]) for k in range(num_partitions)]
+    per_k = [sorted(e.end - e.start for e in events
+                    if e.phase == phase and e.k == k) or [0.0]
+             for k in range(num_partitions)]
+    out[phase] = [statistics.median(d) for d in per_k]
+    out['alone'][phase] = [d[(len(d) - 1) // 4] for d in per_k]
   return out
 
 
@@ -589,7 +616,7 @@ def AddSpeedups(results: List[Dict[str, Any]], baseline: str) -> None:
     r['speedup_paired'] = paired is not None
 
 
-def _Costs(r, source: str = 'pipeline'):
+def _Costs(r, source: str = 'pipeline', alone: bool = False):
   """(forward, backward) per-partition costs of a result, or None.
 
   source 'pipeline': the cells recorded inside the running pipeline
@@ -601,10 +628,23 @@ def _Costs(r, source: str = 'pipeline'):
     c = r.get('stage_costs_s')
     if not c:
       return None
+    if alone and 'alone' in c:
+      c = c['alone']
     return c['forward'], [max(0.0, rc + b - f) for f, rc, b in zip(
         c['forward'], c['recompute'], c['backward'])]
   c = r.get('partition_costs_s')
   return (c['forward'], c['backward']) if c else None
+
+
+def _MeasuredStep(r, source: str) -> float:
+  """The step time a prediction from `source` costs is compared with.
+
+  Pipeline-cell costs come from the recorded steps, which were timed in the
+  same rotation: their own wall time is the fair comparison.
+  """
+  if source == 'pipeline' and r.get('recorded_step_time_s'):
+    return r['recorded_step_time_s']
+  return r['step_time_s']
 
 
 def AddPredictions(results: List[Dict[str, Any]],
@@ -613,11 +653,13 @@ def AddPredictions(results: List[Dict[str, Any]],
 
   Two predictions per result, from two sources of stage costs:
     'pipeline' (`predicted_step_s`, recompute settings with loops): the
-      setting's own cells recorded by the timeline inside the pipeline. This
-      checks the schedule model (dependencies, clock ticks, bubble,
-      overheads) given the costs, as the issue's simulator target asks. The
-      cells' wall times already include any core sharing, so the devices
-      are simulated with one core each.
+      setting's own cells recorded by the timeline inside the pipeline
+      (median per partition and phase), compared with the wall time of those
+      same recorded steps. This checks the schedule model (dependencies,
+      clock ticks, bubble, overheads) given the costs, as the issue's
+      simulator target asks. With K <= cores each device has a core; with
+      more devices than cores the cells' work (lower quartile of their
+      durations) is simulated on the shared cores.
     'isolated' (`predicted_isolated_step_s`, every setting): each partition
       timed alone on one micro-batch, i.e. what a user has before running
       the pipeline; devices share `num_cores` cores (processor sharing).
@@ -636,7 +678,7 @@ def AddPredictions(results: List[Dict[str, Any]],
     for model in sorted({r['model'] for r in results}):
       for rc in (True, False):
         runs = [(r['T'], _Costs(r, source)[0][0], _Costs(r, source)[1][0],
-                 r['step_time_s'])
+                 _MeasuredStep(r, source))
                 for r in results
                 if r['model'] == model and r['kind'] == 'pipe'
                 and r['K'] == 1 and r['T'] > 1 and r['recompute'] == rc
@@ -660,10 +702,15 @@ def AddPredictions(results: List[Dict[str, Any]],
                     recompute=r['recompute'] and not fast,
                     tick_overhead=0.0 if fast else c['tick_overhead'],
                     fixed_overhead=c['fixed_overhead'])
+      shared = r['K'] > cores
+      if source == 'pipeline' and shared:
+        # More devices than cores: the cells' work (their quickest
+        # quartile) on `cores` cores, shared by the running cells.
+        costs = _Costs(r, source, alone=True)
       pred = simulator.Simulate(
           costs[0], costs[1],
-          num_cores=None if source == 'pipeline' else min(r['K'], cores),
-          **kwargs)
+          num_cores=(min(r['K'], cores) if source == 'isolated' or shared
+                     else None), **kwargs)
       r[key] = pred.step_time
       if source == 'isolated':
         ideal = simulator.Simulate(costs[0], costs[1], **kwargs)
@@ -677,7 +724,8 @@ def AddPredictions(results: List[Dict[str, Any]],
       r['predicted_step_s'] = r['predicted_isolated_step_s']
       r['prediction_source'] = 'isolated'
     if 'predicted_step_s' in r:
-      r['prediction_error'] = r['predicted_step_s'] / r['step_time_s'] - 1.0
+      r['prediction_error'] = (r['predicted_step_s'] / _MeasuredStep(
+          r, r['prediction_source']) - 1.0)
     if 'predicted_isolated_step_s' in r:
       r['prediction_error_isolated'] = (
           r['predicted_isolated_step_s'] / r['step_time_s'] - 1.0)
@@ -795,6 +843,12 @@ def EvaluateTargets(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         Ratio(model, 'K1-T8-rc', 'plain-T8'), None, None)
     Add(f'4. {model}: throughput K2-T8-rc / naive-2',
         Ratio(model, 'K2-T8-rc', 'naive-2', inverse=True), 1.6, '>=')
+    Add(f'4a. {model}: throughput K2-T8-rc / naive-2-serial (naive-2 with '
+        'one op at a time, as on 2 single-core devices; separate processes)',
+        Ratio(model, 'K2-T8-rc', 'naive-2-serial', inverse=True), None, None)
+    Add(f'4b. {model}: throughput K2-T8-rc / K1-T8-rc (what the second '
+        'device adds to the same micro-batched work; separate processes)',
+        Ratio(model, 'K2-T8-rc', 'K1-T8-rc', inverse=True), None, None)
   mem_rc = _Find(results, 'dense32mem', 'K1-T8-rc')
   mem_plain = _Find(results, 'dense32mem', 'plain')
 

@@ -37,6 +37,10 @@ class SettingsTest(unittest.TestCase):
     self.assertEqual(benchmark_lib.ParseSetting('K1-T1-rcg').recompute_impl,
                      'tf_recompute_grad')
     self.assertEqual(s.threads, (1, 2))
+    serial = benchmark_lib.ParseSetting('naive-4-serial')
+    self.assertEqual((serial.num_partitions, serial.num_micro_batches,
+                      serial.threads), (4, 1, (1, 1)))
+    self.assertEqual(benchmark_lib.ParseSetting('naive-4').threads, (1, 4))
     mb = benchmark_lib.ParseSetting('plain-T8')
     self.assertEqual((mb.kind, mb.num_micro_batches, mb.threads),
                      ('plain', 8, (1, 1)))
@@ -115,6 +119,9 @@ class ReportTest(unittest.TestCase):
                      ['plain', 'plain-T8', 'K1-T8-norc'])
     self.assertEqual(benchmark_lib.PairedBaselines('plain-T8'), ['plain'])
     self.assertEqual(benchmark_lib.PairedBaselines('naive-2'), ['plain'])
+    self.assertEqual(benchmark_lib.PairedBaselines('naive-2-serial'),
+                     ['plain'])
+    self.assertEqual(benchmark_lib.PairedBaselines('K2-T1-rc'), ['plain'])
     self.assertEqual(benchmark_lib.PairedBaselines('K4-T8-rc'),
                      ['plain', 'naive-4'])
 
@@ -138,16 +145,20 @@ class ReportTest(unittest.TestCase):
   def testPipelineCostsPreferredAndFromEvents(self):
     from tensorpipe import timeline  # pylint: disable=g-import-not-at-top
     # Cells of a K=2 run: forward 0.5, recompute 0.6, backward 1.0 per cell
-    # (three samples each; the odd one out is ignored by the median).
+    # (four samples each: the median ignores the slow one; the lower
+    # quartile, the cell's work when it had a core alone, is the fast one).
     ev = []
     for k in range(2):
-      for i, scale in enumerate((1.0, 1.0, 3.0)):
+      for i, scale in enumerate((1.0, 0.5, 1.0, 3.0)):
         for phase, d in (('forward', 0.5), ('recompute', 0.6),
                          ('backward', 1.0)):
           ev.append(timeline.Event(phase, k, i, 0.0, d * scale))
     costs = benchmark_lib.StageCostsFromEvents(ev, 2)
+    alone = costs.pop('alone')
     self.assertEqual(costs, {'forward': [0.5, 0.5], 'recompute': [0.6, 0.6],
                              'backward': [1.0, 1.0]})
+    self.assertEqual(alone, {'forward': [0.25, 0.25],
+                             'recompute': [0.3, 0.3], 'backward': [0.5, 0.5]})
     rs = self._Results()
     # K=1 pipeline cells of the same model as the isolated ones (f=1, b=2).
     for r in rs:
@@ -235,9 +246,10 @@ class SmokeTest(unittest.TestCase):
     self.assertEqual(alloc['activation_peak_bytes'],
                      alloc['peak'] - alloc['current_before_step'])
     # Cells recorded inside the pipeline: one partition, three phases.
-    self.assertEqual(sorted(r['stage_costs_s']), ['backward', 'forward',
-                                                  'recompute'])
+    self.assertEqual(sorted(r['stage_costs_s']), ['alone', 'backward',
+                                                  'forward', 'recompute'])
     self.assertGreater(r['stage_costs_s']['forward'][0], 0)
+    self.assertGreater(r['recorded_step_time_s'], 0)
 
   def testGanttPlotWritesPng(self):
     from tensorpipe import timeline  # pylint: disable=g-import-not-at-top
