@@ -1,13 +1,23 @@
 """Benchmarks TensorPipeLayer: throughput, memory, timeline and simulator.
 
-For each model and each setting (see tools/benchmark_lib.py: plain, naive-K,
-K<k>-T<t>-rc / -norc / -rcg) a fresh process builds the model, warms up and
-times the median of --steps training steps (forward + backward + SGD update)
-with one intra-op thread and K inter-op threads (one core per device). The
-binary prints a markdown table (examples/s, speed-up vs --baseline, peak RSS
-above idle, simulator prediction), the issue's targets, and writes
-results.json and PNG plots under --out. --timeline records one step of the
-named settings (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
+For each model and each setting (see tools/benchmark_lib.py: plain,
+plain-T<t>, naive-K, naive-K-serial, K<k>-T<t>-rc / -norc / -rcg) a fresh
+process builds the model, measures its memory over the warm-up steps, then
+times --steps training steps (forward + backward + SGD update) with one
+intra-op thread and K inter-op threads (one core per device). With --pair
+(default) the same process also builds the setting's baselines (plain,
+plain-T<t>, naive-K, the no-recompute twin) and times them in turn, one
+step each per round: separate processes of one setting differ by up to 25%
+on this machine, so ratios come from there. For recompute settings a copy of
+the step with the timeline on is in the same rotation: its cells are the
+stage costs the simulator predicts from, and its wall time is what the
+prediction is compared with.
+
+The binary prints a markdown table (examples/s, speed-up vs --baseline,
+peak RSS above idle, TF allocator activation peak, simulator predictions),
+the issue's targets with explanatory ratios, and writes results.json and
+PNG plots under --out. --timeline records one step of the named settings of
+the first model (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
 
   python -m tools.benchmark --models=dense16,conv16 --out=benchmarks/out
   python -m tools.benchmark --models=dense16 --settings=plain,K2-T8-rc \

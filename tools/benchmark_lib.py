@@ -110,9 +110,10 @@ def ParseSetting(name: str) -> Setting:
 
 def GridSettings(ks: Sequence[int] = (1, 2, 4),
                  ts: Sequence[int] = (1, 4, 8)) -> List[str]:
-  """plain, naive-K for K > 1, and every (K, T) with and without recompute."""
+  """plain, plain-T, naive-K(-serial) for K > 1, every (K, T) x recompute."""
   names = ['plain'] + [f'plain-T{t}' for t in ts if t > 1]
-  names += [f'naive-{k}' for k in ks if k > 1]
+  names += [f'naive-{k}{suffix}' for k in ks if k > 1
+            for suffix in ('', '-serial')]
   for k in ks:
     for t in ts:
       names += [f'K{k}-T{t}-rc', f'K{k}-T{t}-norc']
@@ -429,13 +430,19 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   # wall time come from the same moment (this machine drifts by 20-30%
   # within minutes).
   recorded, rec_events, rec_times = None, [], []
+  # Without recompute the backward pass is autodiff of the forward loop and
+  # records no cells: the recorded step is then the recompute twin's (same
+  # layers, K and T), whose backward cells (without their recompute part)
+  # stand for the autodiff backward.
   want_cells = (partition_costs and setting.kind == 'pipe' and
-                setting.recompute and setting.recompute_impl == 'explicit' and
+                setting.recompute_impl == 'explicit' and
                 (setting.num_partitions > 1 or setting.num_micro_batches > 1)
                 and not timeline_dir)
   if want_cells:
+    rec_layer = layer if setting.recompute else _BuildLayer(
+        dataclasses.replace(setting, recompute=True), layer_ps, input_shape)
     with timeline.Record() as recorded:
-      fns['timeline'] = _StepFn(tf, layer, x, learning_rate)
+      fns['timeline'] = _StepFn(tf, rec_layer, x, learning_rate)
     for _ in range(max(1, warmup)):
       Run(fns['timeline'])
   times = {name: [] for name in fns}
@@ -477,7 +484,8 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   if want_cells:
     result['stage_costs_s'] = StageCostsFromEvents(
         [e for events in rec_events for e in events], setting.num_partitions)
-    result['recorded_step_time_s'] = statistics.median(times['timeline'])
+    if setting.recompute:
+      result['recorded_step_time_s'] = statistics.median(times['timeline'])
   elif timeline_dir and recorder is not None and setting.recompute:
     result['stage_costs_s'] = StageCostsFromEvents(recorder.Events(raw),
                                                    setting.num_partitions)
@@ -620,8 +628,9 @@ def _Costs(r, source: str = 'pipeline', alone: bool = False):
   """(forward, backward) per-partition costs of a result, or None.
 
   source 'pipeline': the cells recorded inside the running pipeline
-  (`stage_costs_s`; the backward cost is recompute + backward - forward, so
-  that the simulator's recompute (= forward) plus it is the measured cell);
+  (`stage_costs_s`; with recompute the backward cost is recompute + backward
+  - forward, so that the simulator's recompute (= forward) plus it is the
+  measured cell; without, the recompute twin's backward cells);
   'isolated': each partition timed alone (`partition_costs_s`).
   """
   if source == 'pipeline':
@@ -630,6 +639,8 @@ def _Costs(r, source: str = 'pipeline', alone: bool = False):
       return None
     if alone and 'alone' in c:
       c = c['alone']
+    if not r['recompute']:
+      return c['forward'], c['backward']
     return c['forward'], [max(0.0, rc + b - f) for f, rc, b in zip(
         c['forward'], c['recompute'], c['backward'])]
   c = r.get('partition_costs_s')
@@ -652,10 +663,11 @@ def AddPredictions(results: List[Dict[str, Any]],
   """Adds the simulator's predicted step time to every pipelined result.
 
   Two predictions per result, from two sources of stage costs:
-    'pipeline' (`predicted_step_s`, recompute settings with loops): the
-      setting's own cells recorded by the timeline inside the pipeline
-      (median per partition and phase), compared with the wall time of those
-      same recorded steps. This checks the schedule model (dependencies,
+    'pipeline' (`predicted_step_s`, settings with loops): the setting's own
+      cells recorded by the timeline inside the pipeline (median per
+      partition and phase), compared with the wall time of those same
+      recorded steps; for no-recompute settings the cells of the recompute
+      twin timed in the same rotation, compared with the setting's time. This checks the schedule model (dependencies,
       clock ticks, bubble, overheads) given the costs, as the issue's
       simulator target asks. With K <= cores each device has a core; with
       more devices than cores the cells' work (lower quartile of their

@@ -53,7 +53,8 @@ class SettingsTest(unittest.TestCase):
 
   def testGridHasBaselinesAndAllCombinations(self):
     grid = benchmark_lib.GridSettings((1, 2), (1, 4))
-    self.assertEqual(grid, ['plain', 'plain-T4', 'naive-2', 'K1-T1-rc',
+    self.assertEqual(grid, ['plain', 'plain-T4', 'naive-2', 'naive-2-serial',
+                            'K1-T1-rc',
                             'K1-T1-norc',
                             'K1-T4-rc', 'K1-T4-norc', 'K2-T1-rc',
                             'K2-T1-norc', 'K2-T4-rc', 'K2-T4-norc'])
