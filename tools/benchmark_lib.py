@@ -885,6 +885,20 @@ def EvaluateTargets(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
   Add('6. simulator: largest |predicted / measured - 1| (K in 1,2,4; '
       'T in 1,4,8; K=1 runs with loops are the calibration fit)',
       max(errs) if errs else None, 0.15, '<=')
+  cores = os.cpu_count() or 1
+  for label, keep in (
+      (f'K <= {cores} (one core per device), pipeline-cell costs',
+       lambda r: 1 < r['K'] <= cores or (r['K'] == 1 and r['T'] > 1)),
+      (f'K > {cores} (devices share cores)', lambda r: r['K'] > cores),
+      ('K=1, T=1 (loop-free fast path, isolated costs)',
+       lambda r: r['K'] == 1 and r['T'] == 1)):
+    sub = [abs(r['prediction_error']) for r in results
+           if r.get('prediction_error') is not None
+           and not r.get('calibration_run') and keep(r)
+           and r['model'] in ('dense16', 'conv16')]
+    Add(f'6{"abc"[len([x for x in rows if x["target"].startswith("6")]) - 1]}'
+        f'. simulator, {label}: largest error', max(sub) if sub else None,
+        None, None)
   return rows
 
 
