@@ -176,10 +176,25 @@ class ReportTest(unittest.TestCase):
                            5 * (0.5 + 0.1) + 5 * (1.6 + 0.1) + 1)
     self.assertAlmostEqual(k2['predicted_isolated_step_s'],
                            5 * 0.6 + 5 * 1.6 + 1)
-    targets = benchmark_lib.EvaluateTargets(rs)
-    six = [t for t in targets if t['target'].startswith('6.')][0]
-    # K=1 fit runs are left out; K2-T4-rc is off by (12.5 - 10) / 10.
-    self.assertAlmostEqual(six['measured'], 0.25)
+    # K2-T4-rc is off by (12.5 - 10) / 10.
+    self.assertAlmostEqual(k2['prediction_error'], 0.25)
+    # K1-T1-norc has no K=1 no-recompute loop run to fit overheads: it is
+    # predicted without them (3 + 6 vs 4 measured) and says so.
+    k1 = [r for r in rs if r['setting'] == 'K1-T1-norc'][0]
+    self.assertTrue(k1['prediction_uncalibrated'])
+    self.assertAlmostEqual(k1['prediction_error'], 9 / 4 - 1)
+    self.assertIn('(no K=1 fit', benchmark_lib.MarkdownTable(rs))
+    targets = {t['target'][:3]: t for t in benchmark_lib.EvaluateTargets(rs)}
+    # K=1 fit runs are left out of the simulator target.
+    self.assertAlmostEqual(targets['6. ']['measured'], 1.25)
+    # K=2: K2-T4-rc (0.25) and naive-2 (uncalibrated isolated costs: 6 vs
+    # 12 measured).
+    self.assertAlmostEqual(targets['6a.']['measured'], 0.5)
+    self.assertAlmostEqual(targets['6c.']['measured'], 1.25)
+    # No dense32mem or conv16 run: no rows about them.
+    self.assertFalse([t for t in targets.values()
+                      if 'conv16' in t['target'] or 'dense32mem' in
+                      t['target']])
 
   def testTargets(self):
     rs = self._Results() + [
