@@ -147,9 +147,12 @@ def Unordered(fn: Callable[[], Any]) -> Any:
   stateful `If`, and tf.function's automatic control dependencies then run
   the K partitions' conds of a clock tick one after another instead of
   concurrently on their devices: the timeline would show (and cause) a
-  serial schedule. A timestamp has no side effect that needs ordering, so
-  the conds built by `fn` are registered to run independently (as the
-  unrecorded, stateless conds do).
+  serial schedule. A timestamp has no side effect that needs ordering, and
+  stage calls are functional (layers take theta as tensors and return
+  batch-norm statistics as outputs), so the conds built by `fn` are
+  registered to run independently, as the unrecorded, stateless conds do.
+  tests/timeline_test.py checks that no recorded cond is ordered after
+  another (it would catch a TensorFlow that drops this hook).
   """
   graph = tf.compat.v1.get_default_graph()
   before = len(graph.get_operations())
