@@ -23,6 +23,7 @@ the first model (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
   python -m tools.benchmark --models=dense16 --settings=plain,K2-T8-rc \
       --steps=5 --timeline=K2-T8-rc
   bazel run //tools:benchmark -- --models=tiny --settings=plain,K2-T2-rc
+  python -m tools.benchmark --report_from=benchmarks/results/grid/results.json
 """
 
 import json
@@ -61,6 +62,9 @@ flags.DEFINE_boolean('pair', True, 'Time each setting\'s baselines (plain, '
                      'naive-K, the no-recompute twin) in the same process, '
                      'interleaved step by step, and take ratios from there: '
                      'separate processes of one setting differ by up to ~25%.')
+flags.DEFINE_string('report_from', None, 'Run nothing: re-render the tables '
+                    '(targets re-evaluated) of this results.json and write '
+                    'tables.md next to it.')
 flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
                      '(needed by the simulator predictions).')
 
@@ -87,6 +91,13 @@ def _WaitForQuiet() -> float:
 
 def _Run(argv):
   del argv
+  if FLAGS.report_from:
+    path = FLAGS.report_from
+    if not os.path.isabs(path):
+      path = os.path.join(os.environ.get('BUILD_WORKING_DIRECTORY',
+                                         os.getcwd()), path)
+    _ReportFrom(path)
+    return
   settings = FLAGS.settings or benchmark_lib.GridSettings()
   for s in settings + FLAGS.memory_settings + FLAGS.timeline:
     try:
@@ -142,18 +153,31 @@ def _Run(argv):
   }
   with open(os.path.join(out, 'results.json'), 'w') as f:
     json.dump(report, f, indent=1)
+  text = benchmark_lib.ReportText(report)
+  with open(os.path.join(out, 'tables.md'), 'w') as f:
+    f.write(text)
   print()
-  print(benchmark_lib.MarkdownTable(results))
-  print()
-  print(benchmark_lib.TargetsTable(targets))
-  for t in timelines:
-    tl = t['timeline']
-    print(f'\nTimeline {t["model"]} {t["setting"]} (step '
-          f'{tl["breakdown_s"]["step"] * 1e3:.1f} ms): {tl["png"]}, '
-          f'{tl["chrome_trace"]}')
-    print(benchmark_lib.BreakdownTable(tl['breakdown_s']))
-  print(f'\nwrote {os.path.join(out, "results.json")} and {len(pngs)} plots '
-        f'in {time.time() - started:.0f} s (load average at start {load:.2f})')
+  print(text)
+  print(f'wrote {os.path.join(out, "results.json")}, tables.md and '
+        f'{len(pngs)} plots in {time.time() - started:.0f} s (load average '
+        f'at start {load:.2f})')
+
+
+def _ReportFrom(path: str) -> None:
+  """Re-renders tables.md (targets re-evaluated) from a results.json."""
+  try:
+    with open(path) as f:
+      report = json.load(f)
+    results = report['results']
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise app.UsageError(f'--report_from={path!r} is not a results.json '
+                         f'written by tools/benchmark: {e}') from None
+  report['targets'] = benchmark_lib.EvaluateTargets(results)
+  text = benchmark_lib.ReportText(report)
+  with open(os.path.join(os.path.dirname(os.path.abspath(path)),
+                         'tables.md'), 'w') as f:
+    f.write(text)
+  print(text)
 
 
 def main():

@@ -919,6 +919,28 @@ def EvaluateTargets(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
   return rows
 
 
+def ReportText(report: Dict[str, Any]) -> str:
+  """The whole printed report (also written to tables.md) of a results dict.
+
+  Paths are shown relative to the repository when they are inside it.
+  """
+  def Rel(path):
+    rel = os.path.relpath(path, _REPO_ROOT)
+    return path if rel.startswith('..') else rel
+  out = [MarkdownTable(report['results']), '',
+         TargetsTable(report['targets'])]
+  for t in report.get('timelines', []):
+    tl = t['timeline']
+    out.append(f"\nTimeline {t['model']} {t['setting']} (step "
+               f"{tl['breakdown_s']['step'] * 1e3:.1f} ms): {Rel(tl['png'])}, "
+               f"{Rel(tl['chrome_trace'])}")
+    out.append(BreakdownTable(tl['breakdown_s']))
+  out.append(f"\nMachine: {report['cpu_count']} cores; load average at start "
+             f"{report['load_average_at_start']:.2f}; wall time "
+             f"{report['wall_time_s']:.0f} s.")
+  return '\n'.join(out) + '\n'
+
+
 def TargetsTable(rows: List[Dict[str, Any]]) -> str:
   lines = ['| target | measured | limit | result |', '|---|---|---|---|']
   for r in rows:

@@ -113,6 +113,19 @@ class ReportTest(unittest.TestCase):
     two_b = [v for k, v in by_name.items() if k.startswith('2b. dense16')][0]
     self.assertAlmostEqual(two_b['measured'], 0.8)    # 3.2 / 4.0, not 1 / 4
 
+  def testReportText(self):
+    rs = self._Results()
+    benchmark_lib.AddSpeedups(rs, 'plain')
+    benchmark_lib.AddPredictions(rs, num_cores=2)
+    report = {'results': rs, 'targets': benchmark_lib.EvaluateTargets(rs),
+              'timelines': [], 'cpu_count': 2, 'load_average_at_start': 0.5,
+              'wall_time_s': 12.0}
+    text = benchmark_lib.ReportText(report)
+    self.assertIn(benchmark_lib.MarkdownTable(rs), text)
+    self.assertIn('| 3. dense16: K1-T8-rc time / plain time |', text)
+    self.assertIn('Machine: 2 cores; load average at start 0.50; wall time '
+                  '12 s.', text)
+
   def testPairedBaselinesPerSetting(self):
     self.assertEqual(benchmark_lib.PairedBaselines('plain'), [])
     self.assertEqual(benchmark_lib.PairedBaselines('K1-T1-norc'), ['plain'])

@@ -37,6 +37,27 @@ class BenchmarkBinaryTest(unittest.TestCase):
       with open(tl['chrome_trace']) as f:
         self.assertIn('traceEvents', json.load(f))
       self.assertTrue(os.path.exists(tl['png']))
+      with open(os.path.join(out, 'tables.md')) as f:
+        tables = f.read()
+      self.assertIn('| tiny | K2-T2-rc | 2 | 2 | yes |', tables)
+      self.assertIn('| bubble |', tables)
+      os.remove(os.path.join(out, 'tables.md'))
+      again = subprocess.run(
+          [sys.executable, '-m', 'tools.benchmark',
+           f'--report_from={os.path.join(out, "results.json")}'],
+          cwd=_ROOT, capture_output=True, text=True, timeout=300,
+          check=False)
+      self.assertEqual(again.returncode, 0, again.stderr[-3000:])
+      with open(os.path.join(out, 'tables.md')) as f:
+        self.assertEqual(f.read(), tables)
+      bad = subprocess.run(
+          [sys.executable, '-m', 'tools.benchmark',
+           f'--report_from={os.path.join(out, "tables.md")}'],
+          cwd=_ROOT, capture_output=True, text=True, timeout=300,
+          check=False)
+      self.assertNotEqual(bad.returncode, 0)
+      self.assertIn('is not a results.json', bad.stderr)
+      self.assertNotIn('Traceback', bad.stderr)
 
 
 if __name__ == '__main__':
