@@ -541,14 +541,14 @@ class TensorPipeLayer(base_layer.BaseLayer):
     for k, ev in enumerate(events):
       rec.Add('forward', k, num_k, num_mb, ev)
     with tf.device(last.device):
-      flat_out = [ta.stack()[:num_mb] for ta in out_tas]
+      flat_out = [ta.gather(tf.range(num_mb)) for ta in out_tas]
     flat_stats = [s for per_stage in stats_acc for s in per_stage]
     saved = None
     if save_inputs:
       saved = []
       for stage, tas in zip(stages, saved_tas):
         with tf.device(stage.device):
-          saved.append([ta.stack()[:num_mb] for ta in tas])
+          saved.append([ta.gather(tf.range(num_mb)) for ta in tas])
     return flat_out, flat_stats, saved
 
   def _RecomputedPipeline(self, flat_stacked, thetas, num_mb, mb_size):
@@ -704,5 +704,5 @@ class TensorPipeLayer(base_layer.BaseLayer):
     d_inputs = [None] * len(stages[0].in_specs)
     with tf.device(stages[0].device):
       for j, i in enumerate(float_in[0]):
-        d_inputs[i] = din_tas[j].stack()[:num_mb]
+        d_inputs[i] = din_tas[j].gather(tf.range(num_mb))
     return d_inputs, acc
