@@ -2,12 +2,16 @@
 
 Each setting (K, T, recompute, or a baseline) runs in a fresh Python process
 (`RunSettingSubprocess`), so thread-pool sizes and logical devices can be set
-before TensorFlow starts and the peak RSS belongs to that setting alone. The
-child (`RunSetting`) builds the model, traces the training step (forward +
-backward + SGD update in one tf.function), runs warm-up steps, then times N
-steps and reports the median, examples/s and memory. For pipelined settings it
-also times each partition's forward and forward+backward alone on one
-micro-batch: these are the costs the simulator (tensorpipe/simulator.py) needs.
+before TensorFlow starts and the memory figures belong to that setting
+alone. The child (`RunSetting`) builds the model, traces the training step
+(forward + backward + SGD update in one tf.function) and measures memory
+over the warm-up steps; then it builds the setting's baselines
+(`PairedBaselines`) and, for pipelined settings, a copy of the step with the
+timeline on, and times all of them in turn, one step each per round. Ratios
+between a setting and its baselines come from that rotation. The recorded
+steps' cells are the in-pipeline stage costs the simulator
+(tensorpipe/simulator.py) predicts from; each partition is also timed alone
+on one micro-batch (the costs a user has before running the pipeline).
 
 Settings are named:
   plain          the layers as one SequentialLayer, no TensorPipeLayer;
@@ -429,7 +433,7 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   # on, timed in the same rotation, so each recorded step's cells and its
   # wall time come from the same moment (this machine drifts by 20-30%
   # within minutes).
-  recorded, rec_events, rec_times = None, [], []
+  recorded, rec_events = None, []
   # Without recompute the backward pass is autodiff of the forward loop and
   # records no cells: the recorded step is then the recompute twin's (same
   # layers, K and T), whose backward cells (without their recompute part)
@@ -486,10 +490,6 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
         [e for events in rec_events for e in events], setting.num_partitions)
     if setting.recompute:
       result['recorded_step_time_s'] = statistics.median(times['timeline'])
-  elif timeline_dir and recorder is not None and setting.recompute:
-    result['stage_costs_s'] = StageCostsFromEvents(recorder.Events(raw),
-                                                   setting.num_partitions)
-    result['recorded_step_time_s'] = med
   return result
 
 
