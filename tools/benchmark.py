@@ -8,10 +8,11 @@ intra-op thread and K inter-op threads (one core per device). With --pair
 (default) the same process also builds the setting's baselines (plain,
 plain-T<t>, naive-K, the no-recompute twin) and times them in turn, one
 step each per round: separate processes of one setting differ by up to 25%
-on this machine, so ratios come from there. For recompute settings a copy of
-the step with the timeline on is in the same rotation: its cells are the
-stage costs the simulator predicts from, and its wall time is what the
-prediction is compared with.
+on this machine, so ratios come from there. For pipelined settings with
+loops a copy of the step with the timeline on is in the same rotation (for
+no-recompute settings, of their recompute twin): its cells are the stage
+costs the simulator predicts from, and for recompute settings its wall time
+is what the prediction is compared with.
 
 The binary prints a markdown table (examples/s, speed-up vs --baseline,
 peak RSS above idle, TF allocator activation peak, simulator predictions),
@@ -172,7 +173,8 @@ def _ReportFrom(path: str) -> None:
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise app.UsageError(f'--report_from={path!r} is not a results.json '
                          f'written by tools/benchmark: {e}') from None
-  report['targets'] = benchmark_lib.EvaluateTargets(results)
+  report['targets'] = benchmark_lib.EvaluateTargets(
+      results, num_cores=report.get('cpu_count'))
   text = benchmark_lib.ReportText(report)
   with open(os.path.join(os.path.dirname(os.path.abspath(path)),
                          'tables.md'), 'w') as f:

@@ -322,8 +322,10 @@ def PairedBaselines(setting_name: str) -> List[str]:
   Separate processes of the same setting differ by up to ~25% on this
   machine (memory layout, oneDNN caches), so every ratio the targets use is
   taken between functions timed step by step in turn in one process: plain
-  for every setting, naive-K for K > 1, and the no-recompute twin for K=1
-  recompute settings.
+  for every setting (plain-T<t> too for K=1, T > 1), naive-K for K > 1 and
+  T > 1, and the no-recompute twin for K=1 recompute settings. Baselines run
+  with the setting's threads (e.g. plain with K inter-op threads next to a
+  K-partition setting).
   """
   s = ParseSetting(setting_name)
   if s.kind == 'plain':
@@ -756,7 +758,8 @@ def MarkdownTable(results: List[Dict[str, Any]]) -> str:
   """A markdown table of results (one row per setting)."""
   head = ('| model | setting | K | T | recompute | step ms | examples/s | '
           'speed-up | vs | peak RSS MiB above idle | activation peak MiB '
-          '(TF allocator) | predicted ms | error | error from isolated '
+          '(TF allocator) | predicted ms | error (recompute settings: vs '
+          'their recorded steps\' time) | error from isolated '
           'stage costs |')
   lines = [head, '|' + '---|' * (head.count('|') - 1)]
   any_paired = False
@@ -790,7 +793,9 @@ def MarkdownTable(results: List[Dict[str, Any]]) -> str:
     lines.append('| ' + ' | '.join(str(c) for c in cells) + ' |')
   if any_paired:
     lines.append('\n\\* baseline timed in the same process, interleaved '
-                 'step by step with the setting.')
+                 'step by step with the setting and with its threads (plain '
+                 'next to a K-partition setting runs with K inter-op '
+                 'threads).')
   return '\n'.join(lines)
 
 
@@ -813,7 +818,8 @@ def _Find(results, model, setting):
   return None
 
 
-def EvaluateTargets(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def EvaluateTargets(results: List[Dict[str, Any]],
+                    num_cores: Optional[int] = None) -> List[Dict[str, Any]]:
   """The issue's targets 1-6 as (name, measured ratio, limit, passed) rows.
 
   Rows are given for the built-in models that were run (dense16, conv16,
@@ -903,7 +909,7 @@ def EvaluateTargets(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
   Add(f'6. simulator ({names}): largest |predicted / measured - 1| (K in '
       '1,2,4; T in 1,4,8; K=1 runs with loops are the calibration fit)',
       max(errs) if errs else None, 0.15, '<=')
-  cores = os.cpu_count() or 1
+  cores = num_cores or os.cpu_count() or 1
   for letter, label, keep in (
       ('a', f'K <= {cores} (one core per device)',
        lambda r: 1 < r['K'] <= cores or (r['K'] == 1 and r['T'] > 1)),
@@ -968,14 +974,17 @@ def PlotSpeedup(results: List[Dict[str, Any]], model: str, path: str) -> None:
       if pts:
         ax.plot(*zip(*pts), marker='o', ls='-' if rc else ':',
                 label=f'T={t}{" recompute" if rc else ""}')
-  naive = sorted((r['K'], r['speedup']) for r in results
-                 if r['model'] == model and r['setting'].startswith('naive')
-                 and r.get('speedup'))
-  if naive:
-    ax.plot(*zip(*naive), marker='x', color='black', label='naive-K')
+  for suffix, style in (('', '-'), ('-serial', ':')):
+    naive = sorted((r['K'], r['speedup']) for r in results
+                   if r['model'] == model and r.get('speedup')
+                   and re.match(rf'^naive-\d+{suffix}$', r['setting']))
+    if naive:
+      ax.plot(*zip(*naive), marker='x', color='black', ls=style,
+              label=f'naive-K{suffix}')
   ax.axhline(1.0, color='gray', lw=0.8)
   ax.set_xlabel('K (partitions = logical CPU devices)')
-  ax.set_ylabel(f'speed-up vs {rs[0]["speedup_vs"] if rs else "baseline"}')
+  ax.set_ylabel(f'speed-up vs {rs[0]["speedup_vs"] if rs else "baseline"} '
+                '(same process and threads)')
   ax.set_title(f'{model}: throughput speed-up ({os.cpu_count()} cores)')
   ax.legend(fontsize=7)
   fig.tight_layout()

@@ -197,7 +197,8 @@ class ReportTest(unittest.TestCase):
     self.assertTrue(k1['prediction_uncalibrated'])
     self.assertAlmostEqual(k1['prediction_error'], 9 / 4 - 1)
     self.assertIn('(no K=1 fit', benchmark_lib.MarkdownTable(rs))
-    targets = {t['target'][:3]: t for t in benchmark_lib.EvaluateTargets(rs)}
+    targets = {t['target'][:3]: t
+               for t in benchmark_lib.EvaluateTargets(rs, num_cores=2)}
     # K=1 fit runs are left out of the simulator target.
     self.assertAlmostEqual(targets['6. ']['measured'], 1.25)
     # K=2: K2-T4-rc (0.25) and naive-2 (uncalibrated isolated costs: 6 vs
