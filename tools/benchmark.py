@@ -60,7 +60,8 @@ flags.DEFINE_float('wait_for_load', 0.0, 'If > 0, wait up to '
                    'this before starting.')
 flags.DEFINE_integer('max_wait_s', 600, 'See --wait_for_load.')
 flags.DEFINE_boolean('pair', True, 'Time each setting\'s baselines (plain, '
-                     'naive-K, the no-recompute twin) in the same process, '
+                     'plain-T<t>, naive-K, the no-recompute twin) in the same '
+                     'process, '
                      'interleaved step by step, and take ratios from there: '
                      'separate processes of one setting differ by up to ~25%.')
 flags.DEFINE_string('report_from', None, 'Run nothing: re-render the tables '
@@ -70,11 +71,16 @@ flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
                      '(needed by the simulator predictions).')
 
 
+def _UserPath(path: str) -> str:
+  """A path flag relative to where the user ran the binary (or bazel run)."""
+  if os.path.isabs(path):
+    return path
+  return os.path.join(os.environ.get('BUILD_WORKING_DIRECTORY', os.getcwd()),
+                      path)
+
+
 def _OutDir() -> str:
-  out = FLAGS.out
-  if not os.path.isabs(out):
-    out = os.path.join(os.environ.get('BUILD_WORKING_DIRECTORY', os.getcwd()),
-                       out)
+  out = _UserPath(FLAGS.out)
   os.makedirs(out, exist_ok=True)
   return out
 
@@ -93,11 +99,7 @@ def _WaitForQuiet() -> float:
 def _Run(argv):
   del argv
   if FLAGS.report_from:
-    path = FLAGS.report_from
-    if not os.path.isabs(path):
-      path = os.path.join(os.environ.get('BUILD_WORKING_DIRECTORY',
-                                         os.getcwd()), path)
-    _ReportFrom(path)
+    _ReportFrom(_UserPath(FLAGS.report_from))
     return
   settings = FLAGS.settings or benchmark_lib.GridSettings()
   for s in settings + FLAGS.memory_settings + FLAGS.timeline:

@@ -691,12 +691,13 @@ def AddPredictions(results: List[Dict[str, Any]],
   for source in ('pipeline', 'isolated'):
     for model in sorted({r['model'] for r in results}):
       for rc in (True, False):
-        runs = [(r['T'], _Costs(r, source)[0][0], _Costs(r, source)[1][0],
-                 _MeasuredStep(r, source))
-                for r in results
-                if r['model'] == model and r['kind'] == 'pipe'
-                and r['K'] == 1 and r['T'] > 1 and r['recompute'] == rc
-                and _Costs(r, source) and r['recompute_impl'] == 'explicit']
+        runs = []
+        for r in results:
+          costs = _Costs(r, source) if r['kind'] == 'pipe' else None
+          if (costs and r['model'] == model and r['K'] == 1 and r['T'] > 1
+              and r['recompute'] == rc and r['recompute_impl'] == 'explicit'):
+            runs.append((r['T'], costs[0][0], costs[1][0],
+                         _MeasuredStep(r, source)))
         if runs:
           c = simulator.CalibrateFromK1(runs, rc)
           calib[f'{model}/{"rc" if rc else "norc"}/{source}'] = (
