@@ -25,14 +25,13 @@ Nothing here runs TensorFlow ops at import.
 
 import contextlib
 import dataclasses
-import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import tensorflow as tf
 
-PHASES = ('forward', 'recompute', 'backward')
+from tensorpipe import py_utils
 
-_state = threading.local()
+PHASES = ('forward', 'recompute', 'backward')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,19 +117,20 @@ class Recorder:
 
 @contextlib.contextmanager
 def Record() -> Iterator[Recorder]:
-  """Makes TensorPipeLayers traced inside the block record their timeline."""
-  prev = getattr(_state, 'recorder', None)
+  """Makes TensorPipeLayers traced inside the block record their timeline.
+
+  The recorder is part of py_utils' FProp context: the recompute pass records
+  into the forward's recorder, and `py_utils.WithContext` carries it into
+  replica threads.
+  """
   rec = Recorder()
-  _state.recorder = rec
-  try:
+  with py_utils.TimelineRecorder(rec):
     yield rec
-  finally:
-    _state.recorder = prev
 
 
 def Active() -> Optional[Recorder]:
   """The recorder of the innermost `Record()` block, or None (recording off)."""
-  return getattr(_state, 'recorder', None)
+  return py_utils.Current().timeline_recorder
 
 
 def Stamp(deps: Sequence[Any] = ()) -> tf.Tensor:
