@@ -1,11 +1,12 @@
 """Helpers for TensorPipe tests: logical devices and oracle comparisons."""
 
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from tensorpipe import devices
+from tensorpipe import py_utils
 
 NUM_TEST_DEVICES = 8
 
@@ -56,32 +57,109 @@ def _Collect(layer, prefix, out):
       _Collect(c, prefix + c.layer_name + '/', out)
 
 
+def _SliceBatch(x: Any, start: int, size: int, batch_dim: int) -> Any:
+  """Examples [start, start + size) of `x` on `batch_dim` (non-tensors as is)."""
+  if not isinstance(x, (tf.Tensor, np.ndarray)):
+    return x
+  index = [slice(None)] * len(x.shape)
+  index[batch_dim] = slice(start, start + size)
+  return x[tuple(index)]
+
+
 def MicroBatchOracle(layer: Any, num_micro_batches: int,
-                     loss_fn: Callable[[Any], tf.Tensor], *inputs):
+                     loss_fn: Callable[[Any], tf.Tensor], *inputs,
+                     batch_dim: int = 0):
   """The unpipelined `layer` run on each micro-batch, outputs concatenated.
 
   This is GPipe's semantics for an unpipelined model: batch norm sees
   micro-batch statistics, and each micro-batch's randomness is that of its
-  examples (`py_utils.ExampleOffset`). Returns (outputs, loss, grads), the
-  grads in `layer.trainable_variables` order.
+  examples (`py_utils.ExampleOffset`). The slicing is written here, not taken
+  from `tensorpipe.microbatch`, so that the oracle does not share code with
+  the pipeline it checks. Returns (outputs, loss, grads), the grads in
+  `layer.trainable_variables` order.
   """
-  from tensorpipe import microbatch  # pylint: disable=g-import-not-at-top
-  from tensorpipe import py_utils  # pylint: disable=g-import-not-at-top
   variables = layer.trainable_variables
-  size = microbatch.BatchSize(inputs) // num_micro_batches
+  batch = {int(x.shape[batch_dim]) for x in tf.nest.flatten(inputs)
+           if isinstance(x, (tf.Tensor, np.ndarray))}
+  if len(batch) != 1:
+    raise ValueError(f'inputs disagree on the batch size: {sorted(batch)}')
+  batch = batch.pop()
+  if batch % num_micro_batches:
+    raise ValueError(f'batch {batch} is not divisible by '
+                     f'num_micro_batches={num_micro_batches}')
+  size = batch // num_micro_batches
 
   @tf.function(autograph=False)
   def Step(*xs):
-    stacked = microbatch.Split(xs, num_micro_batches)
     with tf.GradientTape() as tape:
       outs = []
       for t in range(num_micro_batches):
+        part = tf.nest.map_structure(
+            lambda x, t=t: _SliceBatch(x, t * size, size, batch_dim), xs)
         with py_utils.ExampleOffset(t * size):
-          outs.append(layer.FPropDefaultTheta(*microbatch.Slice(stacked, t)))
-      out = tf.nest.map_structure(lambda *a: tf.concat(a, 0), *outs)
+          outs.append(layer.FPropDefaultTheta(*part))
+      out = tf.nest.map_structure(lambda *a: tf.concat(a, batch_dim), *outs)
       loss = loss_fn(out)
     return out, loss, tape.gradient(loss, variables)
   return Step(*inputs)
+
+
+# Relative tolerance, as a fraction of the largest magnitude of the compared
+# reference tensor, per dtype. The pipeline and its oracle compute the same
+# function but not always in the same order: weight gradients are summed over
+# micro-batches in the pipeline's order, and oneDNN / Eigen pick kernels (and
+# with them the order of the sums inside a convolution) per shape and per CPU
+# (AVX2 vs AVX-512 / AMX). Reordering a sum of n terms changes it by at most
+# about n * eps * max|term|; for the tests' models (n up to ~1e4 terms per
+# gradient element) that is < 1e-11 in float64, so 1e-9 leaves two orders of
+# margin on any CPU while a real error (a wrong mask, a missing micro-batch,
+# stale statistics) changes values by far more than 1e-6 of their scale.
+# float32 (eps 1.2e-7) gets the same n * eps bound with n = 1e4: 1e-3.
+DEFAULT_RTOL = {tf.float64: 1e-9, tf.float32: 1e-3}
+
+
+def MaxAbs(values: Any) -> float:
+  """The largest magnitude in a structure of tensors (0 if empty)."""
+  return max([float(np.max(np.abs(np.asarray(v))))
+              for v in tf.nest.flatten(values) if np.size(v)] or [0.0])
+
+
+def AssertAllCloseScaled(test: tf.test.TestCase, actual: Any, expected: Any,
+                         rtol: float, msg: str = '',
+                         scale: float = 0.0) -> None:
+  """assertAllClose with atol = rtol * max(max|expected|, scale), per tensor.
+
+  A fixed absolute tolerance ignores the size of the values (a gradient of
+  1e-6 and one of 1e3 need different ones); scaling by the reference's
+  largest magnitude makes the tolerance a statement about relative precision.
+  `scale` is a floor for tensors whose exact value is (near) zero, e.g. the
+  gradient of a bias followed by batch norm: their rounding noise is set by
+  the magnitudes summed to produce them, i.e. by the other gradients, not by
+  their own size. Pass the largest magnitude of the whole group.
+  """
+  for a, e in zip(tf.nest.flatten(actual), tf.nest.flatten(expected)):
+    e = np.asarray(e)
+    atol = rtol * max(MaxAbs(e), scale)
+    test.assertAllClose(a, e, rtol=rtol, atol=atol, msg=msg)
+
+
+def _WithDtype(layer_params: Sequence[Any], dtype) -> List[Any]:
+  """Copies of the layer Params computing in `dtype` (children inherit it)."""
+  out = []
+  for lp in layer_params:
+    lp = lp.Copy()
+    if dtype is not None:
+      lp.dtype = dtype
+    out.append(lp)
+  return out
+
+
+def _CastInputs(inputs: Sequence[Any], dtype) -> Tuple[Any, ...]:
+  def Cast(x):
+    if dtype is not None and isinstance(x, tf.Tensor) and x.dtype.is_floating:
+      return tf.cast(x, dtype)
+    return x
+  return tuple(tf.nest.map_structure(Cast, tuple(inputs)))
 
 
 def AssertPipelineMatchesOracle(test: tf.test.TestCase,
@@ -89,20 +167,30 @@ def AssertPipelineMatchesOracle(test: tf.test.TestCase,
                                 num_partitions: int, num_micro_batches: int,
                                 inputs: Sequence[Any],
                                 loss_fn: Callable[[Any], tf.Tensor],
-                                rtol: float = 1e-5, atol: float = 1e-6,
+                                rtol: Optional[float] = None,
+                                dtype=tf.float64,
                                 **pipeline_params) -> Any:
   """Asserts a TensorPipeLayer of `layer_params` equals MicroBatchOracle.
 
   Outputs, loss and every trainable variable's gradient (matched by layer
-  names) are compared. Returns the pipeline layer.
+  names) are compared. The claim is exactness, so by default both run in
+  float64 (weights, activations and inputs), where the only differences left
+  are sums taken in another order, far below `DEFAULT_RTOL`; pass
+  `dtype=None` to keep the layers' own dtypes (e.g. a bfloat16 test), with an
+  `rtol` that fits them. Tolerances scale with each tensor's magnitude
+  (`AssertAllCloseScaled`). Returns the pipeline layer.
   """
   from tensorpipe import pipeline  # pylint: disable=g-import-not-at-top
   from tensorpipe.layers import composite  # pylint: disable=g-import-not-at-top
-  inputs = tuple(inputs)
+  layer_params = _WithDtype(layer_params, dtype)
+  inputs = _CastInputs(inputs, dtype)
+  if rtol is None:
+    rtol = DEFAULT_RTOL[tf.as_dtype(dtype or tf.float32)]
+  batch_dim = pipeline_params.get('batch_dim', 0)
   ref = composite.SequentialLayer.Params().Set(
       name='Sequential', sub=list(layer_params)).Instantiate()
-  ref_out, ref_loss, ref_grads = MicroBatchOracle(ref, num_micro_batches,
-                                                  loss_fn, *inputs)
+  ref_out, ref_loss, ref_grads = MicroBatchOracle(
+      ref, num_micro_batches, loss_fn, *inputs, batch_dim=batch_dim)
   pipe = pipeline.TensorPipeLayer.Params().Set(
       name='TensorPipe', layers=list(layer_params),
       num_partitions=num_partitions, num_micro_batches=num_micro_batches,
@@ -110,17 +198,18 @@ def AssertPipelineMatchesOracle(test: tf.test.TestCase,
                     for x in inputs], **pipeline_params).Instantiate()
   test.assertLen(pipe.PartitionLayers(), num_partitions)
   out, loss, grads = LossAndGrads(pipe, loss_fn, *inputs)
-  test.assertAllClose(out, ref_out, rtol=rtol, atol=atol)
-  test.assertAllClose(loss, ref_loss, rtol=rtol, atol=atol)
+  AssertAllCloseScaled(test, out, ref_out, rtol, msg='outputs')
+  AssertAllCloseScaled(test, loss, ref_loss, rtol, msg='loss')
   ref_vars, pipe_vars = VariablesByName(ref), VariablesByName(pipe)
   test.assertEqual(sorted(ref_vars), sorted(pipe_vars))
   ref_g = {v.ref(): g for v, g in zip(ref.trainable_variables, ref_grads)}
   pipe_g = {v.ref(): g for v, g in zip(pipe.trainable_variables, grads)}
+  grad_scale = MaxAbs(ref_grads)
   checked = 0
   for name, var in ref_vars.items():
     if var.trainable:
-      test.assertAllClose(pipe_g[pipe_vars[name].ref()], ref_g[var.ref()],
-                          rtol=rtol, atol=atol, msg=name)
+      AssertAllCloseScaled(test, pipe_g[pipe_vars[name].ref()],
+                           ref_g[var.ref()], rtol, msg=name, scale=grad_scale)
       checked += 1
   test.assertGreater(checked, 0)
   return pipe
@@ -157,3 +246,27 @@ def NumpyAttention(theta, query, source, paddings, num_heads, causal):
   probs /= probs.sum(-1, keepdims=True)
   ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(b, lq, h)
   return ctx @ t['wo'] + t['bo']
+
+
+# tools/test.sh sets this: the README's test command must not pass by
+# skipping the real-data tests when the data was never prepared.
+REQUIRE_DATA_ENV = 'TENSORPIPE_REQUIRE_DATA'
+
+
+def CheckPrepared(test: Any, name: str) -> None:
+  """Skips `test` if data set `name` is not prepared, or fails under test.sh.
+
+  Call at the start of a test that reads real data (data/tfds, or
+  $TENSORPIPE_DATA_DIR). With $TENSORPIPE_REQUIRE_DATA=1 (set by
+  tools/test.sh) missing data is a failure, not a skip.
+  """
+  import os  # pylint: disable=g-import-not-at-top
+  from tensorpipe.inputs import tfds_utils  # pylint: disable=g-import-not-at-top
+  data_dir = tfds_utils.DefaultDataDir()
+  if tfds_utils.IsPrepared(name, data_dir):
+    return
+  message = (f'{name} is not prepared in {data_dir}; run bash '
+             'tools/prepare_data.sh (or bash tools/setup.sh)')
+  if os.environ.get(REQUIRE_DATA_ENV) == '1':
+    test.fail(f'{message} ({REQUIRE_DATA_ENV}=1: missing data is a failure)')
+  test.skipTest(message)

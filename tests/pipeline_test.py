@@ -111,7 +111,7 @@ class UseNestedLayer(base_layer.BaseLayer):
     self.CreateVariable('w', base_layer.WeightParams([d, d]))
 
   def FProp(self, theta, nm):
-    return tf.matmul(nm.x, theta.w) + tf.cast(nm.ids, tf.float32)[:, None]
+    return tf.matmul(nm.x, theta.w) + tf.cast(nm.ids, nm.x.dtype)[:, None]
 
   @classmethod
   def FPropMeta(cls, p, nm):
@@ -311,6 +311,95 @@ class BatchNormStatsTest(tf.test.TestCase):
     self.assertAllEqual(bn.vars.moving_mean, [0.0, 0.0])
 
 
+class StaticLeafLayer(base_layer.BaseLayer):
+  """NestedMap(x, n=None, k=int) -> the same with x = (x @ w) * k."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('dim', 4, 'Feature dimension.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    d = self.params.dim
+    self.CreateVariable('w', base_layer.WeightParams([d, d]))
+
+  def FProp(self, theta, nm):
+    assert nm.n is None, nm.n
+    return NestedMap(x=tf.matmul(nm.x, theta.w) * nm.k, n=nm.n, k=nm.k)
+
+  @classmethod
+  def FPropMeta(cls, p, nm):
+    return base_layer.FPropMetaResult(
+        2 * nm.x.num_elements() * p.dim, NestedMap(x=nm.x, n=nm.n, k=nm.k),
+        p.dim * p.dim)
+
+
+class MicroBatchKnobsTest(tf.test.TestCase):
+
+  def testMicroBatchSizeAloneSetsT(self):
+    # Batch norm on [N, C] normalises each micro-batch on its own, so the
+    # output shows which examples were grouped: micro_batch_size=4 with
+    # batch 16 must give T=4 groups of 4 consecutive examples.
+    bn = normalization.BatchNormLayer.Params().Set(name='bn', dim=3)
+    fc = linear.FCLayer.Params().Set(name='fc', input_dim=3, output_dim=3,
+                                     activation='NONE')
+    pipe = Pipe(partitions=[[fc], [bn]], micro_batch_size=4)
+    self.assertIsNone(pipe.params.num_micro_batches)
+    x = tf.random.stateless_normal([16, 3], seed=[3, 1], dtype=tf.float32)
+    with py_utils.TrainingMode(True):
+      out = pipe.FPropDefaultTheta(x).numpy()
+    layer = pipe.PartitionLayers()[0][0]
+    h = (x.numpy().astype(np.float64) @ layer.vars.w.numpy() +
+         layer.vars.b.numpy()).reshape(4, 4, 3)
+    expected = (h - h.mean(1, keepdims=True)) / np.sqrt(
+        h.var(1, keepdims=True) + 1e-3)
+    self.assertAllClose(expected.reshape(16, 3), out, rtol=1e-4, atol=1e-4)
+
+  def testNeitherKnobMeansOneMicroBatch(self):
+    pipe = Pipe(partitions=SplitEven(ConvStack(2), 2))
+    self.assertIsNone(pipe.params.num_micro_batches)
+    x = tf.random.stateless_normal([3, 8, 8, 1], seed=[1, 2])
+    self.assertAllClose(Sequential(ConvStack(2)).FPropDefaultTheta(x),
+                        pipe.FPropDefaultTheta(x), rtol=1e-5, atol=1e-6)
+
+
+class StaticLeavesTest(tf.test.TestCase):
+  """None / int leaves of a NestedMap input pass through, as in microbatch."""
+
+  def testStaticLeavesPassThroughAndGradientsMatch(self):
+    # float64: the pipeline sums gradients over micro-batches in another
+    # order than the oracle; only rounding may differ.
+    layer_ps = [StaticLeafLayer.Params().Set(name=f's{i}', dtype=tf.float64)
+                for i in range(2)]
+    ref = Sequential(layer_ps)
+    x = tf.random.stateless_normal([8, 4], seed=[5, 5], dtype=tf.float64)
+
+    def LossAndGrads(layer):
+      variables = test_utils.VariablesByName(layer)
+      with tf.GradientTape() as tape, py_utils.TrainingMode(True):
+        out = layer.FPropDefaultTheta(NestedMap(x=x, n=None, k=3))
+        loss = tf.reduce_sum(tf.square(out.x))
+      grads = tape.gradient(loss, list(variables.values()))
+      return out, dict(zip(variables, grads))
+    ref_out, ref_grads = LossAndGrads(ref)
+    self.assertLen(ref_grads, 2)
+    for parts, t in (([layer_ps], 1), ([layer_ps], 4),
+                     ([layer_ps[:1], layer_ps[1:]], 1),
+                     ([layer_ps[:1], layer_ps[1:]], 2)):
+      with self.subTest(k=len(parts), t=t):
+        pipe = Pipe(partitions=parts, num_micro_batches=t)
+        out, grads = LossAndGrads(pipe)
+        self.assertIsNone(out.n)
+        self.assertEqual(out.k, 3)
+        self.assertAllClose(ref_out.x, out.x, rtol=1e-12, atol=0)
+        self.assertCountEqual(ref_grads, grads)
+        for name, g in ref_grads.items():
+          self.assertAllClose(g, grads[name], rtol=1e-12,
+                              atol=1e-12 * float(tf.reduce_max(tf.abs(g))))
+
+
 class PlacementTest(tf.test.TestCase):
 
   def testVariablesAndOpsOnTheirPartitionsDevice(self):
@@ -427,10 +516,43 @@ class ErrorsTest(tf.test.TestCase):
     with self.assertRaisesRegex(AttributeError, 'num_micro_batches'):
       tensorpipe.TensorPipeLayer.Params().Set(num_micro_batchs=4)
 
-  def testWrongTypeForMicroBatches(self):
-    layer = Pipe(partitions=[ConvStack(1)], num_micro_batches='4')
-    with self.assertRaisesRegex((ValueError, TypeError), "'4'"):
-      layer.FPropDefaultTheta(tf.zeros([8, 8, 8, 1]))
+  def testWrongTypeForMicroBatchesFailsAtConstruction(self):
+    with self.assertRaisesRegex(TypeError, r"num_micro_batches.*'4'.*str"):
+      Pipe(partitions=[ConvStack(1)], num_micro_batches='4')
+    with self.assertRaisesRegex(TypeError, r'micro_batch_size.*2\.0.*float'):
+      Pipe(partitions=[ConvStack(1)], micro_batch_size=2.0)
+
+  def testBothMicroBatchKnobsFailAtConstructionWithTheFix(self):
+    with self.assertRaisesRegex(
+        ValueError, r'num_micro_batches=8 and micro_batch_size=4; set '
+        r'num_micro_batches=None to use micro_batch_size=4'):
+      Pipe(partitions=[ConvStack(1)], num_micro_batches=8, micro_batch_size=4)
+
+  def testNumPartitionsMustNotBeABool(self):
+    for k in (True, False):
+      with self.assertRaisesRegex(ValueError,
+                                  rf'num_partitions={k} must be a positive '
+                                  'int'):
+        Pipe(layers=ConvStack(2), num_partitions=k, input_shapes=[[8, 8, 8, 1]])
+
+  def testDuplicateLayerNamesNameBothPartitions(self):
+    with self.assertRaisesRegex(
+        ValueError, r"'TensorPipe': layer name 'conv0' is used in partition 0 "
+        r'and in partition 1;.*unique.*rename'):
+      Pipe(partitions=[ConvStack(2), ConvStack(2)])
+    with self.assertRaisesRegex(ValueError, r"'conv0' is used in partition 0 "
+                                r'and in partition 1'):
+      Pipe(layers=ConvStack(2) + ConvStack(2), num_partitions=2,
+           input_shapes=[[8, 8, 8, 1]])
+    with self.assertRaisesRegex(ValueError,
+                                r"'conv1' is used twice in partition 0"):
+      Pipe(partitions=[ConvStack(2) + ConvStack(2)[1:]])
+
+  def testNonexistentDeviceFailsNamingItAndTheDevices(self):
+    with self.assertRaisesRegex(
+        ValueError, r"device '/CPU:9' does not exist.*'/device:CPU:7'.*"
+        r'SetNumLogicalCpuDevices'):
+      Pipe(partitions=SplitEven(ConvStack(2), 2), devices=['/CPU:0', '/CPU:9'])
 
   def testShapesThatDoNotChain(self):
     bad = ConvStack(2) + [conv.Conv2DLayer.Params().Set(

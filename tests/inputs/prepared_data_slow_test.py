@@ -1,26 +1,30 @@
 """Reads the real prepared data sets (bash tools/prepare_data.sh) end to end.
 
-Skipped when data/tfds (or $TENSORPIPE_DATA_DIR) lacks a data set.
+Skipped when data/tfds (or $TENSORPIPE_DATA_DIR) lacks a data set, except
+under tools/test.sh, where missing data fails (test_utils.CheckPrepared).
 """
 
 import collections
-import unittest
+import functools
 
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import test_utils
 from tensorpipe.inputs import image_inputs
 from tensorpipe.inputs import lm_input
-from tensorpipe.inputs import tfds_utils
 from tensorpipe.inputs import translation_input
-
-_DATA_DIR = tfds_utils.DefaultDataDir()
 
 
 def _SkipUnlessPrepared(name):
-  return unittest.skipUnless(
-      tfds_utils.IsPrepared(name, _DATA_DIR),
-      f'{name} not prepared in {_DATA_DIR}; run bash tools/prepare_data.sh')
+  """Decorator: test_utils.CheckPrepared(name) before the test."""
+  def Decorator(method):
+    @functools.wraps(method)
+    def Wrapped(self, *args, **kwargs):
+      test_utils.CheckPrepared(self, name)
+      return method(self, *args, **kwargs)
+    return Wrapped
+  return Decorator
 
 
 class PreparedDataTest(tf.test.TestCase):

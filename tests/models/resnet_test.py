@@ -47,10 +47,10 @@ def Images(seed=1):
   return tf.random.stateless_normal([BATCH, SIZE, SIZE, 3], seed=[seed, 5])
 
 
-def ComparePipelined(test, layer_ps, k, t, x, rtol=1e-4):
-  """Pipelined outputs, loss and gradients == the micro-batch oracle's."""
-  test_utils.AssertPipelineMatchesOracle(test, layer_ps, k, t, [x], Loss,
-                                         rtol=rtol, atol=1e-5)
+def ComparePipelined(test, layer_ps, k, t, x):
+  """Pipelined outputs, loss and gradients == the micro-batch oracle's
+  (float64: see test_utils.AssertPipelineMatchesOracle)."""
+  test_utils.AssertPipelineMatchesOracle(test, layer_ps, k, t, [x], Loss)
 
 
 class ResNetParamCountTest(tf.test.TestCase):

@@ -19,6 +19,8 @@ import unittest
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import test_utils
+
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 _MODEL = 'consistency.Consistency16'
@@ -100,9 +102,7 @@ class TrainerSlowTest(unittest.TestCase):
     np.testing.assert_allclose(k4, k1, rtol=1e-5, atol=0)
 
   def testDefaultExperimentTrainsAndEvaluatesOnRealFashionMnist(self):
-    from tensorpipe.inputs import tfds_utils  # pylint: disable=g-import-not-at-top
-    if not tfds_utils.IsPrepared('fashion_mnist', tfds_utils.DefaultDataDir()):
-      self.skipTest('Fashion-MNIST is not prepared: bash tools/setup.sh')
+    test_utils.CheckPrepared(self, 'fashion_mnist')
     logdir = os.path.join(self.tmp, 'fmnist')
     result = _Run([sys.executable, '-m', 'tools.trainer',
                    '--model=image.fashion_mnist.ResNet4x8',
