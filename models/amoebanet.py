@@ -42,6 +42,7 @@ progress the schedule uses).
 from typing import Any, Dict, List, Union
 
 from models import amoebanet_cells as cells
+from tensorpipe import checks
 from tensorpipe import hyperparams
 from tensorpipe import pipeline
 from tensorpipe.layers import conv
@@ -116,12 +117,9 @@ def AmoebaNetLayers(variant: Union[str, Dict[str, Any]] = 'D',
   else:
     raise ValueError(f'AmoebaNet variant={variant!r} is not one of '
                      f'{sorted(GENOTYPES)} (or a genotype dict)')
-  for key, value in (('num_normal_cells', num_normal_cells),
-                     ('num_filters', num_filters), ('num_classes', num_classes),
-                     ('image_size', image_size), ('stem_filters',
-                                                  stem_filters)):
-    if not isinstance(value, int) or value <= 0:
-      raise ValueError(f'AmoebaNet {key}={value!r} must be a positive int')
+  checks.CheckPositiveInts('AmoebaNet', num_normal_cells=num_normal_cells,
+                           num_filters=num_filters, num_classes=num_classes,
+                           image_size=image_size, stem_filters=stem_filters)
   if num_filters % 8:
     raise ValueError(f'AmoebaNet num_filters={num_filters} must be a multiple '
                      'of 8 (the stem cells use F/4 filters and factorized '

@@ -21,6 +21,7 @@ subtracts them.
 
 from typing import List, Sequence
 
+from tensorpipe import checks
 from tensorpipe import hyperparams
 from tensorpipe import pipeline
 from tensorpipe.layers import composite
@@ -99,9 +100,7 @@ def ResNetLayers(depth: int = 50, num_classes: int = 1000, width: int = 64,
   if depth not in _BLOCKS:
     raise ValueError(f'ResNet depth={depth!r} is not supported; use one of '
                      f'{sorted(_BLOCKS)}')
-  for key, value in (('num_classes', num_classes), ('width', width)):
-    if not isinstance(value, int) or value <= 0:
-      raise ValueError(f'ResNet {key}={value!r} must be a positive int')
+  checks.CheckPositiveInts('ResNet', num_classes=num_classes, width=width)
   if len(input_shape) != 4 or not isinstance(input_shape[3], int):
     raise ValueError(f'input_shape={input_shape!r} must be [batch, height, '
                      'width, channels] with the channels known')

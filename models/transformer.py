@@ -28,6 +28,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
+from tensorpipe import checks
 from tensorpipe import hyperparams
 from tensorpipe import pipeline
 from tensorpipe.layers import embedding
@@ -37,11 +38,9 @@ MeanTokenLoss = transformer.MeanTokenLoss
 
 
 def _CheckArgs(num_layers, hidden_dim, num_heads, model_dim, vocab_size):
-  for name, value in (('num_layers', num_layers), ('hidden_dim', hidden_dim),
-                      ('num_heads', num_heads), ('model_dim', model_dim),
-                      ('vocab_size', vocab_size)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f'{name}={value!r} must be a positive int')
+  checks.CheckPositiveInts('', num_layers=num_layers, hidden_dim=hidden_dim,
+                           num_heads=num_heads, model_dim=model_dim,
+                           vocab_size=vocab_size)
   if model_dim % num_heads:
     raise ValueError(f'model_dim={model_dim} is not divisible by num_heads='
                      f'{num_heads}; choose num_heads dividing model_dim')

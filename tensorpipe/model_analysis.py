@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import checks
 from tensorpipe import partitioning
 from tensorpipe.nested_map import NestedMap
 
@@ -413,10 +414,8 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
   if not layer_params_list:
     raise ValueError('layer_params_list is empty; give the model\'s layer '
                      'Params')
-  for key, value in (('num_partitions', num_partitions),
-                     ('num_micro_batches', num_micro_batches)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f'{key}={value!r} must be a positive int')
+  checks.CheckPositiveInts('', num_partitions=num_partitions,
+                           num_micro_batches=num_micro_batches)
   if num_partitions > len(layer_params_list):
     raise ValueError(f'num_partitions={num_partitions} is larger than the '
                      f'number of layers ({len(layer_params_list)}); use '

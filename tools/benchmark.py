@@ -1,6 +1,6 @@
 """Benchmarks TensorPipeLayer: throughput, memory, timeline and simulator.
 
-For each model and each setting (see tools/benchmark_lib.py: plain,
+For each model and each setting (see tools/benchmark_lib/settings.py: plain,
 plain-T<t>, naive-K, naive-K-serial, K<k>-T<t>-rc / -norc / -rcg) a fresh
 process builds the model, measures its memory over the warm-up steps, then
 times --steps training steps (forward + backward + SGD update) with one
@@ -36,17 +36,26 @@ import time
 from absl import app
 from absl import flags
 
-from tools import benchmark_lib
+from tools import paths
+from tools.benchmark_lib import analysis
+from tools.benchmark_lib import plots
+from tools.benchmark_lib import report as report_lib
+from tools.benchmark_lib import results as results_lib
+from tools.benchmark_lib import settings as settings_lib
+from tools.benchmark_lib import spawn
+from tools.benchmark_lib import targets
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list('models', ['dense16', 'conv16'], 'Built-in micro-benchmarks '
-                  f'({sorted(benchmark_lib.BUILTIN_MODELS)}) or registered '
+                  f'({sorted(settings_lib.BUILTIN_MODELS)}) or registered '
                   'experiment keys.')
 flags.DEFINE_list('settings', None, 'Settings to run; default: plain, naive-K '
                   'and K in {1,2,4} x T in {1,4,8} x recompute on/off.')
 flags.DEFINE_string('baseline', 'plain', 'Setting the speed-up is against.')
-flags.DEFINE_integer('steps', 10, 'Timed steps per setting (median).')
-flags.DEFINE_integer('warmup', 2, 'Untimed steps after tracing.')
+flags.DEFINE_integer('steps', 10, 'Timed steps per setting (median).',
+                     lower_bound=1)
+flags.DEFINE_integer('warmup', 2, 'Untimed steps after tracing.',
+                     lower_bound=0)
 flags.DEFINE_list('memory_settings', ['plain', 'K1-T8-rc'], 'Settings run on '
                   '--memory_model for the memory target (empty: skip).')
 flags.DEFINE_string('memory_model', 'dense32mem', 'Model of the memory runs.')
@@ -71,16 +80,8 @@ flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
                      '(needed by the simulator predictions).')
 
 
-def _UserPath(path: str) -> str:
-  """A path flag relative to where the user ran the binary (or bazel run)."""
-  if os.path.isabs(path):
-    return path
-  return os.path.join(os.environ.get('BUILD_WORKING_DIRECTORY', os.getcwd()),
-                      path)
-
-
 def _OutDir() -> str:
-  out = _UserPath(FLAGS.out)
+  out = paths.UserPath(FLAGS.out)
   os.makedirs(out, exist_ok=True)
   return out
 
@@ -99,12 +100,12 @@ def _WaitForQuiet() -> float:
 def _Run(argv):
   del argv
   if FLAGS.report_from:
-    _ReportFrom(_UserPath(FLAGS.report_from))
+    _ReportFrom(paths.UserPath(FLAGS.report_from))
     return
-  settings = FLAGS.settings or benchmark_lib.GridSettings()
+  settings = FLAGS.settings or settings_lib.GridSettings()
   for s in settings + FLAGS.memory_settings + FLAGS.timeline:
     try:
-      benchmark_lib.ParseSetting(s)
+      settings_lib.ParseSetting(s)
     except ValueError as e:
       raise app.UsageError(str(e)) from None
   out = _OutDir()
@@ -116,47 +117,45 @@ def _Run(argv):
   runs += [(FLAGS.memory_model, s, False) for s in FLAGS.memory_settings]
   for model, setting, pair in runs:
     try:
-      r = benchmark_lib.RunSettingSubprocess(
+      r = spawn.RunSettingSubprocess(
           model, setting, steps=FLAGS.steps, warmup=FLAGS.warmup,
           partition_costs=FLAGS.partition_costs,
-          pair_with=benchmark_lib.PairedBaselines(setting) if pair else [])
+          pair_with=settings_lib.PairedBaselines(setting) if pair else [])
     except (RuntimeError, subprocess.TimeoutExpired) as e:
       print(f'SKIPPED {model} {setting}: {e}', file=sys.stderr, flush=True)
       continue
-    paired = ', '.join(f'{b} {p["step_time_s"] * 1e3:.1f}'
-                       for b, p in r['paired'].items())
-    print(f'{model} {setting}: {r["step_time_s"] * 1e3:.1f} ms/step'
+    paired = ', '.join(f'{b} {p.step_time_s * 1e3:.1f}'
+                       for b, p in r.paired.items())
+    print(f'{model} {setting}: {r.step_time_s * 1e3:.1f} ms/step'
           + (f' (same process: {paired})' if paired else ''), flush=True)
     results.append(r)
   timelines = []
   for setting in FLAGS.timeline:
-    r = benchmark_lib.RunSettingSubprocess(
+    r = spawn.RunSettingSubprocess(
         FLAGS.models[0], setting, steps=1, warmup=FLAGS.warmup,
         partition_costs=False, timeline_dir=out)
     timelines.append(r)
-  benchmark_lib.AddSpeedups(results, FLAGS.baseline)
-  calib = benchmark_lib.AddPredictions(results)
-  targets = benchmark_lib.EvaluateTargets(results)
+  analysis.AddSpeedups(results, FLAGS.baseline)
+  calib = analysis.AddPredictions(results)
   pngs = []
   for model in FLAGS.models:
-    for kind, fn in (('speedup', benchmark_lib.PlotSpeedup),
-                     ('memory', benchmark_lib.PlotMemory)):
+    for kind, fn in (('speedup', plots.PlotSpeedup),
+                     ('memory', plots.PlotMemory)):
       path = os.path.join(out, f'{kind}_{model}.png')
       fn(results, model, path)
       pngs.append(path)
   if FLAGS.memory_settings:
     path = os.path.join(out, f'memory_{FLAGS.memory_model}.png')
-    benchmark_lib.PlotMemory(results, FLAGS.memory_model, path)
+    plots.PlotMemory(results, FLAGS.memory_model, path)
     pngs.append(path)
-  report = {
-      'load_average_at_start': load, 'cpu_count': os.cpu_count(),
-      'wall_time_s': time.time() - started, 'results': results,
-      'calibration': calib, 'targets': targets, 'plots': pngs,
-      'timelines': [{k: v for k, v in t.items()} for t in timelines],
-  }
+  report = results_lib.Report(
+      load_average_at_start=load, cpu_count=os.cpu_count(),
+      wall_time_s=time.time() - started, results=results, calibration=calib,
+      targets=targets.EvaluateTargets(results), plots=pngs,
+      timelines=timelines)
   with open(os.path.join(out, 'results.json'), 'w') as f:
-    json.dump(report, f, indent=1)
-  text = benchmark_lib.ReportText(report)
+    json.dump(report.ToJson(), f, indent=1)
+  text = report_lib.ReportText(report)
   with open(os.path.join(out, 'tables.md'), 'w') as f:
     f.write(text)
   print()
@@ -170,14 +169,13 @@ def _ReportFrom(path: str) -> None:
   """Re-renders tables.md (targets re-evaluated) from a results.json."""
   try:
     with open(path) as f:
-      report = json.load(f)
-    results = report['results']
+      report = results_lib.Report.FromJson(json.load(f))
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise app.UsageError(f'--report_from={path!r} is not a results.json '
                          f'written by tools/benchmark: {e}') from None
-  report['targets'] = benchmark_lib.EvaluateTargets(
-      results, num_cores=report.get('cpu_count'))
-  text = benchmark_lib.ReportText(report)
+  report.targets = targets.EvaluateTargets(report.results,
+                                           num_cores=report.cpu_count)
+  text = report_lib.ReportText(report)
   with open(os.path.join(os.path.dirname(os.path.abspath(path)),
                          'tables.md'), 'w') as f:
     f.write(text)

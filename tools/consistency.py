@@ -17,12 +17,23 @@ import time
 
 from absl import app
 from absl import flags
+import tensorflow as tf
+
+from models import consistency_cnn
+import tensorpipe
+from tensorpipe.layers import composite
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer('num_micro_batches', 8, 'T for the pipelined runs.')
+flags.DEFINE_integer('num_micro_batches', 8, 'T for the pipelined runs.',
+                     lower_bound=1)
 flags.DEFINE_list('num_partitions', ['1', '2', '4'], 'The K values to run.')
-flags.DEFINE_integer('num_layers', 16, 'Number of 3x3 conv layers.')
-flags.DEFINE_integer('batch_size', 16, 'Mini-batch size N.')
+flags.register_validator(
+    'num_partitions', lambda ks: bool(ks) and all(
+        k.isdigit() and int(k) >= 1 for k in ks),
+    message='each K must be an int >= 1, e.g. --num_partitions=1,2,4')
+flags.DEFINE_integer('num_layers', 16, 'Number of 3x3 conv layers.',
+                     lower_bound=1)
+flags.DEFINE_integer('batch_size', 16, 'Mini-batch size N.', lower_bound=1)
 flags.DEFINE_integer('seed', 1234, 'Seed of the random input.')
 flags.DEFINE_integer('time_steps', 0, 'If > 0, also time this many training '
                      'steps (median) for the unpipelined model and the '
@@ -34,15 +45,8 @@ flags.DEFINE_float('tolerance', 1e-6, 'Largest allowed relative difference; '
 def _Run(argv):
   del argv
   ks = [int(k) for k in FLAGS.num_partitions]
-  if any(k < 1 for k in ks):
-    raise app.UsageError(f'--num_partitions={FLAGS.num_partitions}: each K '
-                         'must be >= 1')
   # Devices must exist before TensorFlow runs anything.
-  import tensorpipe  # pylint: disable=g-import-not-at-top
   tensorpipe.SetNumLogicalCpuDevices(max(ks))
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from models import consistency_cnn  # pylint: disable=g-import-not-at-top
-  from tensorpipe.layers import composite  # pylint: disable=g-import-not-at-top
 
   n, t = FLAGS.batch_size, FLAGS.num_micro_batches
   if n % t:

@@ -21,6 +21,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from tools import paths
+
 _DATA_DIR = flags.DEFINE_string(
     'data_dir', None, 'TFDS data directory; default $TENSORPIPE_DATA_DIR or '
     '<repo>/data/tfds. Relative paths are taken from the working directory '
@@ -36,10 +38,7 @@ _ALL = ('fashion_mnist', 'bible_parallel', 'brown_corpus')
 
 
 def _ResolveDir(path):
-  if path is None:
-    return None
-  base = os.environ.get('BUILD_WORKING_DIRECTORY', os.getcwd())
-  return os.path.join(base, os.path.expanduser(path))
+  return None if path is None else paths.UserPath(path)
 
 
 def main(argv):

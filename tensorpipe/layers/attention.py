@@ -12,6 +12,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import checks
 from tensorpipe.layers import dropout
 
 # Added to the logits of masked positions. Large but finite so that a query
@@ -68,13 +69,10 @@ class MultiHeadedAttention(base_layer.BaseLayer):
 
   @classmethod
   def _Validate(cls, p) -> None:
-    for key in ('input_dim', 'num_heads'):
-      value = getattr(p, key)
-      if not isinstance(value, int) or value <= 0:
-        raise ValueError(f'{cls.__name__} {p.name!r}: {key}={value!r} must be '
-                         'a positive int')
+    checks.CheckPositiveInts(f'{cls.__name__} {p.name!r}',
+                             input_dim=p.input_dim, num_heads=p.num_heads)
     hidden = cls._HiddenDim(p)
-    if not isinstance(hidden, int) or hidden <= 0:
+    if not checks.IsPositiveInt(hidden):
       raise ValueError(f'{cls.__name__} {p.name!r}: hidden_dim={hidden!r} '
                        'must be a positive int or None')
     if hidden % p.num_heads:

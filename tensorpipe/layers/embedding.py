@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import checks
 from tensorpipe.layers import dropout
 from tensorpipe.nested_map import NestedMap
 
@@ -78,11 +79,9 @@ class EmbeddingLayer(base_layer.BaseLayer):
 
   @classmethod
   def _Validate(cls, p) -> None:
-    for key in ('vocab_size', 'embedding_dim'):
-      value = getattr(p, key)
-      if not isinstance(value, int) or value <= 0:
-        raise ValueError(f'{cls.__name__} {p.name!r}: {key}={value!r} must be '
-                         'a positive int')
+    checks.CheckPositiveInts(f'{cls.__name__} {p.name!r}',
+                             vocab_size=p.vocab_size,
+                             embedding_dim=p.embedding_dim)
 
   def __init__(self, params):
     super().__init__(params)
@@ -165,12 +164,10 @@ class TransformerEmbeddingLayer(base_layer.BaseLayer):
     name = f'{cls.__name__} {p.name!r}'
     if p.mode not in _MODES:
       raise ValueError(f'{name}: mode={p.mode!r} must be one of {_MODES}')
-    for key in ('vocab_size', 'model_dim', 'max_len'):
-      value = getattr(p, key)
-      if not isinstance(value, int) or value <= 0:
-        raise ValueError(f'{name}: {key}={value!r} must be a positive int')
-    if p.src_vocab_size is not None and (
-        not isinstance(p.src_vocab_size, int) or p.src_vocab_size <= 0):
+    checks.CheckPositiveInts(name, vocab_size=p.vocab_size,
+                             model_dim=p.model_dim, max_len=p.max_len)
+    if p.src_vocab_size is not None and not checks.IsPositiveInt(
+        p.src_vocab_size):
       raise ValueError(f'{name}: src_vocab_size={p.src_vocab_size!r} must be '
                        'None or a positive int')
     if p.shared_embeddings and p.mode == 'seq2seq' and (

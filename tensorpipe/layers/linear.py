@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import checks
 from tensorpipe.layers import activations
 
 
@@ -28,11 +29,8 @@ class FCLayer(base_layer.BaseLayer):
 
   @classmethod
   def _Validate(cls, p) -> None:
-    for key in ('input_dim', 'output_dim'):
-      value = getattr(p, key)
-      if not isinstance(value, int) or value <= 0:
-        raise ValueError(f'{cls.__name__} {p.name!r}: {key}={value!r} must '
-                         'be a positive int')
+    checks.CheckPositiveInts(f'{cls.__name__} {p.name!r}',
+                             input_dim=p.input_dim, output_dim=p.output_dim)
     activations.GetActivation(p.activation)
 
   def __init__(self, params):

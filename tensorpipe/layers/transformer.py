@@ -23,6 +23,7 @@ depend on the number of partitions K or micro-batches T.
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import checks
 from tensorpipe.layers import attention
 from tensorpipe.layers import dropout
 from tensorpipe.layers import linear
@@ -399,11 +400,8 @@ class SequenceSoftmaxLayer(base_layer.BaseLayer):
 
   @classmethod
   def _Validate(cls, p) -> None:
-    for key in ('input_dim', 'vocab_size'):
-      value = getattr(p, key)
-      if not isinstance(value, int) or value <= 0:
-        raise ValueError(f'{cls.__name__} {p.name!r}: {key}={value!r} must be '
-                         'a positive int')
+    checks.CheckPositiveInts(f'{cls.__name__} {p.name!r}',
+                             input_dim=p.input_dim, vocab_size=p.vocab_size)
     if not 0.0 <= p.label_smoothing < 1.0:
       raise ValueError(f'{cls.__name__} {p.name!r}: label_smoothing='
                        f'{p.label_smoothing!r} must be in [0, 1)')

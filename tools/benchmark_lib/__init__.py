@@ -1,0 +1,16 @@
+"""Library of tools/benchmark, one module per job.
+
+  settings  the setting names (plain, plain-T<t>, naive-K, naive-K-serial,
+            K<k>-T<t>-rc / -norc / -rcg) and the built-in models: pure.
+  runner    the child process: measures one setting of one model (imports
+            TensorFlow; sets its threads before any op runs).
+  spawn     starts `runner` in a fresh Python process, reads its result.
+  results   typed results (Result, Prediction, Report, ...) and their
+            results.json form.
+  analysis  speed-ups and the simulator's calibrated predictions.
+  targets   the issue's targets, written as data, and their evaluation.
+  report    the markdown tables (printed and written to tables.md).
+  plots     the PNG plots (speed-up, memory, Gantt chart of a step).
+
+Importing the package imports none of them (in particular no TensorFlow).
+"""

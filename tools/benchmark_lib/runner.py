@@ -1,0 +1,415 @@
+"""The child process of tools/benchmark: one setting of one model, measured.
+
+`RunSetting` runs in a fresh Python process started by launch.py, so the
+thread-pool sizes and logical devices it sets belong to that setting alone
+and its memory figures too. TensorFlow is imported at the top of this module
+(an import starts no runtime); `RunSetting` configures the threads before
+any op runs. It builds the model, traces the training step (forward +
+backward + SGD update in one tf.function) and measures memory over the
+warm-up steps; then it builds the setting's baselines
+(settings.PairedBaselines) and, for pipelined settings, a copy of the step
+with the timeline on, and times all of them in turn, one step each per
+round. Ratios between a setting and its baselines come from that rotation.
+The recorded steps' cells are the in-pipeline stage costs the simulator
+(tensorpipe/simulator.py) predicts from; each partition is also timed alone
+on one micro-batch (the costs a user has before running the pipeline).
+
+Usage (what launch.RunSettingSubprocess runs):
+  python -c 'from tools.benchmark_lib import runner; runner.ChildMain()' \
+      '{"model": "tiny", "setting_name": "K2-T2-rc", "steps": 2}'
+"""
+
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from tensorpipe import devices
+from tensorpipe import hyperparams
+from tensorpipe import microbatch
+from tensorpipe import model_registry
+from tensorpipe import pipeline
+from tensorpipe import timeline
+from tensorpipe.layers import composite
+from tensorpipe.layers import conv
+from tensorpipe.layers import linear
+from tools.benchmark_lib import plots
+from tools.benchmark_lib import results as results_lib
+from tools.benchmark_lib import settings
+
+# -- models ------------------------------------------------------------------
+
+
+def BuiltinLayers(name: str) -> Tuple[List[Any], List[int]]:
+  """(list of layer Params, input shape) of a built-in micro-benchmark.
+
+  Raises:
+    ValueError: `name` is not in settings.BUILTIN_MODELS.
+  """
+  spec = settings.BUILTIN_MODELS.get(name)
+  if spec is None:
+    raise ValueError(f'unknown model {name!r}; built-in models are '
+                     f'{sorted(settings.BUILTIN_MODELS)} (or a registered '
+                     'experiment key)')
+  if spec.layer == 'conv3x3':
+    layers = [conv.Conv2DLayer.Params().Set(
+        name=f'conv{i}', filter_shape=(3, 3, spec.dim, spec.dim),
+        filter_stride=(1, 1), bias=False, activation='RELU')
+              for i in range(spec.num_layers)]
+  else:
+    layers = [linear.FCLayer.Params().Set(
+        name=f'fc{i}', input_dim=spec.dim, output_dim=spec.dim,
+        activation='RELU') for i in range(spec.num_layers)]
+  return layers, spec.input_shape
+
+
+def RegistryLayers(key: str) -> Tuple[List[Any], List[int]]:
+  """Layers and input shape of a registered experiment's TensorPipeLayer.
+
+  The experiment's `Task().model` must be TensorPipeLayer Params with
+  `layers` (or `partitions`) and `input_shapes`; the benchmark re-partitions
+  those layers for each setting and trains them on random inputs with a
+  mean-of-output loss (the model's cost, not its task's).
+
+  Raises:
+    ValueError: unknown key (with the known keys) or no layer list.
+  """
+  try:
+    task_p = model_registry.GetExperiment(key).Task()
+  except ValueError as e:
+    raise ValueError(f'--models: {key!r} is neither a built-in model '
+                     f'({sorted(settings.BUILTIN_MODELS)}) nor usable: {e}'
+                     ) from None
+  model = task_p.model if 'model' in task_p else None
+  layers = shapes = None
+  if (isinstance(model, hyperparams.InstantiableParams) and
+      issubclass(model.cls, pipeline.TensorPipeLayer)):
+    layers = model.layers or [lp for part in (model.partitions or [])
+                              for lp in part]
+    shapes = model.input_shapes
+  if not layers or not shapes:
+    raise ValueError(f'experiment {key!r}: Task().model has no `layers` / '
+                     '`partitions` with `input_shapes`; the benchmark needs a '
+                     'TensorPipeLayer model')
+  return list(layers), list(shapes[0])
+
+
+def ModelLayers(name: str) -> Tuple[List[Any], List[int]]:
+  """Layers and input shape of a built-in model or a registered experiment."""
+  if name in settings.BUILTIN_MODELS:
+    return BuiltinLayers(name)
+  return RegistryLayers(name)
+
+
+class UnrolledMicroBatches:
+  """plain-T<t>: a layer run on T micro-batches in turn, outputs concatenated.
+
+  Autodiff sums each weight's gradient over the T uses, as gradient
+  accumulation does; nothing is recomputed or pipelined.
+  """
+
+  def __init__(self, layer: composite.SequentialLayer,
+               num_micro_batches: int):
+    self._layer = layer
+    self._t = num_micro_batches
+    self.trainable_variables = layer.trainable_variables
+
+  def FPropDefaultTheta(self, x: tf.Tensor) -> tf.Tensor:
+    """x: [batch, ...] with batch divisible by T; returns [batch, ...]."""
+    if x.shape[0] % self._t:
+      raise ValueError(f'batch {x.shape[0]} is not divisible by T={self._t}')
+    outs = [self._layer.FPropDefaultTheta(mb)
+            for mb in tf.split(x, self._t, axis=0)]
+    return tf.concat(outs, axis=0)
+
+
+def BuildLayer(setting: settings.Setting, layer_ps: Sequence[Any],
+               input_shape: Sequence[int]) -> Any:
+  """The layer under test for a setting (plain, plain-T<t> or a pipeline)."""
+  if setting.kind == 'plain':
+    seq = composite.SequentialLayer.Params().Set(
+        name='Sequential', sub=list(layer_ps)).Instantiate()
+    if setting.num_micro_batches == 1:
+      return seq
+    return UnrolledMicroBatches(seq, setting.num_micro_batches)
+  return pipeline.TensorPipeLayer.Params().Set(
+      name='TensorPipe', layers=list(layer_ps),
+      num_partitions=setting.num_partitions,
+      num_micro_batches=setting.num_micro_batches,
+      input_shapes=[list(input_shape)], recompute=setting.recompute,
+      recompute_impl=setting.recompute_impl).Instantiate()
+
+
+# -- measurements --------------------------------------------------------------
+
+
+def _ResetPeakRss() -> bool:
+  """Resets the kernel's peak-RSS counter (VmHWM) of this process."""
+  try:
+    with open('/proc/self/clear_refs', 'w') as f:
+      f.write('5')
+    return True
+  except OSError:
+    return False
+
+
+def _Rss() -> Tuple[int, int]:
+  """(current RSS, peak RSS) in bytes."""
+  cur = peak = 0
+  try:
+    with open('/proc/self/status') as f:
+      for line in f:
+        if line.startswith('VmRSS:'):
+          cur = int(line.split()[1]) * 1024
+        elif line.startswith('VmHWM:'):
+          peak = int(line.split()[1]) * 1024
+  except OSError:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  return cur, peak
+
+
+def _TfMemoryInfo(reset: bool = False) -> Optional[Dict[str, int]]:
+  """TF's CPU allocator figures (all logical CPUs share it), or None."""
+  try:
+    if reset:
+      tf.config.experimental.reset_memory_stats('CPU:0')
+    info = tf.config.experimental.get_memory_info('CPU:0')
+    return {k: int(v) for k, v in info.items()}
+  except (ValueError, RuntimeError, tf.errors.OpError):
+    return None
+
+
+def _Median(fn: Callable[[], Any], reps: int) -> float:
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def PartitionCosts(layer: pipeline.TensorPipeLayer, x: tf.Tensor,
+                   num_micro_batches: int,
+                   reps: int) -> results_lib.PhaseCosts:
+  """Median time of each partition's forward / forward+vjp on a micro-batch,
+  each partition timed alone on its device."""
+  mb = microbatch.Slice(microbatch.Split((x,), num_micro_batches), 0)
+  fwd, bwd = [], []
+  args = tuple(mb)
+  for layers, device in zip(layer.PartitionLayers(), layer.devices):
+    thetas = [lay.theta for lay in layers]
+
+    def Forward(*a, layers=layers, thetas=thetas):
+      for lay, th in zip(layers, thetas):
+        a = composite.AsArgs(lay.FProp(th, *a))
+      return composite.FromArgs(a)
+
+    def ForwardBackward(*a, layers=layers, thetas=thetas):
+      variables = [v for lay in layers for v in lay.trainable_variables]
+      floats = [t for t in a if t.dtype.is_floating]
+      with tf.GradientTape() as tape:
+        tape.watch(floats)
+        y = Forward(*a, layers=layers, thetas=thetas)
+      return tape.gradient(y, floats + variables)
+
+    def Null(*a):
+      return [tf.identity(t) for t in a]
+
+    with tf.device(device):
+      f_fn = tf.function(Forward)
+      fb_fn = tf.function(ForwardBackward)
+      null_fn = tf.function(Null)
+      out = f_fn(*args)
+      fb_fn(*args)
+      null_fn(*args)
+      # The cost of calling a tf.function (dispatch, fetching results) is not
+      # part of a stage call inside the pipeline's loop: subtract it.
+      null = _Median(lambda null_fn=null_fn: [
+          t.numpy() for t in null_fn(*args)], reps)
+      f = _Median(lambda f_fn=f_fn: tf.nest.map_structure(
+          lambda t: t.numpy(), f_fn(*args)), reps)
+      fb = _Median(lambda fb_fn=fb_fn: [g.numpy() for g in fb_fn(*args)],
+                   reps)
+    fwd.append(max(0.0, f - null))
+    bwd.append(max(0.0, fb - f))
+    args = composite.AsArgs(out)
+  return results_lib.PhaseCosts(fwd, bwd)
+
+
+def _StepFn(layer: Any, x: tf.Tensor, learning_rate: float):
+  """The training step (forward, backward, SGD update) as a concrete
+  function of x returning (loss, the timeline's raw tensors or {})."""
+  variables = layer.trainable_variables
+
+  def Step(x):
+    rec = timeline.Active()
+    start = rec.Mark('step_start', [x]) if rec else None
+    with tf.control_dependencies([start] if rec else []):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nest.flatten(layer.FPropDefaultTheta(x))[0])
+    grads = tape.gradient(loss, variables)
+    updates = [v.assign_sub(learning_rate * g)
+               for v, g in zip(variables, grads)]
+    if rec:
+      rec.Mark('step_end', updates)
+      return loss, rec.Tensors()
+    return loss, {}
+  return tf.function(Step).get_concrete_function(x)
+
+
+def _WriteTimeline(recorder: timeline.Recorder, raw: Any,
+                   setting: settings.Setting, model: str, out_dir: str,
+                   device_names: Sequence[str]) -> results_lib.TimelineRecord:
+  """Chrome trace JSON + Gantt PNG of one recorded step, and its breakdown."""
+  events = recorder.Events(raw)
+  marks = recorder.Marks(raw)
+  os.makedirs(out_dir, exist_ok=True)
+  stem = os.path.join(out_dir, f'timeline_{model}_{setting.name}')
+  with open(stem + '.json', 'w') as f:
+    json.dump(timeline.ChromeTrace(events, device_names, marks), f)
+  breakdown = timeline.Breakdown(events, setting.num_partitions,
+                                 marks['step_start'], marks['step_end'])
+  png = stem + '.png'
+  plots.PlotGantt(events, setting.num_partitions, marks, png,
+                  title=f'{model} {setting.name}: one training step')
+  return results_lib.TimelineRecord(
+      chrome_trace=stem + '.json', png=png, breakdown_s=breakdown,
+      num_events=len(events),
+      events=[dataclasses.asdict(e) for e in events], marks=marks)
+
+
+def RunSetting(model: str, setting_name: str, steps: int = 10,
+               warmup: int = 2, partition_costs: bool = True,
+               timeline_dir: Optional[str] = None,
+               learning_rate: float = 1e-3,
+               pair_with: Optional[Sequence[str]] = None
+               ) -> results_lib.Result:
+  """Runs one setting in this process (TensorFlow must not have run yet).
+
+  Memory is measured on the setting alone, over its warm-up steps, before
+  the `pair_with` baselines are built; then the setting and its baselines
+  are timed in turn, one step each per round, for `steps` rounds.
+
+  Returns:
+    The result: step times, memory (peak RSS above idle and TF's allocator),
+    partition costs, the paired baselines' step times and, with
+    `timeline_dir`, the recorded step's files and breakdown.
+  """
+  setting = settings.ParseSetting(setting_name)
+  pairs = [settings.ParseSetting(n) for n in (pair_with or [])]
+  intra, inter = setting.threads
+  tf.config.threading.set_intra_op_parallelism_threads(intra)
+  tf.config.threading.set_inter_op_parallelism_threads(inter)
+  devices.SetNumLogicalCpuDevices(
+      max([1, setting.num_partitions] + [p.num_partitions for p in pairs]))
+
+  layer_ps, input_shape = ModelLayers(model)
+  x = tf.random.stateless_uniform(input_shape, seed=[1, 2])
+  layer = BuildLayer(setting, layer_ps, input_shape)
+
+  t0 = time.perf_counter()
+  recorder = None
+  if timeline_dir:
+    with timeline.Record() as recorder:
+      step_fn = _StepFn(layer, x, learning_rate)
+  else:
+    step_fn = _StepFn(layer, x, learning_rate)
+  trace_s = time.perf_counter() - t0
+
+  def Run(fn):
+    loss, raw = fn(x)
+    loss.numpy()
+    return raw
+
+  # Memory of the setting alone: its warm-up steps (at least one).
+  idle_rss, _ = _Rss()
+  reset_ok = _ResetPeakRss()
+  alloc_before = _TfMemoryInfo(reset=True)
+  t0 = time.perf_counter()
+  for _ in range(max(1, warmup)):
+    raw = Run(step_fn)
+  warmup_s = time.perf_counter() - t0
+  _, peak_rss = _Rss()
+  alloc = _TfMemoryInfo()
+  if alloc and alloc_before:
+    alloc['current_before_step'] = alloc_before['current']
+    alloc['activation_peak_bytes'] = max(
+        0, alloc['peak'] - alloc_before['current'])
+
+  fns = {setting.name: step_fn}
+  for p in pairs:
+    fns[p.name] = _StepFn(BuildLayer(p, layer_ps, input_shape), x,
+                          learning_rate)
+    for _ in range(max(1, warmup)):
+      Run(fns[p.name])
+  # Stage costs for the simulator: the same layer's step with the timeline
+  # on, timed in the same rotation, so each recorded step's cells and its
+  # wall time come from the same moment (this machine drifts by 20-30%
+  # within minutes). Without recompute the backward pass is autodiff of the
+  # forward loop and records no cells: the recorded step is then the
+  # recompute twin's (same layers, K and T), whose backward cells (without
+  # their recompute part) stand for the autodiff backward.
+  recorded, rec_events = None, []
+  want_cells = (partition_costs and setting.kind == 'pipe' and
+                setting.recompute_impl == 'explicit' and
+                (setting.num_partitions > 1 or setting.num_micro_batches > 1)
+                and not timeline_dir)
+  if want_cells:
+    rec_layer = layer if setting.recompute else BuildLayer(
+        dataclasses.replace(setting, recompute=True), layer_ps, input_shape)
+    with timeline.Record() as recorded:
+      fns['timeline'] = _StepFn(rec_layer, x, learning_rate)
+    for _ in range(max(1, warmup)):
+      Run(fns['timeline'])
+  times = {name: [] for name in fns}
+  names = list(fns)
+  for i in range(steps):
+    # Rotate the order each round so no function always follows another.
+    for name in names[i % len(names):] + names[:i % len(names)]:
+      start = time.perf_counter()
+      raw_i = Run(fns[name])
+      times[name].append(time.perf_counter() - start)
+      if name == setting.name:
+        raw = raw_i
+      elif name == 'timeline':
+        rec_events.append(recorded.Events(raw_i))
+
+  result = results_lib.Result(
+      model=model, setting=setting, batch=input_shape[0],
+      step_time_s=statistics.median(times[setting.name]),
+      memory=results_lib.Memory(
+          idle_rss_bytes=idle_rss, peak_rss_bytes=peak_rss,
+          peak_above_idle_bytes=max(0, peak_rss - idle_rss),
+          peak_reset=reset_ok, tf_allocator=alloc),
+      step_times_s=times[setting.name], steps=steps, warmup=warmup,
+      trace_s=trace_s, warmup_s=warmup_s,
+      paired={p.name: results_lib.StepTimes(
+          statistics.median(times[p.name]), times[p.name]) for p in pairs})
+  if timeline_dir and recorder is not None:
+    result.timeline = _WriteTimeline(
+        recorder, raw, setting, model, timeline_dir,
+        layer.devices if setting.kind == 'pipe' else ['/CPU:0'])
+  if partition_costs and setting.kind == 'pipe':
+    result.partition_costs_s = PartitionCosts(
+        layer, x, setting.num_micro_batches, reps=max(3, steps // 2))
+  if want_cells:
+    result.stage_costs_s = results_lib.StageCosts.FromEvents(
+        [e for events in rec_events for e in events], setting.num_partitions)
+    if setting.recompute:
+      result.recorded_step_time_s = statistics.median(times['timeline'])
+  return result
+
+
+def ChildMain() -> None:
+  """Entry point of the per-setting subprocess: argv[1] is a JSON request
+  (RunSetting's arguments); prints the result as one JSON line."""
+  request = json.loads(sys.argv[1])
+  result = RunSetting(**request)
+  sys.stdout.write(results_lib.RESULT_LINE_PREFIX +
+                   json.dumps(result.ToJson()) + '\n')

@@ -1,0 +1,172 @@
+"""The benchmark's setting names and built-in models (pure Python, no TF).
+
+A setting names one way of running a model's layers:
+
+  plain          the layers as one SequentialLayer, no TensorPipeLayer;
+  plain-T8       the same, run on 8 micro-batches one after another
+                 (Python-unrolled in the step, gradients summed by autodiff,
+                 all activations kept): what micro-batching itself costs
+                 with these kernels, without any pipeline machinery;
+  naive-K        K partitions, T=1, no recompute (model parallelism, no
+                 pipelining), with the issue's "one core per device" threads
+                 (one intra-op thread, K inter-op threads). TF's logical CPU
+                 devices share one thread pool, so the idle devices' cores
+                 still run the busy device's independent ops (e.g. the input
+                 and weight gradients of a conv at the same time);
+  naive-K-serial the same with a single inter-op thread: at most one op at a
+                 time, as on K single-core devices of which model
+                 parallelism keeps one busy at a time (the paper's naive
+                 baseline). Compared across processes.
+  K2-T8-rc       TensorPipeLayer with K=2, T=8 and recompute;
+  K2-T8-norc     the same without recompute;
+  K2-T8-rcg      recompute with recompute_impl='tf_recompute_grad'.
+
+Usage:
+  s = ParseSetting('K4-T8-rc')     # Setting(kind='pipe', 4, 8, True, ...)
+  s.threads                        # (1, 4): intra-op, inter-op threads
+  PairedBaselines('K4-T8-rc')      # ['plain', 'naive-4']
+"""
+
+import dataclasses
+import re
+from typing import Dict, List, Sequence, Tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltinModel:
+  """A built-in micro-benchmark: `num_layers` equal layers with ReLU.
+
+  Attributes:
+    description: one line for the flag help and the report.
+    layer: 'fc' (relu(x @ W + b), W [dim, dim]) or 'conv3x3' (relu(conv
+      3x3), dim -> dim channels, no bias).
+    num_layers: number of layers.
+    dim: FC width or conv channels.
+    batch: mini-batch size N.
+    image_size: conv only: the input is [N, image_size, image_size, dim].
+  """
+  description: str
+  layer: str
+  num_layers: int
+  dim: int
+  batch: int
+  image_size: int = 0
+
+  @property
+  def input_shape(self) -> List[int]:
+    """Shape of the model's one input ([N, dim] or [N, H, W, dim])."""
+    if self.layer == 'conv3x3':
+      return [self.batch, self.image_size, self.image_size, self.dim]
+    return [self.batch, self.dim]
+
+
+BUILTIN_MODELS: Dict[str, BuiltinModel] = {
+    'dense16': BuiltinModel(
+        '16 layers relu(x @ W + b), W 1024x1024, batch 64, float32',
+        'fc', 16, 1024, 64),
+    'conv16': BuiltinModel(
+        '16 layers relu(conv3x3), 16 -> 16 channels, no bias, input '
+        '[64, 32, 32, 16] NHWC, float32', 'conv3x3', 16, 16, 64, 32),
+    'dense32': BuiltinModel(
+        '32 layers relu(x @ W + b), W 1024x1024, batch 64, float32',
+        'fc', 32, 1024, 64),
+    'dense32mem': BuiltinModel(
+        '32 layers relu(x @ W + b), W 256x256, batch 4096, float32: '
+        'activation-dominated, for the memory target', 'fc', 32, 256, 4096),
+    'tiny': BuiltinModel('4 layers relu(x @ W + b), W 8x8, batch 8 (smoke '
+                         'tests)', 'fc', 4, 8, 8),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """One benchmark configuration (see the module docstring for the names).
+
+  Attributes:
+    name: the setting's name, e.g. 'K2-T8-rc'.
+    kind: 'plain' (no TensorPipeLayer) or 'pipe'.
+    num_partitions: K.
+    num_micro_batches: T.
+    recompute: whether the pipeline recomputes the forward pass.
+    recompute_impl: TensorPipeLayer's recompute_impl.
+    serial: naive-K-serial: one inter-op thread.
+  """
+  name: str
+  kind: str
+  num_partitions: int = 1
+  num_micro_batches: int = 1
+  recompute: bool = False
+  recompute_impl: str = 'explicit'
+  serial: bool = False
+
+  @property
+  def threads(self) -> Tuple[int, int]:
+    """(intra-op, inter-op) threads: one core per device (or one in all)."""
+    return 1, 1 if self.serial else max(1, self.num_partitions)
+
+
+_SETTING_RE = re.compile(r'^K(\d+)-T(\d+)-(rc|norc|rcg)$')
+
+
+def ParseSetting(name: str) -> Setting:
+  """Parses a setting name such as 'plain', 'naive-2' or 'K4-T8-rc'.
+
+  Raises:
+    ValueError: for an unknown name, listing the accepted forms.
+  """
+  if name == 'plain':
+    return Setting(name, 'plain')
+  m = re.match(r'^plain-T(\d+)$', name)
+  if m and int(m.group(1)) >= 1:
+    return Setting(name, 'plain', 1, int(m.group(1)), False)
+  m = re.match(r'^naive-(\d+)(-serial)?$', name)
+  if m and int(m.group(1)) >= 1:
+    return Setting(name, 'pipe', int(m.group(1)), 1, False,
+                   serial=bool(m.group(2)))
+  m = _SETTING_RE.match(name)
+  if m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1:
+    mode = m.group(3)
+    return Setting(name, 'pipe', int(m.group(1)), int(m.group(2)),
+                   mode != 'norc',
+                   'tf_recompute_grad' if mode == 'rcg' else 'explicit')
+  raise ValueError(f'unknown benchmark setting {name!r}; use plain, '
+                   'plain-T<t> (e.g. plain-T8), naive-K (e.g. naive-2), '
+                   'naive-K-serial or '
+                   'K<k>-T<t>-<rc|norc|rcg> (e.g. K4-T8-rc)')
+
+
+def GridSettings(ks: Sequence[int] = (1, 2, 4),
+                 ts: Sequence[int] = (1, 4, 8)) -> List[str]:
+  """plain, plain-T, naive-K(-serial) for K > 1, every (K, T) x recompute."""
+  names = ['plain'] + [f'plain-T{t}' for t in ts if t > 1]
+  names += [f'naive-{k}{suffix}' for k in ks if k > 1
+            for suffix in ('', '-serial')]
+  for k in ks:
+    for t in ts:
+      names += [f'K{k}-T{t}-rc', f'K{k}-T{t}-norc']
+  return names
+
+
+def PairedBaselines(setting_name: str) -> List[str]:
+  """Settings timed in the same process as `setting_name`, interleaved.
+
+  Separate processes of the same setting differ by up to ~25% on this
+  machine (memory layout, oneDNN caches), so every ratio the targets use is
+  taken between functions timed step by step in turn in one process: plain
+  for every setting (plain-T<t> too for K=1, T > 1), naive-K for K > 1 and
+  T > 1, and the no-recompute twin for K=1 recompute settings. Baselines run
+  with the setting's threads (e.g. plain with K inter-op threads next to a
+  K-partition setting).
+  """
+  s = ParseSetting(setting_name)
+  if s.kind == 'plain':
+    return [] if s.name == 'plain' else ['plain']
+  out = ['plain']
+  k, t = s.num_partitions, s.num_micro_batches
+  if k == 1 and t > 1:
+    out.append(f'plain-T{t}')
+  if k > 1 and t > 1:
+    out.append(f'naive-{k}')
+  if k == 1 and s.recompute:
+    out.append(f'K1-T{t}-norc')
+  return out
