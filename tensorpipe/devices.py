@@ -57,21 +57,84 @@ def DefaultDevices(num: int) -> List[str]:
   return [d.name for d in cpus[:num]]
 
 
+def _Matches(spec: tf.DeviceSpec, device: tf.DeviceSpec) -> bool:
+  """Whether every field `spec` names equals `device`'s (local: localhost)."""
+  have = {'job': device.job or 'localhost',
+          'replica': 0 if device.replica is None else device.replica,
+          'task': 0 if device.task is None else device.task,
+          'device_type': device.device_type,
+          'device_index': device.device_index}
+  return all(getattr(spec, field) is None or getattr(spec, field) == value
+             for field, value in have.items())
+
+
+def CheckDeviceExists(name: str) -> None:
+  """Raises unless `name` matches a logical device TensorFlow can place on.
+
+  Local names ('/CPU:1', '/GPU:0') are checked against this process's
+  logical devices; job-qualified names ('/job:worker/replica:0/task:1/
+  device:CPU:0') against the remote devices listed once a cluster is
+  connected with `tf.config.experimental_connect_to_cluster`. Without the
+  check TensorFlow's soft placement would silently run the ops on /CPU:0.
+
+  Args:
+    name: a device name such as "/GPU:0" or "/job:worker/task:1/device:CPU:0".
+
+  Raises:
+    TypeError: `name` is not a string.
+    ValueError: `name` is not a device name, names no device, or matches none
+      of the existing devices (the message lists them).
+  """
+  if not isinstance(name, str):
+    raise TypeError(f'device {name!r} is not a string such as "/CPU:1"')
+  try:
+    spec = tf.DeviceSpec.from_string(name)
+  except ValueError:
+    raise ValueError(f'device {name!r} is not a valid device name; use names '
+                     'like "/GPU:0" or "/job:worker/task:1/device:CPU:0"'
+                     ) from None
+  if not any((spec.job, spec.replica is not None, spec.task is not None,
+              spec.device_type, spec.device_index is not None)):
+    raise ValueError(f'device {name!r} names no device; use names like '
+                     '"/GPU:0" or "/CPU:1"')
+  existing = [d.name for d in tf.config.list_logical_devices()]
+  if any(_Matches(spec, tf.DeviceSpec.from_string(d)) for d in existing):
+    return
+  hint = ''
+  if spec.job and spec.job != 'localhost':
+    hint = ('; for a remote device connect to its cluster first '
+            '(tf.config.experimental_connect_to_cluster)')
+  elif spec.device_type == 'CPU':
+    hint = ('; for more logical CPU devices call tensorpipe.'
+            'SetNumLogicalCpuDevices(n) at program start (the trainer: '
+            '--num_cpu_devices=n)')
+  raise ValueError(f'device {name!r} does not exist on this machine; the '
+                   f'devices are {existing}: use one of them{hint}')
+
+
 def ResolveDevices(devices: Optional[Sequence[str]], num: int) -> List[str]:
-  """Checks user-given devices or picks the defaults."""
+  """Checks user-given devices or picks the defaults.
+
+  Args:
+    devices: one device name per partition, or None / [] for the defaults.
+    num: K, the number of partitions.
+
+  Returns:
+    K device names.
+
+  Raises:
+    TypeError / ValueError: a wrong count, or a name that is not a device of
+      this machine (or of the connected cluster), with the fix.
+  """
   if devices is None or len(devices) == 0:  # pylint: disable=g-explicit-length-test
     return DefaultDevices(num)
+  if isinstance(devices, str):
+    raise TypeError(f'devices={devices!r} is a string; give a list with one '
+                    f'device per partition, e.g. {[devices]!r}')
   devices = list(devices)
   if len(devices) != num:
     raise ValueError(f'devices={devices} has {len(devices)} entries for {num} '
                      f'partitions; give exactly one device per partition')
   for d in devices:
-    if not isinstance(d, str):
-      raise TypeError(f'device {d!r} is not a string such as "/CPU:1"')
-    try:
-      tf.DeviceSpec.from_string(d)
-    except ValueError:
-      raise ValueError(f'device {d!r} is not a valid device name; use names '
-                       'like "/GPU:0" or "/job:worker/task:1/device:CPU:0"'
-                       ) from None
+    CheckDeviceExists(d)
   return devices
