@@ -13,7 +13,10 @@ shapes from one micro-batch to the next.
 
 Inputs may be any `tf.nest` structure (a tensor, tuple, list, dict, or a dict
 subclass such as `NestedMap`, whose type is kept). Tensor leaves (`tf.Tensor`,
-`tf.Variable`, `np.ndarray`) are split; other leaves such as None pass through.
+`tf.Variable`, `np.ndarray`) are split; other leaves such as None or an int
+pass through unchanged. `FlattenTensors` / `PackTensors` list and refill only
+the tensor leaves, for code that feeds them to a loop or a `tf.function` and
+keeps the static leaves in the structure.
 """
 
 import numbers
@@ -47,10 +50,34 @@ def _Divisors(n: int) -> str:
   return ', '.join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
+def CheckMicroBatchParams(num_micro_batches: Optional[int] = None,
+                          micro_batch_size: Optional[int] = None) -> None:
+  """Checks the two micro-batch knobs before the batch size is known.
+
+  At most one may be set (not None); a set one must be an int >= 1. Neither
+  set means one micro-batch (no split).
+
+  Raises:
+    TypeError: if a set value is not an integer (bool included).
+    ValueError: if both are set or a value is < 1.
+  """
+  if num_micro_batches is not None and micro_batch_size is not None:
+    raise ValueError(
+        f'set exactly one of num_micro_batches and micro_batch_size, got '
+        f'num_micro_batches={num_micro_batches!r} and '
+        f'micro_batch_size={micro_batch_size!r}; set num_micro_batches=None '
+        f'to use micro_batch_size={micro_batch_size!r}, or '
+        f'micro_batch_size=None')
+  if num_micro_batches is not None:
+    _CheckInt('num_micro_batches', num_micro_batches, 1)
+  if micro_batch_size is not None:
+    _CheckInt('micro_batch_size', micro_batch_size, 1)
+
+
 def NumMicroBatches(batch_size: int,
                     num_micro_batches: Optional[int] = None,
                     micro_batch_size: Optional[int] = None) -> int:
-  """Resolves the number of micro-batches from exactly one of two knobs.
+  """Resolves the number of micro-batches from at most one of two knobs.
 
   Args:
     batch_size: N, the mini-batch size.
@@ -58,35 +85,68 @@ def NumMicroBatches(batch_size: int,
     micro_batch_size: m, the examples per micro-batch; N must be a multiple.
 
   Returns:
-    T = num_micro_batches, or N / micro_batch_size.
+    T = num_micro_batches, or N / micro_batch_size, or 1 when neither is set.
 
   Raises:
     TypeError: if a given value is not an integer.
-    ValueError: if both or neither knob is given, a value is < 1, or N is not
+    ValueError: if both knobs are given, a value is < 1, or N is not
       divisible.
   """
-  if (num_micro_batches is None) == (micro_batch_size is None):
-    raise ValueError(
-        f'set exactly one of num_micro_batches and micro_batch_size, got '
-        f'num_micro_batches={num_micro_batches!r} and '
-        f'micro_batch_size={micro_batch_size!r}; e.g. num_micro_batches=4')
+  CheckMicroBatchParams(num_micro_batches, micro_batch_size)
   batch_size = _CheckInt('batch_size', batch_size, 1)
-  if num_micro_batches is not None:
-    num_micro_batches = _CheckInt('num_micro_batches', num_micro_batches, 1)
+  if micro_batch_size is None:
+    num_micro_batches = 1 if num_micro_batches is None else num_micro_batches
     if batch_size % num_micro_batches:
       raise ValueError(
           f'batch size {batch_size} is not divisible by '
           f'num_micro_batches={num_micro_batches}; use a batch size that is a '
           f'multiple of {num_micro_batches} or set micro_batch_size')
-    return num_micro_batches
-  micro_batch_size = _CheckInt('micro_batch_size', micro_batch_size, 1)
+    return int(num_micro_batches)
   if batch_size % micro_batch_size:
     raise ValueError(
         f'batch size {batch_size} is not divisible by '
         f'micro_batch_size={micro_batch_size}; use a batch size that is a '
         f'multiple of {micro_batch_size} or a micro_batch_size that divides '
         f'{batch_size} (one of {_Divisors(batch_size)})')
-  return batch_size // micro_batch_size
+  return batch_size // int(micro_batch_size)
+
+
+def IsTensorLeaf(value: Any) -> bool:
+  """Whether a leaf is split / merged (a tensor, variable, array or spec)."""
+  return _IsTensor(value) or isinstance(value, tf.TensorSpec)
+
+
+def FlattenTensors(structure: Nested) -> List[Any]:
+  """The tensor leaves of `structure` in `tf.nest.flatten` order.
+
+  Other leaves (None, Python numbers, strings) are static: they are not
+  listed here and `PackTensors` takes them from the structure itself.
+  """
+  return [x for x in tf.nest.flatten(structure) if IsTensorLeaf(x)]
+
+
+def PackTensors(structure: Nested, flat: List[Any]) -> Nested:
+  """Inverse of `FlattenTensors`: `structure` with its tensor leaves replaced.
+
+  Args:
+    structure: a structure whose tensor leaves (tensors or tf.TensorSpecs)
+      mark the slots to fill; other leaves are kept as they are.
+    flat: the new tensor leaves, in `FlattenTensors(structure)` order.
+
+  Returns:
+    The same structure holding `flat` in place of its tensor leaves.
+
+  Raises:
+    ValueError: if `flat` has not one entry per tensor leaf.
+  """
+  leaves = tf.nest.flatten(structure)
+  num = sum(1 for x in leaves if IsTensorLeaf(x))
+  if num != len(flat):
+    raise ValueError(f'{len(flat)} tensors for a structure with {num} tensor '
+                     f'leaves; pass the output of FlattenTensors')
+  it = iter(flat)
+  return tf.nest.pack_sequence_as(
+      structure, [next(it) if IsTensorLeaf(x) else x for x in leaves])
 
 
 def _Leaves(structure: Nested, path: str = '') -> Iterator[Tuple[str, Any]]:

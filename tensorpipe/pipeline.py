@@ -139,12 +139,12 @@ class _Stage:
 
   def FlatCall(self, theta, flat_in, t, micro_batch_size):
     """Flat-tensor version of Call: returns (flat outputs, flat stats)."""
-    args = tf.nest.pack_sequence_as(self.in_struct, flat_in)
+    args = microbatch.PackTensors(self.in_struct, flat_in)
     out, collected = self.Call(theta, args, t * micro_batch_size)
     flat_stats = []
     for _, stats in collected:
       flat_stats.extend(tf.stop_gradient(s) for s in stats.Flatten())
-    return tf.nest.flatten(out), flat_stats, out, collected
+    return microbatch.FlattenTensors(out), flat_stats, out, collected
 
 
 class TensorPipeLayer(base_layer.BaseLayer):
@@ -181,8 +181,9 @@ class TensorPipeLayer(base_layer.BaseLayer):
              'a NestedMap input). Needed for automatic partitioning; when set, '
              'shapes are also checked to chain through the layers at '
              'construction.')
-    p.Define('num_micro_batches', 1, 'T, the number of micro-batches a '
-             'mini-batch is split into.')
+    p.Define('num_micro_batches', None, 'T, the number of micro-batches a '
+             'mini-batch is split into; None means 1 unless micro_batch_size '
+             'is set (set at most one of the two).')
     p.Define('micro_batch_size', None, 'Alternative to num_micro_batches: '
              'examples per micro-batch (T = batch size / micro_batch_size).')
     p.Define('batch_dim', 0, 'Axis of the batch in every input tensor.')
@@ -200,7 +201,9 @@ class TensorPipeLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
+    microbatch.CheckMicroBatchParams(p.num_micro_batches, p.micro_batch_size)
     stage_params = self._ResolvePartitions(p)
+    self._CheckUniqueLayerNames(stage_params)
     self._devices = devices_lib.ResolveDevices(p.devices, len(stage_params))
     if p.recompute_impl not in _RECOMPUTE_IMPLS:
       raise ValueError(f'recompute_impl={p.recompute_impl!r} is not one of '
@@ -246,7 +249,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     if not layers:
       raise ValueError(f'TensorPipeLayer {p.name!r}: layers is empty')
     k = p.num_partitions
-    if not isinstance(k, int) or k < 1:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
       raise ValueError(f'num_partitions={k!r} must be a positive int')
     if k > len(layers):
       raise ValueError(f'num_partitions={k} is larger than the number of '
@@ -271,6 +274,23 @@ class TensorPipeLayer(base_layer.BaseLayer):
       out.append(layers[start:start + size])
       start += size
     return out
+
+  def _CheckUniqueLayerNames(self, stage_params) -> None:
+    """Layer names name variables and checkpoint keys: one per pipeline."""
+    where = {}
+    for k, part in enumerate(stage_params):
+      for i, lp in enumerate(part):
+        # The name CreateChildren gives the layer.
+        name = getattr(lp, 'name', None) or f'partition_{k}_{i}'
+        if name in where:
+          first = where[name]
+          both = (f'twice in partition {k}' if first == k else
+                  f'in partition {first} and in partition {k}')
+          raise ValueError(
+              f'TensorPipeLayer {self.params.name!r}: layer name {name!r} is '
+              f'used {both}; layer names name the variables and checkpoint '
+              'keys and must be unique across the pipeline: rename one')
+        where[name] = k
 
   def _CheckChain(self, layer_params, input_shapes):
     try:
@@ -339,7 +359,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
             tf.identity, list(theta[f'partition_{k}'])))
     stacked = microbatch.Split(inputs, num_mb, p.batch_dim)
     self._InferSpecs(thetas, stacked, mb_size)
-    flat_stacked = tf.nest.flatten(stacked)
+    flat_stacked = microbatch.FlattenTensors(stacked)
     if training and p.recompute and p.recompute_impl == 'explicit':
       flat_out, flat_stats = self._RecomputedPipeline(
           flat_stacked, thetas, num_mb, mb_size)
@@ -352,7 +372,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
       self._ReportStats(flat_stats)
     last = self._stages[-1]
     with tf.device(last.device):
-      out = tf.nest.pack_sequence_as(last.out_struct, flat_out)
+      out = microbatch.PackTensors(last.out_struct, flat_out)
       return microbatch.Merge(out, p.batch_dim)
 
   def _SingleCall(self, theta, inputs, training):
@@ -385,10 +405,12 @@ class TensorPipeLayer(base_layer.BaseLayer):
   def _CheckInputShapes(self, inputs, num_mb):
     """Checks shapes chain through all layers before any TF op is built."""
     p = self.params
-    shapes = tuple(base_layer.ShapeOf(x) for x in inputs)
+    # Static leaves (None, ints) pass through as they are.
+    shapes = tf.nest.map_structure(
+        lambda x: x.shape if microbatch.IsTensorLeaf(x) else x, tuple(inputs))
 
     def MicroShape(s):
-      if s.rank is None:
+      if not isinstance(s, tf.TensorShape) or s.rank is None:
         return s
       dims = s.as_list()
       dims[p.batch_dim] = dims[p.batch_dim] // num_mb
@@ -406,7 +428,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     args = microbatch.Slice(stacked, 0)
     for stage, theta in zip(self._stages, thetas):
       stage.in_struct = args
-      flat = tf.nest.flatten(args)
+      flat = microbatch.FlattenTensors(args)
       stage.in_specs = [_SpecOf(x) for x in flat]
 
       def Fn(*flat_in, stage=stage, theta=theta):
@@ -420,8 +442,9 @@ class TensorPipeLayer(base_layer.BaseLayer):
         concrete = tf.function(Fn, autograph=False).get_concrete_function(
             *stage.in_specs)
       del concrete
-      stage.out_struct = tf.nest.map_structure(_SpecOf, Fn.out)
-      stage.out_specs = [_SpecOf(x) for x in tf.nest.flatten(Fn.out)]
+      stage.out_specs = [_SpecOf(x) for x in
+                         microbatch.FlattenTensors(Fn.out)]
+      stage.out_struct = microbatch.PackTensors(Fn.out, stage.out_specs)
       stage.stats_layers = [layer for layer, _ in Fn.collected]
       stage.stats_specs = [_SpecOf(s) for _, st in Fn.collected
                            for s in st.Flatten()]

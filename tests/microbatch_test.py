@@ -69,14 +69,26 @@ class NumMicroBatchesTest(_TestCase):
 
   def testRaisesWhenBothKnobsAreSet(self):
     with self.assertRaisesRegex(
-        ValueError, r'exactly one.*num_micro_batches=4 and micro_batch_size=8'):
+        ValueError, r'exactly one.*num_micro_batches=4 and micro_batch_size=8;'
+        r' set num_micro_batches=None to use micro_batch_size=8'):
       microbatch.NumMicroBatches(32, num_micro_batches=4, micro_batch_size=8)
+    with self.assertRaisesRegex(ValueError, r'num_micro_batches=1 and '
+                                r'micro_batch_size=4'):
+      microbatch.CheckMicroBatchParams(1, 4)
 
-  def testRaisesWhenNeitherKnobIsSet(self):
-    with self.assertRaisesRegex(
-        ValueError,
-        r'exactly one.*num_micro_batches=None and micro_batch_size=None'):
-      microbatch.NumMicroBatches(32)
+  def testNeitherKnobMeansOneMicroBatch(self):
+    self.assertEqual(microbatch.NumMicroBatches(32), 1)
+    self.assertEqual(microbatch.NumMicroBatches(1), 1)
+
+  def testCheckMicroBatchParamsRejectsBadTypesWithoutABatch(self):
+    microbatch.CheckMicroBatchParams(None, None)
+    microbatch.CheckMicroBatchParams(None, 4)
+    with self.assertRaisesRegex(TypeError, r"num_micro_batches.*'4'.*str"):
+      microbatch.CheckMicroBatchParams('4', None)
+    with self.assertRaisesRegex(TypeError, r'micro_batch_size.*True.*bool'):
+      microbatch.CheckMicroBatchParams(None, True)
+    with self.assertRaisesRegex(ValueError, r'micro_batch_size=0.*>= 1'):
+      microbatch.CheckMicroBatchParams(None, 0)
 
   def testRaisesOnNonPositiveValues(self):
     with self.assertRaisesRegex(ValueError, r'num_micro_batches=0'):
@@ -254,6 +266,24 @@ class SplitMergeTest(_TestCase):
       microbatch.Slice(stacked, 3)
     with self.assertRaisesRegex(ValueError, r't=-1'):
       microbatch.Slice(stacked, -1)
+
+  def testFlattenAndPackKeepStaticLeaves(self):
+    inputs = {'x': tf.ones([2, 3]), 'n': None, 'k': 3,
+              'pair': (np.zeros([2]), 'text')}
+    flat = microbatch.FlattenTensors(inputs)
+    self.assertEqual(len(flat), 2)  # pair[0] then x, in tf.nest order
+    doubled = microbatch.PackTensors(inputs, [2 * tf.convert_to_tensor(t)
+                                              for t in flat])
+    self.assertIsNone(doubled['n'])
+    self.assertEqual(doubled['k'], 3)
+    self.assertEqual(doubled['pair'][1], 'text')
+    self.assertAllEqual(doubled['x'], 2 * np.ones([2, 3]))
+    specs = microbatch.PackTensors(
+        inputs, [tf.TensorSpec(t.shape, tf.float32) for t in flat])
+    self.assertEqual(microbatch.FlattenTensors(specs)[1],
+                     tf.TensorSpec([2, 3], tf.float32))
+    with self.assertRaisesRegex(ValueError, r'1 tensors .* 2 tensor leaves'):
+      microbatch.PackTensors(inputs, flat[:1])
 
   def testSliceRaisesOnNonIntegerIndex(self):
     stacked = microbatch.Split(tf.zeros([6, 2]), 3)
