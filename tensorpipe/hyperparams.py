@@ -34,6 +34,10 @@ _KEY_PART_RE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$')
 # `type/`, `callable/`, `enum/` and `dtype:` forms.
 _ATOM_RE = re.compile(r'[A-Za-z0-9_.+\-/<>]+(?::[A-Za-z_][A-Za-z0-9_]*)?')
 _INT_RE = re.compile(r'[-+]?\d+$')
+# Deepest nesting of brackets a text value may have. Real values nest a few
+# levels; the limit turns a runaway value into a ValueError before Python's
+# recursion limit (a RecursionError) is reached.
+MAX_TEXT_NESTING = 100
 
 
 class UnknownParamError(AttributeError):
@@ -170,8 +174,11 @@ def _SkipSpace(text: str, i: int) -> int:
   return i
 
 
-def _ParseValue(text: str, i: int) -> Tuple[Any, int]:
-  """Parses one value of `text` starting at `i`; returns (value, next index)."""
+def _ParseValue(text: str, i: int, depth: int = 0) -> Tuple[Any, int]:
+  """Parses one value of `text` starting at `i`; returns (value, next index).
+
+  `depth` counts the brackets enclosing position `i`.
+  """
   i = _SkipSpace(text, i)
   if i >= len(text):
     raise ValueError('expected a value, found the end of the text')
@@ -184,15 +191,18 @@ def _ParseValue(text: str, i: int) -> Tuple[Any, int]:
       raise ValueError(f'unterminated string starting at {text[i:]!r}')
     return ast.literal_eval(text[i:j + 1]), j + 1
   if ch in '[({':
+    if depth >= MAX_TEXT_NESTING:
+      raise ValueError(f'the value nests brackets more than '
+                       f'{MAX_TEXT_NESTING} levels deep; flatten it')
     close = {'[': ']', '(': ')', '{': '}'}[ch]
     items, i = [], i + 1
     while text[_SkipSpace(text, i):_SkipSpace(text, i) + 1] != close:
-      item, i = _ParseValue(text, i)
+      item, i = _ParseValue(text, i, depth + 1)
       if ch == '{':
         i = _SkipSpace(text, i)
         if text[i:i + 1] != ':':
           raise ValueError(f'expected ":" at {text[i:]!r}')
-        value, i = _ParseValue(text, i + 1)
+        value, i = _ParseValue(text, i + 1, depth + 1)
         item = (item, value)
       items.append(item)
       i = _SkipSpace(text, i)
@@ -549,9 +559,10 @@ class Params:
       a float, any value replaces None, and None replaces any value.
     - A line whose text equals the current value's text is skipped without
       parsing, so `p.FromText(p.ToText())` always works.
-    - Keys whose current value is a list or tuple containing Params (e.g.
-      'layers : []' from params with no layers) are skipped: their elements
-      are set through indexed keys ('layers[0].dim : 8').
+    - A key whose current value is a list or tuple containing Params (e.g.
+      'layers') cannot be given one value: text cannot express Params, so
+      'layers : []' raises instead of silently keeping or dropping the
+      layers. Set their fields through indexed keys ('layers[0].dim : 8').
     - Values that ToText can only write with repr (arbitrary objects, Params
       inside dicts, local classes, lambdas) cannot be parsed back.
 
@@ -578,7 +589,11 @@ class Params:
                          'form "key : value"')
       old = self.Get(key)
       if isinstance(old, (list, tuple)) and _ContainsParams(old):
-        continue
+        raise ValueError(
+            f'FromText: {key!r} holds Params in a {type(old).__name__} of '
+            f'length {len(old)}, which a text value cannot replace (got '
+            f'{value_text!r}); set their fields with indexed keys, e.g. '
+            f'"{key}[0].name : value", or change the list in Python')
       if isinstance(old, Params):
         raise ValueError(f'FromText: {key!r} holds nested Params; set its '
                          f'leaves ("{key}.name : value"), not {value_text!r}')

@@ -21,7 +21,6 @@ of an uninterrupted run.
 
 import json
 import os
-import re
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -46,17 +45,45 @@ def EnableDeterminism(seed: int) -> None:
   tf.config.experimental.enable_op_determinism()
 
 
+def _SplitOverrideItems(text: str) -> List[str]:
+  """Splits on newlines, and on ';' outside quoted strings.
+
+  A quote opened on a line ends there at the latest (values are one line),
+  so an unterminated string cannot swallow the next line's items; FromText
+  then reports it.
+  """
+  items, current, quote, i = [], [], None, 0
+  while i < len(text):
+    ch = text[i]
+    if ch == '\n' or (ch == ';' and quote is None):
+      items.append(''.join(current))
+      current, quote = [], None
+    else:
+      current.append(ch)
+      if quote is not None and ch == '\\' and i + 1 < len(text):
+        current.append(text[i + 1])  # an escaped character, e.g. \'
+        i += 1
+      elif quote is None and ch in '\'"':
+        quote = ch
+      elif ch == quote:
+        quote = None
+    i += 1
+  items.append(''.join(current))
+  return items
+
+
 def ParseOverrides(text: str) -> str:
   """Turns override text into FromText lines ('key : value').
 
-  Accepts `key=value` or `key : value` items, separated by ';' or newlines.
+  Accepts `key=value` or `key : value` items, separated by ';' or newlines;
+  a ';' inside a quoted value ("task.name='a;b'") is part of the value.
   Blank items and '#' comments are skipped.
 
   Raises:
     ValueError: an item without '=' or ':'.
   """
   lines = []
-  for item in re.split(r'[;\n]', text or ''):
+  for item in _SplitOverrideItems(text or ''):
     item = item.strip()
     if not item or item.startswith('#'):
       continue

@@ -418,11 +418,29 @@ class ParamsTextTest(unittest.TestCase):
     p.FromText(other.ToText())
     self.assertEqual(p, other)
 
-  def testFromTextSkipsListsOfParamsGivenAsOneValue(self):
+  def testFromTextRejectsListsOfParamsGivenAsOneValue(self):
     p = hyperparams.Params()
     p.Define('layers', [_LayerParams(1)], 'Layers.')
-    p.FromText('layers : []')
+    p.Define('dim', 1, 'Width.')
+    for text in ('layers : []', 'layers : [1, 2]', 'layers : None'):
+      with self.assertRaisesRegex(
+          ValueError, r"'layers' holds Params in a list of length 1.*"
+          r"indexed keys.*layers\[0\]"):
+        p.FromText('dim : 2\n' + text)
     self.assertEqual(len(p.layers), 1)
+    self.assertEqual(p.dim, 1)  # all lines are checked before any is set
+    p.FromText('layers[0].dim : 5')
+    self.assertEqual(p.layers[0].dim, 5)
+
+  def testFromTextDeepNestingIsAValueError(self):
+    p = hyperparams.Params()
+    p.Define('shape', None, 'Any value.')
+    depth = hyperparams.MAX_TEXT_NESTING
+    p.FromText('shape : ' + '[' * depth + ']' * depth)
+    for n in (depth + 1, 5000):
+      with self.assertRaisesRegex(
+          ValueError, r"'shape'.*nests brackets more than 100 levels"):
+        p.FromText('shape : ' + '[' * n + ']' * n)
 
   def testTextDiff(self):
     p = _ModelParams()

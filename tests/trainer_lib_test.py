@@ -197,6 +197,37 @@ class TrainerLibTest(tf.test.TestCase):
       trainer_lib.ApplyOverrides(p, 'task.train.max_steps=')
     self.assertEqual(p.task.train.max_steps, 6)  # unchanged after errors
 
+  def testSemicolonInsideAQuotedOverrideValue(self):
+    self.assertEqual(
+        trainer_lib.ParseOverrides(
+            "task.name='a;b'; input.name=\"c;'d\";task.name='it\\'s;x'\n"
+            "task.name='open;\ninput.batch_size=4").splitlines(),
+        ["task.name : 'a;b'", 'input.name : "c;\'d"',
+         "task.name : 'it\\'s;x'", "task.name : 'open;",
+         'input.batch_size : 4'])
+    p = _Tiny().ModelParams()
+    trainer_lib.ApplyOverrides(p, "task.name='a;b';task.train.max_steps=3")
+    self.assertEqual((p.task.name, p.task.train.max_steps), ('a;b', 3))
+    with self.assertRaisesRegex(ValueError, r"task.name.*unterminated"):
+      trainer_lib.ApplyOverrides(p, "task.name='open;\ninput.batch_size=4")
+
+  def testOverrideOfAListOfLayerParamsFails(self):
+    p = _Tiny().ModelParams()
+    with self.assertRaisesRegex(
+        ValueError, r"--model_params_override: FromText: 'task.model.layers' "
+        r'holds Params in a list of length 5.*indexed keys, e.g. '
+        r'"task.model.layers\[0\]'):
+      trainer_lib.ApplyOverrides(p, 'task.model.layers=[]')
+    self.assertLen(p.task.model.layers, 5)
+
+  def testDeeplyNestedOverrideIsAValueError(self):
+    p = _Tiny().ModelParams()
+    with self.assertRaisesRegex(ValueError, r'input_shapes.*more than 100 '
+                                'levels'):
+      trainer_lib.ApplyOverrides(
+          p, 'task.model.input_shapes=' + '[' * 5000 + ']' * 5000)
+
+
   def testBadTrainSettingsRaise(self):
     p = _Tiny().ModelParams()
     p.task.train.save_interval_steps = 0
