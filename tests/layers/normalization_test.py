@@ -141,6 +141,43 @@ class BatchNormLayerTest(tf.test.TestCase):
                                layer.vars.beta.numpy(), 1e-3)
     self.assertAllClose(expected, out, atol=1e-5)
 
+  def testWarnsOnceWhenTooFewValuesPerChannel(self):
+    layer = _BatchNorm(dim=4)
+    with py_utils.TrainingMode(True):
+      with self.assertLogs('absl', 'WARNING') as logs:
+        out = layer.FPropDefaultTheta(_Input([1, 4]))
+      self.assertLen(logs.output, 1)
+      self.assertRegex(
+          logs.output[0], r"BatchNormLayer 'bn' normalises each channel over "
+          r'only 1 value.*\[1, 4\].*beta for every input.*fewer '
+          r'num_micro_batches or a larger batch.*use_moving_avg_in_training')
+      # One value per channel: (x - mean) is 0, the output is beta.
+      self.assertAllClose(layer.vars.beta.numpy()[None], out)
+      with self.assertNoLogs('absl', 'WARNING'):  # once per layer
+        layer.FPropDefaultTheta(_Input([2, 4]))
+
+  def testNoWarningWithEnoughValuesOrOutsideTraining(self):
+    n = normalization.MIN_VALUES_PER_CHANNEL
+    with py_utils.TrainingMode(True), self.assertNoLogs('absl', 'WARNING'):
+      _BatchNorm(dim=4).FPropDefaultTheta(_Input([n, 4]))
+      # Spatial positions count: one example of 4x4 positions is enough.
+      _BatchNorm(dim=4).FPropDefaultTheta(_Input([1, 4, 4, 4]))
+      _BatchNorm(dim=4, use_moving_avg_in_training=True).FPropDefaultTheta(
+          _Input([1, 4]))
+    with py_utils.EvalMode(), self.assertNoLogs('absl', 'WARNING'):
+      _BatchNorm(dim=4).FPropDefaultTheta(_Input([1, 4]))
+    with py_utils.TrainingMode(True), self.assertLogs('absl', 'WARNING'):
+      _BatchNorm(dim=4).FPropDefaultTheta(_Input([n - 1, 4]))
+
+  def testWarnsAtTraceTimeInsideTfFunction(self):
+    layer = _BatchNorm(dim=4)
+    fn = tf.function(layer.FPropDefaultTheta, autograph=False)
+    with py_utils.TrainingMode(True):
+      with self.assertLogs('absl', 'WARNING'):
+        fn(_Input([2, 4]))
+      with self.assertNoLogs('absl', 'WARNING'):
+        fn(_Input([2, 4], seed=2))
+
   def testVariablesAndTrainability(self):
     p = normalization.BatchNormLayer.Params().Set(name='bn', dim=4,
                                                   gamma_init=0.0)
