@@ -200,7 +200,9 @@ class BaseLayer(tf.Module):
   Usage:
     p = SomeLayer.Params().Set(name='x', ...)
     layer = p.Instantiate()
-    y = layer.FPropDefaultTheta(x)       # or layer.FProp(layer.theta, x)
+    y = layer(x)                         # inference: eval mode
+    with py_utils.TrainingMode(True):    # training: batch statistics, dropout
+      y = layer.FPropDefaultTheta(x)     # or layer.FProp(layer.theta, x)
   """
 
   @classmethod
@@ -372,7 +374,18 @@ class BaseLayer(tf.Module):
     return self.FProp(self.theta, *inputs, **kwargs)
 
   def __call__(self, *inputs, **kwargs):
-    return self.FPropDefaultTheta(*inputs, **kwargs)
+    """`layer(x)`: FPropDefaultTheta, in eval mode unless a mode is set.
+
+    A plain call is inference: batch norm uses (and leaves unchanged) its
+    moving averages and dropout is off. Inside `TrainingMode(True)` or
+    `EvalMode()` the call follows that block. `FProp` and
+    `FPropDefaultTheta` follow the enclosing block and train outside one,
+    as the functional API a task's loss is built on.
+    """
+    if py_utils.ModeIsSet():
+      return self.FPropDefaultTheta(*inputs, **kwargs)
+    with py_utils.EvalMode():
+      return self.FPropDefaultTheta(*inputs, **kwargs)
 
   @classmethod
   def FPropMeta(cls, p, *input_shapes) -> NestedMap:

@@ -29,7 +29,9 @@ _local = threading.local()
 
 @dataclasses.dataclass
 class _Context:
-  training: bool = True
+  # None until a TrainingMode / EvalMode block sets it: FProp then trains,
+  # while a plain `layer(x)` call runs in eval mode (BaseLayer.__call__).
+  training: Optional[bool] = None
   step_seed: Any = 0
   example_offset: Any = 0
   stats_collector: Optional[List[Any]] = None
@@ -66,8 +68,18 @@ def RestoreContext(ctx: _Context):
 
 
 def IsTraining() -> bool:
-  """Whether layers run in training mode (batch statistics, dropout on)."""
-  return Current().training
+  """Whether layers run in training mode (batch statistics, dropout on).
+
+  True inside `TrainingMode(True)`, False inside `EvalMode()`; outside both,
+  True (Lingvo's FProp default), except under a plain `layer(x)` call, which
+  enters eval mode itself.
+  """
+  return Current().training is not False
+
+
+def ModeIsSet() -> bool:
+  """Whether a `TrainingMode` / `EvalMode` block encloses the caller."""
+  return Current().training is not None
 
 
 def TrainingMode(training: bool = True):

@@ -8,6 +8,7 @@ import tensorflow as tf
 from tensorpipe import base_layer
 from tensorpipe import py_utils
 from tensorpipe.layers import composite
+from tensorpipe.layers import dropout
 from tensorpipe.layers import linear
 from tensorpipe.layers import normalization
 
@@ -130,10 +131,64 @@ class WeightInitTest(tf.test.TestCase):
     self.assertGreater(np.abs(v.numpy()).max(), 0.95 * bound)
 
 
+class PlainCallModeTest(tf.test.TestCase):
+  """`layer(x)` is inference unless a TrainingMode / EvalMode block is open."""
+
+  def _Model(self):
+    return composite.SequentialLayer.Params().Set(name='m', sub=[
+        normalization.BatchNormLayer.Params().Set(name='bn', dim=3),
+        dropout.DropoutLayer.Params().Set(name='drop', keep_prob=0.5),
+    ]).Instantiate()
+
+  def testPlainCallUsesAndKeepsMovingStatsWithoutDropout(self):
+    model = self._Model()
+    bn = model.children.sub[0]
+    bn.vars.moving_mean.assign([1.0, -2.0, 0.5])
+    bn.vars.moving_variance.assign([4.0, 1.0, 0.25])
+    x = tf.random.stateless_normal([16, 3], seed=[2, 7])
+    self.assertFalse(py_utils.ModeIsSet())
+    for _ in range(3):
+      out = model(x)
+    self.assertAllEqual([1.0, -2.0, 0.5], bn.vars.moving_mean)
+    self.assertAllEqual([4.0, 1.0, 0.25], bn.vars.moving_variance)
+    # The oracle: eval-mode batch norm, no dropout.
+    gamma, beta = bn.vars.gamma.numpy(), bn.vars.beta.numpy()
+    expected = ((x.numpy() - [1.0, -2.0, 0.5]) / np.sqrt(
+        np.array([4.0, 1.0, 0.25]) + 1e-3)) * gamma + beta
+    self.assertAllClose(expected, out, rtol=1e-5, atol=1e-5)
+    self.assertFalse(py_utils.ModeIsSet())  # the call left no block open
+
+  def testPlainCallFollowsAnOpenModeBlock(self):
+    model = self._Model()
+    bn = model.children.sub[0]
+    x = tf.random.stateless_normal([16, 3], seed=[2, 7]) + 5.0
+    with py_utils.EvalMode():
+      model(x)
+    self.assertAllEqual([0.0, 0.0, 0.0], bn.vars.moving_mean)
+    with py_utils.TrainingMode(True):
+      out = model(x)
+    self.assertAllClose(0.001 * x.numpy().mean(0), bn.vars.moving_mean,
+                        rtol=1e-5)
+    # Training: dropout zeroes about half of the values.
+    self.assertBetween(float(tf.reduce_mean(tf.cast(out == 0, tf.float32))),
+                       0.2, 0.8)
+
+  def testFPropDefaultThetaOutsideABlockTrains(self):
+    # The functional API keeps Lingvo's default: a task's loss is built on it.
+    model = self._Model()
+    bn = model.children.sub[0]
+    x = tf.random.stateless_normal([16, 3], seed=[2, 7]) + 5.0
+    model.FPropDefaultTheta(x)
+    self.assertAllClose(0.001 * x.numpy().mean(0), bn.vars.moving_mean,
+                        rtol=1e-5)
+
+
+
 class PyUtilsTest(tf.test.TestCase):
 
   def testModeContexts(self):
     self.assertTrue(py_utils.IsTraining())
+    self.assertFalse(py_utils.ModeIsSet())
     with py_utils.EvalMode():
       self.assertFalse(py_utils.IsTraining())
       with py_utils.TrainingMode(True):
