@@ -26,14 +26,13 @@ probability keep = 1 - progress * (cell_num + 1) / total_num_cells *
 (1 - drop_path_keep_prob), one mask value per example drawn with
 `py_utils.StatelessUniform` (so masks do not depend on the number of
 micro-batches or partitions), and divided by keep. `progress` in [0, 1] is the
-training progress set by the trainer with `DropPathProgress(step / steps)`
-(default 1.0: full drop-path).
+training progress, part of the FProp context: the trainer's train step sets
+`py_utils.DropPathProgress(step / max_steps)` (without it, 1.0: full
+drop-path). In eval mode there is no drop-path.
 """
 
-import contextlib
 import re
-import threading
-from typing import Any, Iterator, List
+from typing import Any, List
 
 import tensorflow as tf
 
@@ -48,41 +47,15 @@ from tensorpipe.layers import normalization
 from tensorpipe.layers import pooling
 from tensorpipe.nested_map import NestedMap
 
-_local = threading.local()
-
 # Multiply and compare per element of a dropped operation output; 1 add per
 # element of a combined state.
 _DROP_PATH_FLOPS_PER_ELEMENT = 2
 
 
-@contextlib.contextmanager
-def DropPathProgress(progress: Any) -> Iterator[None]:
-  """Sets the training progress in [0, 1] that scales drop-path.
-
-  Args:
-    progress: a float or a scalar float tensor, e.g.
-      tf.minimum(1., tf.cast(step, tf.float32) / total_steps) computed in the
-      train step; read when the cells are traced. Not a tf.Variable: the
-      pipeline's custom gradient cannot capture variables.
-
-  Raises:
-    TypeError: for a tf.Variable.
-  """
-  if isinstance(progress, tf.Variable):
-    raise TypeError(f'DropPathProgress got the variable {progress.name!r}; '
-                    'pass a tensor: progress.read_value() inside the train '
-                    'step')
-  stack = _local.__dict__.setdefault('progress', [])
-  stack.append(progress)
-  try:
-    yield
-  finally:
-    stack.pop()
-
-
-def CurrentDropPathProgress() -> Any:
-  stack = _local.__dict__.get('progress')
-  return stack[-1] if stack else 1.0
+# The drop-path progress is part of py_utils' FProp context (restored by the
+# recompute pass, carried into replica threads); these names stay for users.
+DropPathProgress = py_utils.DropPathProgress
+CurrentDropPathProgress = py_utils.CurrentDropPathProgress
 
 
 def _Relu(name: str = 'relu'):
@@ -396,7 +369,7 @@ class NASCellLayer(base_layer.BaseLayer):
   def _DropPath(self, x, keep, i):
     seed = py_utils.LayerSeed(f'{self._ChildPath("drop_path")}_{i}',
                               self.params.random_seed)
-    u = py_utils.StatelessUniform([x.shape[0], 1, 1, 1], seed)
+    u = py_utils.StatelessUniform(py_utils.PerExampleShape(x.shape), seed)
     mask = tf.cast(u < keep, tf.float32) / keep
     return x * tf.cast(mask, x.dtype)
 

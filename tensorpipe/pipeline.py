@@ -129,7 +129,11 @@ class _Stage:
 
   def Call(self, theta: List[Any], args: Tuple[Any, ...],
            example_offset) -> Tuple[Any, List[Tuple[Any, Any]]]:
-    """Runs the stage's layers on one micro-batch; returns (outputs, stats)."""
+    """Runs the stage's layers on one micro-batch; returns (outputs, stats).
+
+    `example_offset` (t * micro-batch size) is relative: it adds to the
+    enclosing context's offset (e.g. a replica's start in the global batch).
+    """
     with py_utils.ExampleOffset(example_offset), \
         py_utils.CollectBatchStats() as collected:
       for layer, layer_theta in zip(self.layers, theta):
@@ -341,6 +345,12 @@ class TensorPipeLayer(base_layer.BaseLayer):
     Returns:
       The last layer's outputs for the whole mini-batch.
     """
+    # Dropout and drop-path draw their per-example masks along the batch
+    # axis; the recompute pass restores it with the rest of the context.
+    with py_utils.BatchAxis(self.params.batch_dim):
+      return self._FPropOnBatchAxis(theta, *inputs)
+
+  def _FPropOnBatchAxis(self, theta: NestedMap, *inputs):
     p = self.params
     if not inputs:
       raise ValueError('TensorPipeLayer.FProp needs at least one input')

@@ -1,23 +1,47 @@
-"""FProp context: training mode, randomness and batch-statistics collection.
+"""FProp context: training mode, randomness, batch layout and collectors.
 
 Layers are functional (`FProp(theta, *inputs)`), but a few things are not
 inputs: whether we are training, the seed of the current step, which examples
-of the mini-batch the current call sees, and where batch-norm layers report the
-statistics they computed. They live in a thread-local stack of contexts that
-the caller (a trainer, a test, or `TensorPipeLayer` for each micro-batch) sets
-with `with` blocks. Because contexts are read while a function is traced, the
-values may be Python numbers or tensors.
+of the global batch the current call sees and on which axis they lie, the
+training progress that scales drop-path, where batch-norm layers report the
+statistics they computed, and the timeline recorder. They live in ONE
+thread-local stack of immutable `FPropContext`s that the caller (a trainer, a
+test, or `TensorPipeLayer` for each micro-batch) sets with `with` blocks.
+Because contexts are read while a function is traced, the values may be
+Python numbers or tensors.
+
+Two places run layers outside the `with` blocks that set their context, and
+re-enter a captured one:
+
+  * the recompute pass (`RestoreContext`): the backward pass of a pipeline
+    re-runs each partition's forward when the gradient is taken, possibly
+    after the forward's `with` blocks have exited (the trainer takes
+    `tape.gradient` outside them);
+  * other threads (`CaptureContext` + `WithContext`): `tf.distribute`
+    strategies run replica functions in threads of their own, which start
+    with the default context:
+
+      ctx = py_utils.CaptureContext()        # inside StepSeed, EvalMode, ...
+      strategy.run(py_utils.WithContext(ctx, ReplicaFn), args=(batch,))
+
+    and inside ReplicaFn, `with py_utils.ReplicaExampleOffset(n):` makes
+    replica r's examples start at r * n of the global batch.
 
 Randomness is counter based (Philox, `StatelessRandomUniformV2`): the random
-number used for element i of example n of the mini-batch depends only on the
-layer's seed, the step seed and (n, i). A micro-batch that starts at example
-`example_offset` therefore draws exactly the numbers the whole batch would draw
-for those examples, so dropout masks are the same for any number of partitions
-K or micro-batches T, and the recompute pass reproduces the forward pass's masks.
+number used for element i of example n of the global batch depends only on the
+layer's seed, the step seed and (n, i). Example offsets compose: a replica
+adds r * n, a pipeline's micro-batch t adds t * m on top. A call that starts
+at example `example_offset` therefore draws exactly the numbers the whole
+batch would draw for those examples, on whichever axis the batch lies
+(`BatchAxis`), so dropout masks are the same for any number of replicas R,
+partitions K or micro-batches T, and the recompute pass reproduces the forward
+pass's masks.
 """
 
 import contextlib
 import dataclasses
+import functools
+import numbers
 import threading
 import zlib
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
@@ -26,45 +50,132 @@ import tensorflow as tf
 
 _local = threading.local()
 
+# An int or a scalar integer tensor (e.g. the global step).
+IntLike = Union[int, tf.Tensor]
 
-@dataclasses.dataclass
-class _Context:
-  # None until a TrainingMode / EvalMode block sets it: FProp then trains,
-  # while a plain `layer(x)` call runs in eval mode (BaseLayer.__call__).
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FPropContext:
+  """What layers read besides their inputs; one per `with` block.
+
+  Attributes:
+    training: training mode (batch statistics, dropout, drop-path on);
+      None until a `TrainingMode` / `EvalMode` block sets it: `FProp` then
+      trains, while a plain `layer(x)` call runs in eval mode
+      (`base_layer.BaseLayer.__call__`).
+    step_seed: the per-step seed of counter-based randomness (int or scalar
+      integer tensor, e.g. the global step).
+    example_offset: index in the global batch of the first example the
+      current inputs hold (int or scalar integer tensor); `ExampleOffset`
+      adds to it.
+    batch_axis: the axis of the batch in the tensors layers see (int >= 0);
+      per-example randomness is drawn along it.
+    drop_path_progress: training progress in [0, 1] scaling drop-path (float
+      or scalar float tensor); 1.0, full drop-path, unless a trainer sets it.
+    stats_collector: list receiving (layer, BatchStats) pairs, or None to
+      update moving statistics at once (`AddBatchStats`).
+    timeline_recorder: the `timeline.Recorder` of an active
+      `timeline.Record()` block, or None (recording off).
+  """
   training: Optional[bool] = None
   step_seed: Any = 0
   example_offset: Any = 0
+  batch_axis: int = 0
+  drop_path_progress: Any = 1.0
   stats_collector: Optional[List[Any]] = None
+  timeline_recorder: Optional[Any] = None
 
 
-def _Stack() -> List[_Context]:
+def _Stack() -> List[FPropContext]:
   if not hasattr(_local, 'stack'):
-    _local.stack = [_Context()]
+    _local.stack = [FPropContext()]
   return _local.stack
 
 
-def Current() -> _Context:
+def Current() -> FPropContext:
+  """The innermost context of this thread."""
   return _Stack()[-1]
 
 
 @contextlib.contextmanager
-def _Push(**changes) -> Iterator[_Context]:
-  ctx = dataclasses.replace(Current(), **changes)
-  _Stack().append(ctx)
+def EnterContext(ctx: FPropContext) -> Iterator[FPropContext]:
+  """Context manager making `ctx`, unchanged, the current context."""
+  if not isinstance(ctx, FPropContext):
+    raise TypeError(f'EnterContext needs an FPropContext (from '
+                    f'py_utils.CaptureContext()), got {ctx!r}')
+  stack = _Stack()
+  stack.append(ctx)
   try:
     yield ctx
   finally:
-    _Stack().pop()
+    stack.pop()
 
 
-def RestoreContext(ctx: _Context):
-  """Context manager re-entering `ctx`'s mode and step seed.
+def _Push(**changes):
+  """Enters a copy of the current context with `changes`."""
+  return EnterContext(dataclasses.replace(Current(), **changes))
+
+
+def CaptureContext() -> FPropContext:
+  """The current context, to re-enter in another thread (`WithContext`).
+
+  Contexts are immutable, so the captured value does not change when the
+  caller's `with` blocks exit. It shares the caller's stats collector and
+  timeline recorder (both lists/objects append-only and thread-safe), so
+  replica threads report into the caller's blocks.
+  """
+  return Current()
+
+
+def WithContext(ctx: FPropContext, fn: Callable[..., Any]) -> Callable[..., Any]:
+  """`fn` wrapped to run inside `ctx`, in whatever thread calls it.
+
+  Thread-local state does not cross threads: a `tf.distribute` strategy's
+  `run` calls its function in one thread per replica, where a `StepSeed` or
+  `EvalMode` set around `strategy.run` is not seen (layers would run in
+  training mode with step seed 0). Wrap the replica function instead:
+
+    ctx = py_utils.CaptureContext()
+    strategy.run(py_utils.WithContext(ctx, ReplicaFn), args=(batch,))
+
+  Args:
+    ctx: a context from `CaptureContext()`.
+    fn: the function to call.
+
+  Returns:
+    A function with fn's signature that calls fn inside `EnterContext(ctx)`.
+  """
+  if not isinstance(ctx, FPropContext):
+    raise TypeError(f'WithContext needs an FPropContext (from '
+                    f'py_utils.CaptureContext()), got {ctx!r}')
+
+  @functools.wraps(fn)
+  def Wrapped(*args, **kwargs):
+    with EnterContext(ctx):
+      return fn(*args, **kwargs)
+  return Wrapped
+
+
+def RestoreContext(ctx: FPropContext):
+  """Context manager re-entering the forward pass's context for a recompute.
 
   A recompute pass runs when the gradient is taken, possibly outside the
-  `StepSeed` / `EvalMode` blocks of the forward pass; it re-enters the forward
-  pass's context so that it draws the same random numbers.
+  `with` blocks of the forward pass; it must compute the same function.
+  Field by field:
+
+    training, step_seed, drop_path_progress: restored, so that the same
+      layers drop the same values with the same keep probabilities;
+    example_offset, batch_axis: restored, so that per-example masks are
+      drawn for the same examples along the same axis (a pipeline's
+      micro-batch offset is added inside, as in the forward);
+    timeline_recorder: restored: the backward loop records its cells iff
+      the forward recorded, into the same recorder;
+    stats_collector: NOT restored. The recomputed batch statistics repeat
+      what the forward already reported; reporting them again (or, with no
+      collector, calling `UpdateMovingStats`) would update the moving
+      averages twice per step. They go to a fresh collector and are dropped.
   """
-  return _Push(training=ctx.training, step_seed=ctx.step_seed)
+  return EnterContext(dataclasses.replace(ctx, stats_collector=[]))
 
 
 def IsTraining() -> bool:
@@ -94,14 +205,159 @@ def EvalMode():
   return TrainingMode(False)
 
 
-def StepSeed(seed: Union[int, tf.Tensor]):
+def _CheckIntLike(name: str, value: Any) -> None:
+  if isinstance(value, (tf.Tensor, tf.Variable)):
+    if not value.dtype.is_integer:
+      raise TypeError(f'{name} must be an integer tensor, got dtype '
+                      f'{value.dtype.name}; cast it with tf.cast(..., '
+                      'tf.int64)')
+    return
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(f'{name} must be an int or an integer tensor, got '
+                    f'{value!r} of type {type(value).__name__}')
+  if value < 0:
+    raise ValueError(f'{name}={value} must be >= 0')
+
+
+def StepSeed(seed: IntLike):
   """Context manager setting the per-step seed (e.g. the global step)."""
   return _Push(step_seed=seed)
 
 
-def ExampleOffset(offset: Union[int, tf.Tensor]):
-  """Context manager: the current inputs start at example `offset` of the batch."""
-  return _Push(example_offset=offset)
+def _AddOffsets(a: IntLike, b: IntLike) -> IntLike:
+  """a + b, without an op when either is the Python int 0."""
+  if isinstance(a, numbers.Integral) and a == 0:
+    return b
+  if isinstance(b, numbers.Integral) and b == 0:
+    return a
+  if isinstance(a, numbers.Integral) and isinstance(b, numbers.Integral):
+    return a + b
+  return tf.cast(a, tf.int64) + tf.cast(b, tf.int64)
+
+
+def ExampleOffset(offset: IntLike):
+  """Context manager: the inputs start `offset` examples further on.
+
+  Offsets compose: inside `ExampleOffset(a)`, `ExampleOffset(b)` means the
+  inputs start at example a + b of the global batch. A replica adds its
+  shard's start (`ReplicaExampleOffset`), a pipeline then adds t * m for its
+  micro-batch t, and a nested pipeline adds its own micro-batch's start.
+
+  Args:
+    offset: an int >= 0 or a scalar integer tensor.
+  """
+  _CheckIntLike('example offset', offset)
+  return _Push(example_offset=_AddOffsets(Current().example_offset, offset))
+
+
+def ReplicaExampleOffset(per_replica_batch_size: int):
+  """Context manager: the current replica's examples start at r * n.
+
+  Inside `strategy.run`, replica r of R holds examples [r n, (r + 1) n) of
+  the global batch; with this block its masks are those rows of the global
+  batch's masks, instead of every replica drawing replica 0's. Use it inside
+  the replica function (the context does not reach replica threads from
+  outside, see `WithContext`). Outside any strategy the replica is 0.
+
+  Args:
+    per_replica_batch_size: n, the examples per replica.
+
+  Raises:
+    ValueError: in a cross-replica context (`strategy.scope()` but not inside
+      `strategy.run`), where there is no current replica.
+  """
+  if (isinstance(per_replica_batch_size, bool) or
+      not isinstance(per_replica_batch_size, numbers.Integral) or
+      per_replica_batch_size < 1):
+    raise ValueError(f'per_replica_batch_size={per_replica_batch_size!r} '
+                     'must be a positive int (the batch each replica gets)')
+  replica_ctx = tf.distribute.get_replica_context()
+  if replica_ctx is None:
+    raise ValueError('ReplicaExampleOffset needs a replica context: use it '
+                     'inside the function given to strategy.run, not in '
+                     'strategy.scope()')
+  replica = replica_ctx.replica_id_in_sync_group
+  if isinstance(replica, numbers.Integral):
+    return ExampleOffset(int(replica) * per_replica_batch_size)
+  return ExampleOffset(tf.cast(replica, tf.int64) * per_replica_batch_size)
+
+
+def BatchAxis(axis: int):
+  """Context manager: the batch lies on `axis` of the tensors layers see.
+
+  Per-example randomness (`StatelessUniform`) is drawn along this axis, so
+  a layout with the batch on axis 1 (e.g. [time, batch, dim], a
+  `TensorPipeLayer` with batch_dim=1, which sets it) gets per-example masks
+  that do not depend on how the batch is split.
+  """
+  if isinstance(axis, bool) or not isinstance(axis, int) or axis < 0:
+    raise ValueError(f'batch axis {axis!r} must be an int >= 0')
+  return _Push(batch_axis=axis)
+
+
+def CurrentBatchAxis() -> int:
+  """The batch axis set by the innermost `BatchAxis` block (default 0)."""
+  return Current().batch_axis
+
+
+def PerExampleShape(shape: Sequence[int]) -> List[int]:
+  """Shape of one value per example of a tensor of `shape`.
+
+  1 on every axis except the context's batch axis, e.g. [8, 1, 1, 1] for
+  [8, 4, 4, 16] with the batch on axis 0: a drop-path mask's shape.
+
+  Raises:
+    ValueError: if the batch axis is not an axis of `shape`.
+  """
+  shape = list(shape)
+  axis = CurrentBatchAxis()
+  if axis >= len(shape):
+    raise ValueError(f'batch axis {axis} is out of range for shape {shape}; '
+                     'set py_utils.BatchAxis / TensorPipeLayer batch_dim to '
+                     'the axis of the batch')
+  out = [1] * len(shape)
+  out[axis] = int(shape[axis])
+  return out
+
+
+def DropPathProgress(progress: Union[float, tf.Tensor]):
+  """Context manager setting the training progress that scales drop-path.
+
+  Without it drop-path runs at full strength (progress 1.0). The trainer
+  sets progress = step / max_steps in its train step (NASNet's schedule).
+
+  Args:
+    progress: a float in [0, 1] or a scalar float tensor, e.g.
+      tf.minimum(1., tf.cast(step, tf.float32) / total_steps) computed in the
+      train step; read when layers are traced. Not a tf.Variable: the
+      pipeline's custom gradient cannot capture variables.
+
+  Raises:
+    TypeError: for a tf.Variable or a non-number.
+    ValueError: for a Python number outside [0, 1].
+  """
+  if isinstance(progress, tf.Variable):
+    raise TypeError(f'DropPathProgress got the variable {progress.name!r}; '
+                    'pass a tensor: progress.read_value() inside the train '
+                    'step')
+  if not isinstance(progress, tf.Tensor):
+    if isinstance(progress, bool) or not isinstance(progress, numbers.Real):
+      raise TypeError(f'drop-path progress must be a float in [0, 1] or a '
+                      f'scalar tensor, got {progress!r}')
+    if not 0.0 <= progress <= 1.0:
+      raise ValueError(f'drop-path progress={progress!r} must be in [0, 1] '
+                       '(step / total steps)')
+  return _Push(drop_path_progress=progress)
+
+
+def CurrentDropPathProgress() -> Union[float, tf.Tensor]:
+  """The progress of the innermost `DropPathProgress` block (default 1.0)."""
+  return Current().drop_path_progress
+
+
+def TimelineRecorder(recorder: Any):
+  """Context manager installing a `timeline.Recorder` (see `timeline.Record`)."""
+  return _Push(timeline_recorder=recorder)
 
 
 def LayerSeed(path: str, random_seed: Optional[int]) -> int:
@@ -111,26 +367,40 @@ def LayerSeed(path: str, random_seed: Optional[int]) -> int:
 
 
 def StatelessUniform(shape: Sequence[int], layer_seed: int,
-                     dtype=tf.float32) -> tf.Tensor:
-  """Uniform [0, 1) numbers for the current examples, batch-major.
+                     dtype=tf.float32,
+                     batch_axis: Optional[int] = None) -> tf.Tensor:
+  """Uniform [0, 1) numbers for the current examples.
 
-  `shape[0]` is the batch axis. The numbers equal the matching rows of the
-  numbers the whole mini-batch would get (see the module docstring).
+  `shape[batch_axis]` is the batch. The numbers are drawn example by example
+  (each example's numbers in row-major order of the other axes) starting at
+  the context's example offset, so they equal the matching examples of the
+  numbers the whole global batch would get (see the module docstring).
 
   Args:
-    shape: [batch, ...] static shape of the numbers to draw.
+    shape: static shape of the numbers to draw, the batch on `batch_axis`.
     layer_seed: the drawing layer's seed (`LayerSeed`).
     dtype: float dtype of the result.
+    batch_axis: the batch axis; None uses the context's (`BatchAxis`).
 
   Returns:
     A tensor of `shape` with values in [0, 1).
+
+  Raises:
+    ValueError: if the batch axis is not an axis of `shape`.
   """
   ctx = Current()
+  axis = ctx.batch_axis if batch_axis is None else batch_axis
   shape = [int(d) for d in shape]
+  if not 0 <= axis < len(shape):
+    raise ValueError(f'batch axis {axis} is out of range for random numbers '
+                     f'of shape {shape}; the batch must be one of its axes '
+                     '(set py_utils.BatchAxis / TensorPipeLayer batch_dim to '
+                     'the axis of the batch)')
+  batch_major = [shape[axis]] + shape[:axis] + shape[axis + 1:]
   per_example = 1
-  for d in shape[1:]:
+  for d in batch_major[1:]:
     per_example *= d
-  n = per_example * shape[0]
+  n = per_example * batch_major[0]
   seed = tf.stack([tf.constant(layer_seed, tf.int64),
                    tf.cast(ctx.step_seed, tf.int64)])
   key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
@@ -143,7 +413,12 @@ def StatelessUniform(shape: Sequence[int], layer_seed: int,
   flat = tf.raw_ops.StatelessRandomUniformV2(
       shape=[n + 4], key=key, counter=counter, alg=1, dtype=tf.float32)
   flat = tf.slice(flat, tf.reshape(skip, [1]), [n])
-  return tf.cast(tf.reshape(flat, shape), dtype)
+  uniform = tf.reshape(flat, batch_major)
+  if axis:
+    # Move the batch from axis 0 to `axis`.
+    perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, len(shape)))
+    uniform = tf.transpose(uniform, perm)
+  return tf.cast(uniform, dtype)
 
 
 @dataclasses.dataclass

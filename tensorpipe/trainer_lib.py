@@ -8,7 +8,8 @@ runs:
     input iterator's position) if there is one
   while step < max_steps:
     batch = next(train iterator)
-    with StepSeed(step): loss, grads = task.ComputeLoss(batch), gradients
+    with StepSeed(step), DropPathProgress(step / max_steps):
+      loss, grads = task.ComputeLoss(batch), gradients
     clip grads by global norm; optimizer.Apply(lr_schedule(step), grads)
     log / write summaries / save a checkpoint at their intervals
   save a checkpoint; evaluate on the eval input
@@ -242,7 +243,12 @@ class Trainer:
     @tf.function
     def TrainStep(batch):
       step = step_var.read_value()
-      with py_utils.TrainingMode(True), py_utils.StepSeed(step):
+      # NASNet's drop-path schedule: progress = step / max_steps, so
+      # drop-path grows from none at step 0 to full strength at the end.
+      progress = tf.minimum(1.0, tf.cast(step, tf.float32) /
+                            float(max(1, tp.max_steps)))
+      with py_utils.TrainingMode(True), py_utils.StepSeed(step), \
+          py_utils.DropPathProgress(progress):
         with tf.GradientTape() as tape:
           out = task.ComputeLoss(batch)
       grads = tape.gradient(out.loss, variables)

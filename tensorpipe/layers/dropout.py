@@ -2,9 +2,12 @@
 
 The mask is drawn with `py_utils.StatelessUniform`, counter-based randomness
 keyed by the layer's seed, the step seed and the example index within the
-mini-batch. A micro-batch therefore gets exactly the rows of the mask the
-whole mini-batch would get, whatever the number of micro-batches or
-partitions, and a recomputed forward pass (rematerialization) reproduces it.
+global batch, example by example along the context's batch axis
+(`py_utils.BatchAxis`, which `TensorPipeLayer` sets from its batch_dim). A
+micro-batch therefore gets exactly the examples' part of the mask the whole
+mini-batch would get, whatever the number of micro-batches or partitions and
+whichever axis holds the batch, and a recomputed forward pass
+(rematerialization) reproduces it.
 """
 
 from typing import List
@@ -34,8 +37,8 @@ class DropoutLayer(base_layer.BaseLayer):
              '(0, 1]; 1.0 disables dropout.')
     p.Define('noise_shape_broadcast_dims', None, 'Optional list of input '
              'axes along which one mask value is shared (e.g. [1, 2] drops '
-             'whole channels of [batch, h, w, c]); the batch axis 0 cannot '
-             'be one of them.')
+             'whole channels of [batch, h, w, c]); the batch axis '
+             '(py_utils.BatchAxis, 0 by default) cannot be one of them.')
     return p
 
   def __init__(self, params):
@@ -50,11 +53,6 @@ class DropoutLayer(base_layer.BaseLayer):
           not all(isinstance(d, int) for d in dims)):
         raise ValueError(f'DropoutLayer {p.name!r}: noise_shape_broadcast_dims'
                          f'={dims!r} must be None or a list of ints')
-      if 0 in dims:
-        raise ValueError(f'DropoutLayer {p.name!r}: noise_shape_broadcast_dims'
-                         f'={dims!r} includes the batch axis 0, whose mask '
-                         'must differ per example (so that micro-batches '
-                         'agree with the whole batch); remove 0')
 
   def _MaskShape(self, shape: tf.TensorShape) -> List[int]:
     p = self.params
@@ -62,12 +60,19 @@ class DropoutLayer(base_layer.BaseLayer):
       raise ValueError(f'DropoutLayer {p.name!r}: input shape {shape} must be '
                        'static to draw a mask')
     mask_shape = shape.as_list()
+    batch_axis = py_utils.CurrentBatchAxis()
     for d in p.noise_shape_broadcast_dims or ():
       axis = d + shape.rank if d < 0 else d
-      if not 0 < axis < shape.rank:
+      if not 0 <= axis < shape.rank:
         raise ValueError(f'DropoutLayer {p.name!r}: broadcast dim {d} is out '
-                         f'of range for an input of shape {shape} (or is the '
-                         'batch axis)')
+                         f'of range for an input of shape {shape}')
+      if axis == batch_axis:
+        # The batch axis is known only here (the context's, at trace time).
+        raise ValueError(f'DropoutLayer {p.name!r}: noise_shape_broadcast_dims'
+                         f'={p.noise_shape_broadcast_dims!r} includes the '
+                         f'batch axis {batch_axis}, whose mask must differ '
+                         'per example (so that micro-batches agree with the '
+                         f'whole batch); remove {d}')
       mask_shape[axis] = 1
     return mask_shape
 
@@ -76,7 +81,8 @@ class DropoutLayer(base_layer.BaseLayer):
 
     Args:
       theta: unused (no weights).
-      x: [batch, ...] float tensor; its static shape must be known.
+      x: float tensor with the batch on the context's batch axis ([batch,
+        ...] by default); its static shape must be known.
 
     Returns:
       A tensor like x, in fprop_dtype.
