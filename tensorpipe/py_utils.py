@@ -456,13 +456,21 @@ def AddBatchStats(layer: Any, stats: BatchStats) -> None:
 
   Inside `CollectBatchStats()` the statistics are recorded for the caller to
   merge (a pipeline merges those of all micro-batches); otherwise the layer's
-  `UpdateMovingStats(stats)` is called at once.
+  `UpdateMovingStats(stats)` is called at once. Inside the replica function
+  of a tf.distribute strategy with R > 1 replicas the statistics are first
+  summed over the replicas (count, sum and sum of squares add exactly), so
+  every replica's moving averages follow the global batch, as one replica's
+  would (tensorpipe/distribute.py).
   """
   collector = Current().stats_collector
-  if collector is None:
-    layer.UpdateMovingStats(stats)
-  else:
+  if collector is not None:
     collector.append((layer, stats))
+    return
+  replica_ctx = tf.distribute.get_replica_context()
+  if replica_ctx is not None and replica_ctx.num_replicas_in_sync > 1:
+    stats = BatchStats.Pack(replica_ctx.all_reduce(
+        tf.distribute.ReduceOp.SUM, stats.Flatten()))
+  layer.UpdateMovingStats(stats)
 
 
 @contextlib.contextmanager

@@ -57,7 +57,7 @@ def _Collect(layer, prefix, out):
       _Collect(c, prefix + c.layer_name + '/', out)
 
 
-def _SliceBatch(x: Any, start: int, size: int, batch_dim: int) -> Any:
+def SliceBatch(x: Any, start: int, size: int, batch_dim: int) -> Any:
   """Examples [start, start + size) of `x` on `batch_dim` (non-tensors as is)."""
   if not isinstance(x, (tf.Tensor, np.ndarray)):
     return x
@@ -95,7 +95,7 @@ def MicroBatchOracle(layer: Any, num_micro_batches: int,
       outs = []
       for t in range(num_micro_batches):
         part = tf.nest.map_structure(
-            lambda x, t=t: _SliceBatch(x, t * size, size, batch_dim), xs)
+            lambda x, t=t: SliceBatch(x, t * size, size, batch_dim), xs)
         with py_utils.ExampleOffset(t * size):
           outs.append(layer.FPropDefaultTheta(*part))
       out = tf.nest.map_structure(lambda *a: tf.concat(a, batch_dim), *outs)

@@ -1,0 +1,275 @@
+"""Tests of tensorpipe/distribute.py: R data-parallel replicas x K stages."""
+
+import numpy as np
+import tensorflow as tf
+
+from tensorpipe import base_layer
+from tensorpipe import distribute
+from tensorpipe import optimizers
+from tensorpipe import pipeline
+from tensorpipe import py_utils
+from tensorpipe import tasks
+from tensorpipe import test_utils
+from tensorpipe.layers import composite
+from tensorpipe.layers import dropout
+from tensorpipe.layers import linear
+from tensorpipe.layers import losses
+from tensorpipe.layers import normalization
+from tensorpipe.nested_map import NestedMap
+
+test_utils.ConfigureTestDevices()
+
+R, K, T = 2, 2, 2          # replicas, partitions, micro-batches per replica
+BATCH = 16                 # global batch: R x T micro-batches of 4
+CLASSES = 3
+LR = 0.1
+SMOOTHING = 0.1
+
+
+def Layers():
+  """FC -> batch norm -> dropout -> FC, in float64 (exactness is claimed)."""
+  return [
+      linear.FCLayer.Params().Set(name='fc0', input_dim=5, output_dim=6),
+      normalization.BatchNormLayer.Params().Set(name='bn', dim=6, decay=0.5),
+      dropout.DropoutLayer.Params().Set(name='drop', keep_prob=0.6),
+      linear.FCLayer.Params().Set(name='fc1', input_dim=6,
+                                  output_dim=CLASSES, activation='NONE'),
+  ]
+
+
+def TaskParams(num_micro_batches=T):
+  pipe = pipeline.TensorPipeLayer.Params().Set(
+      name='TensorPipe', layers=Layers(), num_partitions=K,
+      num_micro_batches=num_micro_batches, input_shapes=[[BATCH // R, 5]])
+  p = tasks.ClassificationTask.Params().Set(
+      name='task', model=pipe, num_classes=CLASSES, input_key='image',
+      label_smoothing=SMOOTHING, dtype=tf.float64)
+  return p
+
+
+def Batch(step):
+  x = tf.random.stateless_normal([BATCH, 5], seed=[step, 1], dtype=tf.float64)
+  labels = tf.random.stateless_uniform([BATCH], seed=[step, 2], maxval=CLASSES,
+                                       dtype=tf.int32)
+  return NestedMap(image=x, label=labels)
+
+
+def Sgd():
+  return optimizers.SGD.Params().Set(momentum=0.9).Instantiate()
+
+
+class OracleModel:
+  """The unreplicated, unpipelined model on the R x T micro-batches.
+
+  Batch norm normalises each micro-batch with its own statistics and the
+  moving averages are updated once per step from all micro-batches; dropout
+  draws the masks of each example's position in the global batch.
+  """
+
+  def __init__(self):
+    # Inside a task, as the replicas' pipelines are: the layer paths (which
+    # seed dropout) are then the same, 'model/drop'.
+    p = TaskParams()
+    p.model = composite.SequentialLayer.Params().Set(name='model',
+                                                     sub=Layers())
+    self.model = p.Instantiate().children.model
+    self.opt = Sgd()
+    self.variables = self.model.trainable_variables
+    self.opt.Build(base_layer.VariablesByPath(self.model, trainable_only=True))
+    self._step = tf.function(self._Step, autograph=False)
+
+  def Outputs(self, x, step):
+    with py_utils.TrainingMode(True), py_utils.StepSeed(step):
+      return self._Forward(x)[0]
+
+  def _Forward(self, x):
+    size = BATCH // (R * T)
+    outs = []
+    with py_utils.CollectBatchStats() as collected:
+      for t in range(R * T):
+        with py_utils.ExampleOffset(t * size):
+          outs.append(self.model.FPropDefaultTheta(
+              test_utils.SliceBatch(x, t * size, size, 0)))
+    return tf.concat(outs, 0), collected
+
+  def _Step(self, batch, step):
+    with py_utils.TrainingMode(True), py_utils.StepSeed(step):
+      with tf.GradientTape() as tape:
+        logits, collected = self._Forward(batch.image)
+        loss = tf.reduce_mean(losses.SoftmaxCrossEntropyLoss(
+            tf.cast(logits, tf.float32), batch.label, SMOOTHING, CLASSES))
+    grads = tape.gradient(loss, self.variables)
+    merged = {}
+    for layer, stats in collected:
+      merged[layer] = stats if layer not in merged else merged[layer].Merge(
+          stats)
+    for layer, stats in merged.items():
+      layer.UpdateMovingStats(stats)
+    self.opt.Apply(LR, grads, self.variables)
+    return loss, grads
+
+  def Step(self, batch, step):
+    return self._step(batch, tf.constant(step, tf.int64))
+
+
+def Replicated():
+  topology = distribute.LocalTopology([['/CPU:0', '/CPU:1'],
+                                       ['/CPU:2', '/CPU:3']])
+  replicas = distribute.BuildReplicas(TaskParams(), topology)
+  opts = []
+  for task in replicas:
+    opt = Sgd()
+    opt.Build(base_layer.VariablesByPath(task, trainable_only=True))
+    opts.append(opt)
+
+  @tf.function(autograph=False)
+  def Step(batch, step):
+    with py_utils.TrainingMode(True), py_utils.StepSeed(step):
+      return distribute.TrainStep(topology, replicas, opts, batch,
+                                  tf.constant(LR, tf.float32))
+  return topology, replicas, opts, Step
+
+
+def ByPath(layer, trainable_only=False):
+  return {k.split('/', 1)[1] if k.startswith('model/') else k: v
+          for k, v in base_layer.VariablesByPath(
+              layer, trainable_only=trainable_only).items()}
+
+
+class ReplicatedPipelineTest(tf.test.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.oracle = OracleModel()
+    cls.topology, cls.replicas, cls.opts, cls.step = Replicated()
+    # The oracle's weights are the replicas' (same layer paths, same seeds).
+    for path, var in ByPath(cls.oracle.model).items():
+      var.assign(ByPath(cls.replicas[0])[path])
+    cls.history = []
+    for step in range(3):
+      batch = Batch(step)
+      got = cls.step(batch, tf.constant(step, tf.int64))
+      want_loss, want_grads = cls.oracle.Step(batch, step)
+      cls.history.append((got, want_loss, want_grads))
+
+  def testReplicasAreOnTheirOwnDeviceGroups(self):
+    """Stage k's weights and slots are on device k of their replica's group."""
+    for r, task in enumerate(self.replicas):
+      pipe = task.children.model
+      self.assertEqual(pipe.devices, [f'/CPU:{r * K + k}' for k in range(K)])
+      paths = {v.ref(): p for p, v in base_layer.VariablesByPath(task).items()}
+      checked = 0
+      for k, layers in enumerate(pipe.PartitionLayers()):
+        want = f'/job:localhost/replica:0/task:0/device:CPU:{r * K + k}'
+        for layer in layers:
+          for var in base_layer.VariablesByPath(layer).values():
+            self.assertEqual(var.device, want, msg=var.name)
+            for slot in self.opts[r].slots.get(paths[var.ref()], {}).values():
+              self.assertEqual(slot.device, want, msg=paths[var.ref()])
+              checked += 1
+      # One momentum slot per trainable variable.
+      self.assertEqual(checked, len(task.trainable_variables))
+
+  def testLossEqualsTheMicroBatchOracle(self):
+    for step, (got, want_loss, _) in enumerate(self.history):
+      test_utils.AssertAllCloseScaled(self, got['loss'], want_loss,
+                                      test_utils.DEFAULT_RTOL[tf.float64],
+                                      msg=f'step {step}')
+
+  def testGradientNormEqualsTheOracle(self):
+    for step, (got, _, want_grads) in enumerate(self.history):
+      test_utils.AssertAllCloseScaled(
+          self, got['grad_norm'], tf.linalg.global_norm(want_grads),
+          test_utils.DEFAULT_RTOL[tf.float64], msg=f'step {step}')
+
+  def testWeightsAfterThreeStepsEqualOracleAndAcrossReplicas(self):
+    want = ByPath(self.oracle.model)
+    for r, task in enumerate(self.replicas):
+      got = ByPath(task)
+      self.assertEqual(sorted(got), sorted(want))
+      for path, var in got.items():
+        # Weights in float64. Batch norm's moving statistics (from all R x T
+        # micro-batches) are summed in float32 (normalization.py), the R
+        # replicas' sums added by the all-reduce instead of in micro-batch
+        # order: float32 rounding of a 16-term sum, ~16 eps32 = 2e-6.
+        rtol = (test_utils.DEFAULT_RTOL[tf.float64] if var.trainable
+                else 1e-5)
+        test_utils.AssertAllCloseScaled(self, var, want[path], rtol,
+                                        msg=f'replica {r} {path}')
+    for a, b in zip(*[list(ByPath(t).values()) for t in self.replicas]):
+      self.assertAllEqual(a, b)
+    names = list(ByPath(self.replicas[0]))
+    distribute.CheckReplicasEqual(
+        self.topology, [list(ByPath(t).values()) for t in self.replicas],
+        names, 'after 3 steps')
+
+  def testReplicaDropoutMasksAreTheGlobalBatchRows(self):
+    """Replica r's outputs (masks included) are rows [r n, (r+1) n)."""
+    batch = Batch(7)
+    want = self.oracle.Outputs(batch.image, 7)
+
+    def Replica(x):
+      local = distribute.LocalReplicaIndex(self.topology)
+      rows = distribute.ShardRows(x, local, R)
+      # Collected and dropped: this forward must not move the averages that
+      # testWeightsAfterThreeSteps compares.
+      with py_utils.ReplicaExampleOffset(BATCH // R), \
+          py_utils.CollectBatchStats():
+        return self.replicas[local].children.model.FPropDefaultTheta(rows)
+
+    @tf.function(autograph=False)
+    def Run(x):
+      with py_utils.TrainingMode(True), py_utils.StepSeed(7):
+        ctx = py_utils.CaptureContext()
+        return self.topology.strategy.run(py_utils.WithContext(ctx, Replica),
+                                          args=(x,))
+    outs = self.topology.strategy.experimental_local_results(Run(batch.image))
+    # The oracle's weights equal the replicas' (checked above).
+    test_utils.AssertAllCloseScaled(self, tf.concat(outs, 0), want,
+                                    test_utils.DEFAULT_RTOL[tf.float64])
+    # Dropout is on: half the masks of replica 1 differ from replica 0's.
+    self.assertNotAllClose(outs[0], outs[1])
+
+  def testCheckReplicasEqualNamesTheDifferingVariable(self):
+    topology, replicas, _, _ = Replicated()
+    variables = [list(ByPath(t).values()) for t in replicas]
+    names = list(ByPath(replicas[0]))
+    distribute.CheckReplicasEqual(topology, variables, names, 'at init')
+    index = names.index('fc1/w')
+    variables[1][index].assign_add(tf.ones_like(variables[1][index]) * 1e-12)
+    with self.assertRaisesRegex(RuntimeError, r'after a test.*fc1/w'):
+      distribute.CheckReplicasEqual(topology, variables, names,
+                                    'after a test')
+
+
+class ReplicaParamsTest(tf.test.TestCase):
+
+  def testRejectsExplicitDevices(self):
+    p = TaskParams()
+    p.model.devices = ['/CPU:0', '/CPU:1']
+    with self.assertRaisesRegex(ValueError, 'leave devices=None'):
+      distribute.ReplicaParams(p, ['/CPU:2', '/CPU:3'])
+
+  def testRejectsTooSmallGroup(self):
+    with self.assertRaisesRegex(ValueError, '2 partitions but the device '
+                                'group'):
+      distribute.ReplicaParams(TaskParams(), ['/CPU:2'])
+
+  def testShardRowsRejectsIndivisibleBatch(self):
+    with self.assertRaisesRegex(ValueError, 'global batch size 6 is not '
+                                'divisible by 4 replicas'):
+      distribute.ShardRows(NestedMap(x=tf.zeros([6, 2])), 0, 4)
+
+  def testChecksumsSeeOneUlp(self):
+    a = tf.Variable(tf.ones([3, 3], tf.float32))
+    b = tf.Variable(tf.ones([3, 3], tf.float32))
+    self.assertAllEqual(distribute.Checksums([a]), distribute.Checksums([b]))
+    b.assign(tf.tensor_scatter_nd_update(
+        b, [[2, 1]], [np.nextafter(np.float32(1), np.float32(2))]))
+    self.assertNotAllEqual(distribute.Checksums([a]),
+                           distribute.Checksums([b]))
+
+
+if __name__ == '__main__':
+  tf.test.main()
