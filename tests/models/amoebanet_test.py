@@ -247,49 +247,5 @@ class DropPathTest(tf.test.TestCase):
                           msg=name)
 
 
-  def testRecomputeRedrawsTheForwardsMasksWithTheForwardsProgress(self):
-    """The trainer takes the gradient outside its DropPathProgress block:
-    the recomputing backward pass must drop the forward's paths with the
-    forward's keep probabilities (the progress is part of the context that
-    the recompute restores). recompute=False, whose backward reuses the
-    forward's masks, is the reference."""
-    ops, idx, used = CHEAP_GENOTYPE['normal']
-    cell = amoebanet_cells.NASCellLayer.Params().Set(
-        operations=ops, hiddenstate_indices=idx, used_hiddenstates=used,
-        num_filters=4, total_num_cells=2, drop_path_keep_prob=0.5,
-        dtype=tf.float64)
-    # Two cells: [b, 4, 4, 4] -> (cur, [b, 4, 4, 8]) -> (.., [b, 4, 4, 8]).
-    layer_ps = [
-        cell.Copy().Set(name='cell0', cur_channels=4, prev_channels=None,
-                        cell_num=0),
-        cell.Copy().Set(name='cell1', cur_channels=8, prev_channels=4,
-                        cell_num=1)]
-    x = tf.random.stateless_normal([4, 4, 4, 4], [1, 2], dtype=tf.float64)
-    weights = tf.random.stateless_normal([4, 4, 4, 8], [3, 4],
-                                         dtype=tf.float64)
-    grads = {}
-    for recompute in (False, True):
-      pipe = pipeline.TensorPipeLayer.Params().Set(
-          name='TensorPipe', layers=layer_ps, num_partitions=2,
-          num_micro_batches=2, input_shapes=[x.shape.as_list()],
-          recompute=recompute).Instantiate()
-      variables = test_utils.VariablesByName(pipe)
-      names = sorted(n for n, v in variables.items() if v.trainable)
-
-      @tf.function(autograph=False)
-      def Step(x, pipe=pipe, variables=variables, names=names):
-        with tf.GradientTape() as tape:
-          with py_utils.StepSeed(3), py_utils.DropPathProgress(
-              tf.constant(0.5)):
-            loss = tf.reduce_sum(pipe.FPropDefaultTheta(x)[1] * weights)
-        return tape.gradient(loss, [variables[n] for n in names])
-      grads[recompute] = dict(zip(names, Step(x)))
-    self.assertEqual(sorted(grads[True]), sorted(grads[False]))
-    for name, want in grads[False].items():
-      # float64, the same ops in the same order.
-      self.assertAllClose(grads[True][name], want, rtol=1e-12, atol=1e-12,
-                          msg=name)
-
-
 if __name__ == '__main__':
   tf.test.main()
