@@ -96,7 +96,8 @@ def MicroBatchOracle(layer: Any, num_micro_batches: int,
       for t in range(num_micro_batches):
         part = tf.nest.map_structure(
             lambda x, t=t: SliceBatch(x, t * size, size, batch_dim), xs)
-        with py_utils.ExampleOffset(t * size):
+        # The layers draw per-example masks along the batch axis.
+        with py_utils.ExampleOffset(t * size), py_utils.BatchAxis(batch_dim):
           outs.append(layer.FPropDefaultTheta(*part))
       out = tf.nest.map_structure(lambda *a: tf.concat(a, batch_dim), *outs)
       loss = loss_fn(out)

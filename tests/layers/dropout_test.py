@@ -199,6 +199,10 @@ class BatchDim1PipelineTest(tf.test.TestCase):
         for name in want:
           self.assertAllClose(grads[name], want[name], rtol=1e-12,
                               atol=1e-12, msg=f'K={k} T={t} {name}')
+    # The shared micro-batch oracle agrees (it slices on axis 1 itself).
+    test_utils.AssertPipelineMatchesOracle(
+        self, _TimeMajorLayers(), 2, 4, [x],
+        lambda y: tf.reduce_sum(tf.square(y)), batch_dim=1)
     # The masks matter: eval mode (no dropout) gives another loss.
     with py_utils.BatchAxis(1), py_utils.EvalMode():
       self.assertNotAllClose(self._LossAndGrads(plain, x)[0], want_loss)
