@@ -48,7 +48,7 @@ def _Fix(what: str) -> str:
   return f'{what}; TF_CONFIG looks like {_TF_CONFIG_EXAMPLE}'
 
 
-def _CheckAddress(address: Any, where: str) -> str:
+def CheckAddress(address: Any, where: str) -> str:
   """Checks one 'host:port' entry; returns it unchanged."""
   if not isinstance(address, str):
     raise ValueError(f'{where}={address!r} is not a string; give addresses as '
@@ -97,9 +97,9 @@ class Cluster:
                        '"host:port" strings')
     object.__setattr__(self, 'workers', tuple(self.workers))
     if self.chief is not None:
-      _CheckAddress(self.chief, 'chief')
+      CheckAddress(self.chief, 'chief')
     for i, a in enumerate(self.workers):
-      _CheckAddress(a, f'worker[{i}]')
+      CheckAddress(a, f'worker[{i}]')
     if not self.workers and self.chief is None:
       raise ValueError('the cluster has no tasks; list at least one worker '
                        'address ("host:port")')

@@ -372,3 +372,40 @@ def TrainStep(topology: Topology, tasks: Sequence[Any],
     return values
 
   return RunReplicas(topology, Replica, batch)
+
+
+def ConnectRemoteStages(worker_addresses: Sequence[str]) -> List[str]:
+  """EXPERIMENTAL: stages on other hosts, driven by this single client.
+
+  Connects this process (the client) to running TensorFlow servers
+  (`tf.distribute.Server` in job 'worker', one per address) and returns one
+  device per server, '/job:worker/replica:0/task:<i>/device:CPU:0' (GPU:0 if
+  the server has one), to use as a TensorPipeLayer's `devices`: partition k
+  then runs on host k, and TF's runtime sends the boundary activations
+  between hosts. Limits: one client builds and runs every step (no data
+  parallelism in this mode; the variables live on the servers and die with
+  them), the servers must be started first and stay up, and every step
+  crosses the network 2 (K - 1) times per micro-batch. Call before any
+  other TensorFlow op.
+
+  Args:
+    worker_addresses: 'host:port' of each server, in stage order.
+
+  Returns:
+    K device names.
+  """
+  from tensorpipe import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  addresses = [cluster_lib.CheckAddress(a, f'worker[{i}]')
+               for i, a in enumerate(worker_addresses)]
+  if not addresses:
+    raise ValueError('worker_addresses is empty; give one "host:port" per '
+                     'stage')
+  spec = tf.train.ClusterSpec({'worker': addresses})
+  tf.config.experimental_connect_to_cluster(spec)
+  names = []
+  for i in range(len(addresses)):
+    task = f'/job:worker/replica:0/task:{i}'
+    gpus = [d for d in tf.config.list_logical_devices('GPU')
+            if d.name.startswith(task + '/')]
+    names.append(f'{task}/device:GPU:0' if gpus else f'{task}/device:CPU:0')
+  return names
