@@ -17,7 +17,7 @@ from tensorpipe.layers import linear
 
 
 @model_registry.RegisterSingleTaskModel
-class Consistency16(base_experiment.BaseExperiment):
+class Consistency4x8(base_experiment.BaseExperiment):
   """16 conv layers 3x3x1x1 + FC softmax, K=4, T=8, on synthetic 8x8 images."""
 
   NUM_LAYERS = 16
@@ -65,6 +65,11 @@ class Consistency16(base_experiment.BaseExperiment):
 
 
 @model_registry.RegisterSingleTaskModel
-class Consistency16K1(Consistency16):
+class Consistency1x8(Consistency4x8):
   """The same with one partition (no pipelining), for comparison."""
   NUM_PARTITIONS = 1
+
+
+# Keys of the names before the <Model><K>x<T> scheme (users type them).
+model_registry.RegisterAlias('Consistency16', Consistency4x8)
+model_registry.RegisterAlias('Consistency16K1', Consistency1x8)

@@ -9,10 +9,15 @@ Importing this module imports no experiment (as paxml's registry): a lookup of
 `a.b.Cls` imports `params.a.b` on demand, which runs its decorators.
 `ListKeys()` imports every module below `params/` first.
 
+Class names follow one scheme, <Model><K>x<T> (K partitions, T micro-batches,
+e.g. `ResNet4x8`, `AmoebaNetB4x8`). A renamed experiment keeps its old key
+working through `RegisterAlias` (users type the keys they know).
+
 Usage:
   @model_registry.RegisterSingleTaskModel
   class MyExperiment(base_experiment.BaseExperiment):
     ...
+  model_registry.RegisterAlias('My_Experiment', MyExperiment)  # old name
   p = model_registry.GetParams('image.fashion_mnist.MyExperiment', 'Train')
 """
 
@@ -26,6 +31,7 @@ _PARAMS_PACKAGE = 'params'
 _DATASETS = ('Train', 'Test', 'Dev')
 
 _registry: Dict[str, type] = {}
+_aliases: Dict[str, str] = {}     # old key -> key
 
 
 class UnknownModelError(ValueError):
@@ -54,7 +60,7 @@ def RegisterSingleTaskModel(cls: type) -> type:
   for method in ('Task', 'Train'):
     if not callable(getattr(cls, method, None)):
       raise TypeError(f'experiment {cls.__name__} has no {method}() method; '
-                      'subclass params.base_experiment.BaseExperiment')
+                      'subclass tensorpipe.base_experiment.BaseExperiment')
   key = _KeyOf(cls)
   old = _registry.get(key)
   if old is not None and old is not cls:
@@ -65,8 +71,48 @@ def RegisterSingleTaskModel(cls: type) -> type:
                                                    key.startswith('__main__')):
       raise ValueError(f'experiment key {key!r} is already registered by '
                        f'{old.__module__}.{old.__qualname__}; rename the class')
+  if key in _aliases:
+    raise ValueError(f'experiment key {key!r} is already an alias of '
+                     f'{_aliases[key]!r}; rename the class')
   _registry[key] = cls
   return cls
+
+
+def RegisterAlias(alias: str, cls: type) -> None:
+  """Makes `<module>.<alias>` another key of the registered class `cls`.
+
+  For a renamed experiment: its old key keeps working. The alias is a class
+  name in `cls`'s module; `ListKeys()` lists only the new key.
+
+  Usage (below the class, in its params module):
+    model_registry.RegisterAlias('AmoebaNetB_4x8', AmoebaNetB4x8)
+
+  Raises:
+    ValueError: `cls` is not registered, or the alias is taken.
+  """
+  key = _KeyOf(cls)
+  if _registry.get(key) is not cls:
+    raise ValueError(f'{cls.__name__} is not registered; decorate it with '
+                     '@model_registry.RegisterSingleTaskModel first')
+  module = key[:-len(cls.__name__)]
+  if not isinstance(alias, str) or not alias.isidentifier():
+    raise ValueError(f'alias {alias!r} must be a class name such as '
+                     f'{cls.__name__!r}')
+  alias_key = module + alias
+  if alias_key in _registry:
+    raise ValueError(f'alias {alias_key!r} is already the key of '
+                     f'{_registry[alias_key].__qualname__}')
+  if _aliases.get(alias_key, key) != key:
+    raise ValueError(f'alias {alias_key!r} already names '
+                     f'{_aliases[alias_key]!r}')
+  _aliases[alias_key] = key
+
+
+def Aliases() -> Dict[str, str]:
+  """{old key: key} of every alias (imports every module below params/)."""
+  _ImportAll()
+  return {k: v for k, v in sorted(_aliases.items())
+          if not k.startswith('__main__')}
 
 
 def _ImportFor(key: str) -> None:
@@ -111,8 +157,9 @@ def GetClass(key: str) -> type:
   if not isinstance(key, str) or not key:
     raise UnknownModelError(f'experiment key must be a non-empty string like '
                             f"'image.fashion_mnist.ResNet4x8', got {key!r}")
-  if key not in _registry:
+  if key not in _registry and key not in _aliases:
     _ImportFor(key)
+  key = _aliases.get(key, key)
   if key not in _registry:
     keys = ListKeys()
     close = difflib.get_close_matches(key, keys, n=5, cutoff=0.5)

@@ -27,8 +27,8 @@ class _Exp(base_experiment.BaseExperiment):
 class ModelRegistryTest(unittest.TestCase):
 
   def testKeyIsModulePathBelowParamsPlusClassName(self):
-    cls = model_registry.GetClass('consistency.Consistency16')
-    self.assertEqual(cls.__name__, 'Consistency16')
+    cls = model_registry.GetClass('consistency.Consistency4x8')
+    self.assertEqual(cls.__name__, 'Consistency4x8')
     self.assertEqual(cls.__module__, 'params.consistency')
     cls = model_registry.GetClass('image.fashion_mnist.ResNet4x8')
     self.assertEqual(cls.__module__, 'params.image.fashion_mnist')
@@ -61,15 +61,74 @@ class ModelRegistryTest(unittest.TestCase):
   def testRegisterRejectsNonExperiments(self):
     with self.assertRaises(TypeError):
       model_registry.RegisterSingleTaskModel(object)
+    with self.assertRaisesRegex(TypeError, 'no Train.. method; subclass '
+                                r'tensorpipe\.base_experiment\.BaseExperiment'):
+      model_registry.RegisterSingleTaskModel(type('NoTrain', (), {
+          'Task': lambda self: None}))
+
+  def testClassNamesFollowOneScheme(self):
+    # <Model><K>x<T>: a CapWords model name, K partitions, T micro-batches.
+    for key in model_registry.ListKeys():
+      self.assertRegex(key.rsplit('.', 1)[1],
+                       r'^[A-Z][A-Za-z0-9]*[A-Za-z]\d+x\d+$')
+
+  def testOldKeysAreAliasesOfTheRenamedExperiments(self):
+    aliases = model_registry.Aliases()
+    renamed = {'consistency.Consistency16': 'consistency.Consistency4x8',
+               'consistency.Consistency16K1': 'consistency.Consistency1x8',
+               'image.imagenet.AmoebaNetB_18x512_8x32':
+                   'image.imagenet.AmoebaNetBLarge8x32'}
+    for data_set in ('birdsnap', 'cifar10', 'cifar100', 'fgvc_aircraft',
+                     'food101', 'imagenet', 'oxford_pets', 'stanford_cars'):
+      renamed[f'image.{data_set}.AmoebaNetB_4x8'] = (
+          f'image.{data_set}.AmoebaNetB4x8')
+    self.assertEqual(aliases, renamed)
+    keys = model_registry.ListKeys()
+    for old, new in renamed.items():
+      self.assertNotIn(old, keys)
+      self.assertIs(model_registry.GetClass(old),
+                    model_registry.GetClass(new))
+    p = model_registry.GetParams('image.cifar10.AmoebaNetB_4x8', 'Test')
+    self.assertEqual(p.ToText(), model_registry.GetParams(
+        'image.cifar10.AmoebaNetB4x8', 'Test').ToText())
+
+  def testAliasResolvesInAFreshProcess(self):
+    # The lookup imports the alias's module on demand, as for a key.
+    code = ('from tensorpipe import model_registry; print(model_registry.'
+            'GetClass("image.imagenet.AmoebaNetB_18x512_8x32").__name__)')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                         text=True, check=True, cwd='.').stdout
+    self.assertEqual(out.strip(), 'AmoebaNetBLarge8x32')
+
+  def testBadAliasesRaise(self):
+    cls = type('Aliased4x8', (_Exp,), {'__module__': 'params.fake_alias'})
+    self.addCleanup(model_registry._registry.pop, 'fake_alias.Aliased4x8',  # pylint: disable=protected-access
+                    None)
+    self.addCleanup(model_registry._aliases.pop, 'fake_alias.Old_4x8', None)  # pylint: disable=protected-access
+    unregistered = type('Other4x8', (_Exp,), {'__module__': 'params.fake'})
+    with self.assertRaisesRegex(ValueError, 'Other4x8 is not registered'):
+      model_registry.RegisterAlias('Old', unregistered)
+    model_registry.RegisterSingleTaskModel(cls)
+    model_registry.RegisterAlias('Old_4x8', cls)
+    model_registry.RegisterAlias('Old_4x8', cls)      # again: no change
+    self.assertIs(model_registry.GetClass('fake_alias.Old_4x8'), cls)
+    with self.assertRaisesRegex(ValueError, "'fake_alias.Aliased4x8' is "
+                                'already the key'):
+      model_registry.RegisterAlias('Aliased4x8', cls)
+    with self.assertRaisesRegex(ValueError, 'must be a class name'):
+      model_registry.RegisterAlias('a.b', cls)
+    clash = type('Old_4x8', (_Exp,), {'__module__': 'params.fake_alias'})
+    with self.assertRaisesRegex(ValueError, 'already an alias'):
+      model_registry.RegisterSingleTaskModel(clash)
 
   def testGetParamsGivesTaskAndInputOfTheDataSet(self):
-    p = model_registry.GetParams('consistency.Consistency16', 'Train')
+    p = model_registry.GetParams('consistency.Consistency4x8', 'Train')
     self.assertEqual(p.input.split, 'train')
     self.assertEqual(p.task.train.max_steps, 50)
-    p = model_registry.GetParams('consistency.Consistency16', 'Test')
+    p = model_registry.GetParams('consistency.Consistency4x8', 'Test')
     self.assertEqual(p.input.split, 'test')
     with self.assertRaisesRegex(ValueError, 'dataset='):
-      model_registry.GetParams('consistency.Consistency16', 'Validation')
+      model_registry.GetParams('consistency.Consistency4x8', 'Validation')
 
   def testImportingTheRegistryImportsNoExperiment(self):
     code = ('import sys; from tensorpipe import model_registry; '

@@ -5,7 +5,7 @@ from tensorpipe import model_registry
 
 
 @model_registry.RegisterSingleTaskModel
-class AmoebaNetB_4x8(base_image.AmoebaNetExperiment):
+class AmoebaNetB4x8(base_image.AmoebaNetExperiment):
   """AmoebaNet-B fine-tuning recipe: SGD momentum 0.9, lr 0.0125, wd 4e-5; K=4, T=8."""
 
   INPUT_CLASS_NAME = 'Cifar100Input'
@@ -15,3 +15,7 @@ class AmoebaNetB_4x8(base_image.AmoebaNetExperiment):
   WEIGHT_DECAY = 4e-5
   IMAGE_SIZE = 32
   SMALL_STEM = True
+
+
+# The key of the name before the <Model><K>x<T> scheme (users type it).
+model_registry.RegisterAlias('AmoebaNetB_4x8', AmoebaNetB4x8)

@@ -10,7 +10,7 @@ from tensorpipe import model_registry
 
 
 @model_registry.RegisterSingleTaskModel
-class AmoebaNetB_4x8(base_image.AmoebaNetExperiment):
+class AmoebaNetB4x8(base_image.AmoebaNetExperiment):
   """AmoebaNet-B (6, 256) at 224x224, K=4, T=8."""
 
   INPUT_CLASS_NAME = 'ImageNetInput'
@@ -23,7 +23,7 @@ class AmoebaNetB_4x8(base_image.AmoebaNetExperiment):
 
 
 @model_registry.RegisterSingleTaskModel
-class AmoebaNetB_18x512_8x32(AmoebaNetB_4x8):
+class AmoebaNetBLarge8x32(AmoebaNetB4x8):
   """The paper's AmoebaNet-B (18, 512) at 480x480, K=8, T=32."""
 
   NUM_NORMAL_CELLS = 18
@@ -32,3 +32,9 @@ class AmoebaNetB_18x512_8x32(AmoebaNetB_4x8):
   NUM_PARTITIONS = 8
   NUM_MICRO_BATCHES = 32
   BATCH_SIZE = 256
+
+
+# Keys of the names before the <Model><K>x<T> scheme (users type them).
+model_registry.RegisterAlias('AmoebaNetB_4x8', AmoebaNetB4x8)
+model_registry.RegisterAlias('AmoebaNetB_18x512_8x32',
+                             AmoebaNetBLarge8x32)

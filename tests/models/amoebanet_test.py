@@ -10,51 +10,18 @@ from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import test_utils
 from tensorpipe.layers import composite
+from tests.models import amoebanet_testlib as testlib
 
 test_utils.ConfigureTestDevices()
-
-BATCH = 4
-SIZE = 16
-CLASSES = 5
-
-
-def TinyLayers(variant='D', **kw):
-  args = dict(num_normal_cells=1, num_filters=8, num_classes=CLASSES,
-              image_size=SIZE, small_stem=True, stem_filters=8,
-              drop_path_keep_prob=0.6, dropout_keep_prob=0.7)
-  args.update(kw)
-  return amoebanet.AmoebaNetLayers(variant, **args)
-
-
-def Sequential(layer_ps):
-  return composite.SequentialLayer.Params().Set(
-      name='Sequential', sub=layer_ps).Instantiate()
-
-
-def Loss(out):
-  """CE(logits) + 0.4 * CE(aux_logits), the AmoebaNet training loss."""
-  labels = tf.range(BATCH) % CLASSES
-
-  def Ce(logits):
-    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=labels, logits=logits))
-  if isinstance(out, dict):
-    return Ce(out['logits']) + amoebanet.AUX_LOSS_WEIGHT * Ce(out['aux_logits'])
-  return Ce(out)
-
-
-def Images(seed=1):
-  return tf.random.stateless_normal([BATCH, SIZE, SIZE, 3], seed=[seed, 7])
-
 
 class AmoebaNetParamCountTest(tf.test.TestCase):
 
   def testFPropMetaCountsEqualCreatedVariables(self):
     for variant in ('B', 'D'):
       with self.subTest(variant=variant):
-        layer_ps = TinyLayers(variant)
-        shape = [BATCH, SIZE, SIZE, 3]
-        model = Sequential(layer_ps)
+        layer_ps = testlib.TinyLayers(variant)
+        shape = [testlib.BATCH, testlib.SIZE, testlib.SIZE, 3]
+        model = testlib.Sequential(layer_ps)
         all_vars = sum(int(np.prod(v.shape)) for v in model.variables)
         trainable = sum(int(np.prod(v.shape))
                         for v in model.trainable_variables)
@@ -63,9 +30,9 @@ class AmoebaNetParamCountTest(tf.test.TestCase):
                          trainable)
 
   def testImageNetStemCountsEqualCreatedVariables(self):
-    layer_ps = amoebanet.AmoebaNetLayers('D', 1, 8, num_classes=CLASSES,
+    layer_ps = amoebanet.AmoebaNetLayers('D', 1, 8, num_classes=testlib.CLASSES,
                                          image_size=80)
-    model = Sequential(layer_ps)
+    model = testlib.Sequential(layer_ps)
     trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     self.assertEqual(model_utils.NumTrainableParams(layer_ps, [1, 80, 80, 3]),
                      trainable)
@@ -88,10 +55,10 @@ class AmoebaNetShapesTest(tf.test.TestCase):
     for variant, kw in (('D', {}), ('B', dict(small_stem=False,
                                               image_size=80))):
       with self.subTest(variant=variant):
-        layer_ps = TinyLayers(variant, **kw)
-        size = kw.get('image_size', SIZE)
+        layer_ps = testlib.TinyLayers(variant, **kw)
+        size = kw.get('image_size', testlib.SIZE)
         x = tf.random.stateless_normal([2, size, size, 3], seed=[1, 2])
-        model = Sequential(layer_ps)
+        model = testlib.Sequential(layer_ps)
         args = (x,)
         shapes = (x.shape,)
         for layer, lp in zip(model.children.sub, layer_ps):
@@ -101,12 +68,12 @@ class AmoebaNetShapesTest(tf.test.TestCase):
               [list(s) for s in tf.nest.flatten(shapes)],
               [list(a.shape) for a in tf.nest.flatten(args)], msg=lp.name)
         self.assertEqual(sorted(args[0].keys()), ['aux_logits', 'logits'])
-        self.assertEqual(args[0].logits.shape, [2, CLASSES])
+        self.assertEqual(args[0].logits.shape, [2, testlib.CLASSES])
 
   def testWithoutAuxHeadOutputIsLogits(self):
-    model = Sequential(TinyLayers(aux_head=False))
-    out = model.FPropDefaultTheta(Images())
-    self.assertEqual(out.shape, [BATCH, CLASSES])
+    model = testlib.Sequential(testlib.TinyLayers(aux_head=False))
+    out = model.FPropDefaultTheta(testlib.Images())
+    self.assertEqual(out.shape, [testlib.BATCH, testlib.CLASSES])
 
 
 # A cheap genotype (identities, pools and 1x1 convolutions) with the same
@@ -120,12 +87,6 @@ CHEAP_GENOTYPE = dict(
                [1, 0, 1, 1, 1, 1, 0]))
 
 
-def ComparePipelined(test, layer_ps, k, t, x):
-  """Pipelined outputs, loss and gradients == the micro-batch oracle's
-  (float64: see test_utils.AssertPipelineMatchesOracle)."""
-  test_utils.AssertPipelineMatchesOracle(test, layer_ps, k, t, [x], Loss)
-
-
 class AmoebaNetPipelineTest(tf.test.TestCase):
 
   def testPipelineMatchesUnpipelined(self):
@@ -134,7 +95,8 @@ class AmoebaNetPipelineTest(tf.test.TestCase):
     D genotypes are compared in amoebanet_slow_test.py.)"""
     # The trainer sets the drop-path progress from the step: a tensor.
     with amoebanet_cells.DropPathProgress(tf.constant(0.5)):
-      ComparePipelined(self, TinyLayers(CHEAP_GENOTYPE), 4, 2, Images())
+      testlib.ComparePipelined(self, testlib.TinyLayers(CHEAP_GENOTYPE), 4,
+                               2, testlib.Images())
 
 
 class AmoebaNetErrorsTest(tf.test.TestCase):

@@ -8,49 +8,9 @@ from models import resnet
 from tensorpipe import py_utils
 from tensorpipe import test_utils
 from tensorpipe.layers import composite
+from tests.models import resnet_testlib as testlib
 
 test_utils.ConfigureTestDevices()
-
-BATCH = 4
-SIZE = 8
-CLASSES = 5
-
-
-def TinyLayers(depth=50, **kw):
-  return resnet.ResNetLayers(depth, num_classes=CLASSES, width=2,
-                             input_shape=(None, SIZE, SIZE, 3),
-                             small_stem=True, **kw)
-
-
-def TrimmedLayers():
-  """Tiny ResNet-50's stem, first stage (a projection and two identity
-  blocks) and the second stage's first (strided) block, then the head: keeps
-  the test fast; the whole model is compared in resnet_slow_test.py."""
-  layer_ps = TinyLayers()
-  blocks = layer_ps[1:5]
-  head = layer_ps[-1].Copy().Set(input_dim=4 * 2 * 2)
-  return [layer_ps[0]] + blocks + [layer_ps[-2], head]
-
-
-def Sequential(layer_ps):
-  return composite.SequentialLayer.Params().Set(
-      name='Sequential', sub=layer_ps).Instantiate()
-
-
-def Loss(logits):
-  labels = tf.range(BATCH) % CLASSES
-  return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-      labels=labels, logits=logits))
-
-
-def Images(seed=1):
-  return tf.random.stateless_normal([BATCH, SIZE, SIZE, 3], seed=[seed, 5])
-
-
-def ComparePipelined(test, layer_ps, k, t, x):
-  """Pipelined outputs, loss and gradients == the micro-batch oracle's
-  (float64: see test_utils.AssertPipelineMatchesOracle)."""
-  test_utils.AssertPipelineMatchesOracle(test, layer_ps, k, t, [x], Loss)
 
 
 class ResNetParamCountTest(tf.test.TestCase):
@@ -67,9 +27,9 @@ class ResNetParamCountTest(tf.test.TestCase):
                          expected)
 
   def testFPropMetaCountsEqualCreatedVariables(self):
-    layer_ps = TinyLayers(101)
-    model = Sequential(layer_ps)
-    shape = [BATCH, SIZE, SIZE, 3]
+    layer_ps = testlib.TinyLayers(101)
+    model = testlib.Sequential(layer_ps)
+    shape = [testlib.BATCH, testlib.SIZE, testlib.SIZE, 3]
     self.assertEqual(model_utils.NumParams(layer_ps, shape),
                      sum(int(np.prod(v.shape)) for v in model.variables))
     self.assertEqual(model_utils.NumTrainableParams(layer_ps, shape),
@@ -97,22 +57,23 @@ class ResNetParamCountTest(tf.test.TestCase):
 class ResNetShapesTest(tf.test.TestCase):
 
   def testFPropMetaShapesEqualRealShapes(self):
-    layer_ps = resnet.ResNetLayers(50, num_classes=CLASSES, width=2,
+    layer_ps = resnet.ResNetLayers(50, num_classes=testlib.CLASSES, width=2,
                                    input_shape=(None, 32, 32, 3))
     x = tf.random.stateless_normal([2, 32, 32, 3], seed=[1, 2])
-    model = Sequential(layer_ps)
+    model = testlib.Sequential(layer_ps)
     meta = composite.ChainFPropMeta(layer_ps, (x.shape,))[0]
     y = x
     for layer, m in zip(model.children.sub, meta):
       y = layer.FPropDefaultTheta(y)
       self.assertEqual(list(y.shape), list(m.out_shapes[0]), msg=layer.path)
-    self.assertEqual(y.shape, [2, CLASSES])
+    self.assertEqual(y.shape, [2, testlib.CLASSES])
 
 
 class ResNetPipelineTest(tf.test.TestCase):
 
   def testPipelineMatchesUnpipelined(self):
-    ComparePipelined(self, TrimmedLayers(), 2, 2, Images())
+    testlib.ComparePipelined(self, testlib.TrimmedLayers(), 2, 2,
+                             testlib.Images())
 
   def testResNetPipelineParams(self):
     p = resnet.ResNetPipeline(50, num_classes=10, input_shape=(8, 32, 32, 3),

@@ -77,7 +77,7 @@ class SettingsTest(unittest.TestCase):
       runner.ModelLayers('no_such_model_key')
 
   def testRegisteredExperimentLayers(self):
-    layers, shape = runner.ModelLayers('consistency.Consistency16')
+    layers, shape = runner.ModelLayers('consistency.Consistency4x8')
     self.assertEqual(len(layers), 18)   # 16 convs, flatten, logits
     self.assertEqual(shape, [16, 8, 8, 1])
 
