@@ -183,8 +183,12 @@ def FPropMetaResult(flops: float, out_shapes: Any,
 
 def _ChildParamsCopy(parent: 'BaseLayer', name: str, p):
   if not isinstance(p, hyperparams.InstantiableParams):
+    # One line: the repr of a list of Params spans many.
+    what = (f'a {type(p).__name__} of {len(p)} entries (one nesting level too '
+            'many?)' if isinstance(p, (list, tuple)) else
+            f'{type(p).__name__}: {p!r}')
     raise TypeError(f'CreateChild({name!r}) needs layer Params '
-                    f'(e.g. FCLayer.Params()), got {type(p).__name__}: {p!r}')
+                    f'(e.g. FCLayer.Params()), got {what}')
   p = p.Copy()
   if not p.name:
     p.name = name

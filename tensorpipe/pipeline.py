@@ -56,6 +56,7 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import devices as devices_lib
+from tensorpipe import hyperparams
 from tensorpipe import microbatch
 from tensorpipe import partitioning
 from tensorpipe import py_utils
@@ -236,8 +237,12 @@ class TensorPipeLayer(base_layer.BaseLayer):
                          'give K >= 1 lists of layer Params')
       for k, part in enumerate(parts):
         if not isinstance(part, (list, tuple)):
+          what = (f'layer Params {part.name!r}'
+                  if isinstance(part, hyperparams.Params) and 'name' in part
+                  else f'{type(part).__name__} {part!r}')
           raise TypeError(f'partitions[{k}] must be a list of layer Params, '
-                          f'got {type(part).__name__}: {part!r}')
+                          f'got {what}; give K lists of layer Params, e.g. '
+                          'partitions=[[layer_a, layer_b], [layer_c]]')
         if not part:
           raise ValueError(f'TensorPipeLayer {p.name!r}: partition {k} is '
                            'empty; every partition needs at least one layer')
