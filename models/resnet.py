@@ -1,5 +1,8 @@
 """ResNet-50 / ResNet-101 (He et al. 2016), bottleneck v1.5, as a layer list.
 
+(Also `SmallResNetLayers`, basic blocks for 28x28 images: the Fashion-MNIST
+experiments' model.)
+
 v1.5 puts the stride of a downsampling block on its 3x3 convolution (not on
 the first 1x1), as torchvision and the MLPerf reference do. The model is a flat
 list of layer Params so that `TensorPipeLayer` can cut it between any two
@@ -71,6 +74,55 @@ def BottleneckBlock(name: str, cin: int, width: int, stride: int,
   ])
   return composite.ParallelLayer.Params().Set(
       name=name, sub=[shortcut, branch], merge='sum', activation='RELU')
+
+
+def BasicBlock(name: str, channels: int) -> hyperparams.Params:
+  """relu(x + conv3x3-BN-relu-conv3x3-BN(x)), a ResNet basic block.
+
+  Args:
+    name: layer name.
+    channels: input = output channels.
+
+  Returns:
+    ParallelLayer Params.
+  """
+  return composite.ParallelLayer.Params().Set(
+      name=name, merge='sum', activation='RELU', sub=[
+          composite.IdentityLayer.Params().Set(name='shortcut'),
+          composite.SequentialLayer.Params().Set(name='branch', sub=[
+              _Conv('conv_a', 3, channels, channels),
+              _Conv('conv_b', 3, channels, channels, activation='NONE')])])
+
+
+def SmallResNetLayers(filters: int = 32, blocks_per_stage: int = 1,
+                      num_classes: int = 10,
+                      in_channels: int = 1) -> List[hyperparams.Params]:
+  """A small ResNet for 28x28 images (Fashion-MNIST) as a flat layer list.
+
+  stem conv 3x3 (F) | stage 1 at 28x28 (F) | conv 3x3/2 (2F) | stage 2 at
+  14x14 | conv 3x3/2 (4F) | stage 3 at 7x7 | global average pool | FC.
+  Each stage has `blocks_per_stage` basic blocks; every conv has BN.
+
+  Raises:
+    ValueError: a size that is not a positive int.
+  """
+  checks.CheckPositiveInts('SmallResNet', filters=filters,
+                           blocks_per_stage=blocks_per_stage,
+                           num_classes=num_classes, in_channels=in_channels)
+  layers = [_Conv('stem', 3, in_channels, filters)]
+  channels = filters
+  for stage in range(3):
+    if stage:
+      layers.append(_Conv(f'down{stage}', 3, channels, 2 * channels,
+                          stride=2))
+      channels *= 2
+    for b in range(blocks_per_stage):
+      layers.append(BasicBlock(f'block{stage}_{b}', channels))
+  layers += [
+      pooling.GlobalPoolingLayer.Params().Set(name='gap', pooling_type='AVG'),
+      linear.FCLayer.Params().Set(name='logits', input_dim=channels,
+                                  output_dim=num_classes, activation='NONE')]
+  return layers
 
 
 def ResNetLayers(depth: int = 50, num_classes: int = 1000, width: int = 64,

@@ -11,8 +11,7 @@ same T) for comparison.
       --logdir=/tmp/fmnist
 """
 
-from typing import List
-
+from models import resnet
 from tensorpipe import base_experiment
 from tensorpipe import hyperparams
 from tensorpipe import lr_schedules
@@ -20,52 +19,12 @@ from tensorpipe import model_registry
 from tensorpipe import optimizers
 from tensorpipe import pipeline
 from tensorpipe import tasks
-from tensorpipe.layers import composite
-from tensorpipe.layers import conv
-from tensorpipe.layers import linear
-from tensorpipe.layers import pooling
 
 NUM_TRAIN_EXAMPLES = 60000
 
 
-def _Conv(name, cin, cout, stride=1, activation='RELU'):
-  return conv.Conv2DLayer.Params().Set(
-      name=name, filter_shape=(3, 3, cin, cout),
-      filter_stride=(stride, stride), batch_norm=True, activation=activation)
-
-
-def _BasicBlock(name: str, channels: int) -> hyperparams.Params:
-  """relu(x + conv3x3-BN-relu-conv3x3-BN(x)), a ResNet basic block."""
-  return composite.ParallelLayer.Params().Set(
-      name=name, merge='sum', activation='RELU', sub=[
-          composite.IdentityLayer.Params().Set(name='shortcut'),
-          composite.SequentialLayer.Params().Set(name='branch', sub=[
-              _Conv('conv_a', channels, channels),
-              _Conv('conv_b', channels, channels, activation='NONE')])])
-
-
-def SmallResNetLayers(filters: int = 32, blocks_per_stage: int = 1,
-                      num_classes: int = 10,
-                      in_channels: int = 1) -> List[hyperparams.Params]:
-  """A small ResNet for 28x28 images as a flat list of layer Params.
-
-  stem conv 3x3 (F) | stage 1 at 28x28 (F) | conv 3x3/2 (2F) | stage 2 at
-  14x14 | conv 3x3/2 (4F) | stage 3 at 7x7 | global average pool | FC.
-  Each stage has `blocks_per_stage` basic blocks; every conv has BN.
-  """
-  layers = [_Conv('stem', in_channels, filters)]
-  channels = filters
-  for stage in range(3):
-    if stage:
-      layers.append(_Conv(f'down{stage}', channels, 2 * channels, stride=2))
-      channels *= 2
-    for b in range(blocks_per_stage):
-      layers.append(_BasicBlock(f'block{stage}_{b}', channels))
-  layers += [
-      pooling.GlobalPoolingLayer.Params().Set(name='gap', pooling_type='AVG'),
-      linear.FCLayer.Params().Set(name='logits', input_dim=channels,
-                                  output_dim=num_classes, activation='NONE')]
-  return layers
+# Moved to models/resnet.py; kept here for code that imported it.
+SmallResNetLayers = resnet.SmallResNetLayers
 
 
 class _FashionMnistBase(base_experiment.BaseExperiment):
@@ -128,7 +87,7 @@ class ResNet4x8(_FashionMnistBase):
   def Model(self):
     return pipeline.TensorPipeLayer.Params().Set(
         name='TensorPipe',
-        layers=SmallResNetLayers(self.FILTERS, self.BLOCKS_PER_STAGE),
+        layers=resnet.SmallResNetLayers(self.FILTERS, self.BLOCKS_PER_STAGE),
         num_partitions=self.NUM_PARTITIONS,
         num_micro_batches=self.NUM_MICRO_BATCHES,
         input_shapes=[[self.BATCH_SIZE, 28, 28, 1]])

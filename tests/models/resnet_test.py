@@ -54,6 +54,36 @@ class ResNetParamCountTest(tf.test.TestCase):
       resnet.ResNetLayers(34)
 
 
+class SmallResNetTest(tf.test.TestCase):
+  """The Fashion-MNIST experiments' small ResNet of basic blocks."""
+
+  def testCountsMatchTheClosedFormAndTheCreatedVariables(self):
+    f = 4
+    layer_ps = resnet.SmallResNetLayers(filters=f, blocks_per_stage=1,
+                                        num_classes=10, in_channels=1)
+    # Every 3x3 conv has BN (gamma, beta) and no bias; the FC has a bias.
+    convs = ([(1, f)] + 2 * [(f, f)] + [(f, 2 * f)] + 2 * [(2 * f, 2 * f)] +
+             [(2 * f, 4 * f)] + 2 * [(4 * f, 4 * f)])
+    trainable = (sum(9 * cin * cout + 2 * cout for cin, cout in convs) +
+                 4 * f * 10 + 10)
+    shape = [2, 28, 28, 1]
+    self.assertEqual(model_utils.NumTrainableParams(layer_ps, shape),
+                     trainable)
+    model = testlib.Sequential(layer_ps)
+    self.assertEqual(sum(int(np.prod(v.shape))
+                         for v in model.trainable_variables), trainable)
+    self.assertEqual(model_utils.NumParams(layer_ps, shape),
+                     sum(int(np.prod(v.shape)) for v in model.variables))
+    with py_utils.EvalMode():
+      out = model.FPropDefaultTheta(tf.zeros(shape))
+    self.assertEqual(out.shape, [2, 10])
+
+  def testBadSizeRaises(self):
+    with self.assertRaisesRegex(ValueError, 'SmallResNet: filters=0 must be '
+                                'a positive int'):
+      resnet.SmallResNetLayers(filters=0)
+
+
 class ResNetShapesTest(tf.test.TestCase):
 
   def testFPropMetaShapesEqualRealShapes(self):
