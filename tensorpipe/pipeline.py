@@ -4,24 +4,26 @@ GPipe (Huang et al. 2018, arXiv 1811.06965) cuts a sequence of L layers into K
 partitions placed on K devices, splits the mini-batch of N examples into T
 micro-batches and pipelines them: at clock tick c partition k works on
 micro-batch t = c - k, so the K devices work at the same time on different
-micro-batches. The backward pass runs the mirrored schedule. Only the
-activations at partition boundaries are kept; each partition's forward pass is
-recomputed in the backward pass. Gradients are summed over micro-batches, so
-one optimizer step per mini-batch equals the step of the unpipelined model.
+micro-batches. The backward pass runs the mirrored schedule; both loops take
+t and the number of ticks from `schedules`, the schedule's one definition.
+Only the activations at partition boundaries are kept; each partition's
+forward pass is recomputed in the backward pass. Gradients are summed over
+micro-batches, so one optimizer step per mini-batch equals the step of the
+unpipelined model.
 
 Pseudo-code of one training step (`recompute=True`):
 
   x[t] = micro-batch t of the inputs                    # [T, N/T, ...]
   for c in range(T + K - 1):                             # tf.while_loop
     for k in range(K):                                   # concurrently
-      t = c - k
+      t = c - k                                          # schedules.py
       if 0 <= t < T:
         saved[k][t] = in_k                               # boundary activation
         out_k, stats_k += F_k(theta_k, in_k)             # on device k
   y = concat(out_{K-1})                                  # [N, ...]
   for c in range(T + K - 1):                             # backward tick
     for k in range(K):
-      t = T - 1 - (c - (K - 1 - k))
+      t = T - 1 - (c - (K - 1 - k))                      # schedules.py
       if 0 <= t < T:
         dx_k, dtheta_k += vjp(F_k, saved[k][t], dy_k)    # recompute + backprop
   moving stats of batch norm <- stats summed over all micro-batches
@@ -39,9 +41,13 @@ FProp then calls the partition directly, without loops, and skips the
 recompute (it would save no memory there). The loops run one clock tick at
 a time (parallel_iterations=1), which bounds the weight gradients in flight;
 the backward loop adds each tick's weight gradients inside its tf.cond so
-bubble ticks cost no weight-sized add. Inside `timeline.Record()` (at trace
-time) every stage call also records tf.timestamp() before and after (and
-after the recomputed forward), for tools/benchmark's timeline.
+bubble ticks cost no weight-sized add. Each cell's result is a small named
+structure (`_Cell` forward, `_GradCell` backward) that tf.cond and the loop
+state see flattened by tf.nest; a stage's boundary structures are traced
+once per call (`pipeline_stage.InferSpecs`). Inside `timeline.Record()` (at
+trace time) every stage call also records tf.timestamp() before and after
+(and after the recomputed forward), for tools/benchmark's timeline; all of
+it goes through one `timeline.Probe`, which builds nothing when off.
 
 Batch norm uses each micro-batch's statistics; the moving averages are
 updated once per step from the statistics of the whole mini-batch. Dropout
@@ -49,7 +55,7 @@ masks are drawn per example (py_utils.StatelessUniform), so they do not depend
 on K or T and the recompute pass reproduces them.
 """
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -59,7 +65,9 @@ from tensorpipe import devices as devices_lib
 from tensorpipe import hyperparams
 from tensorpipe import microbatch
 from tensorpipe import partitioning
+from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
+from tensorpipe import schedules
 from tensorpipe import timeline
 from tensorpipe.layers import composite
 from tensorpipe.nested_map import NestedMap
@@ -74,82 +82,35 @@ _RECOMPUTE_IMPLS = ('explicit', 'tf_recompute_grad')
 _PARALLEL_ITERATIONS = 1
 
 
-def _Zeros(specs: Sequence[tf.TensorSpec]) -> List[tf.Tensor]:
-  return [tf.zeros(s.shape, s.dtype) for s in specs]
+def _Zeros(specs: Any) -> Any:
+  """Zero tensors in the structure of `specs` (TensorSpec leaves)."""
+  return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
 
 
-def _IsFloat(spec: tf.TensorSpec) -> bool:
-  return spec.dtype.is_floating or spec.dtype.is_complex
+class _Cell(NamedTuple):
+  """What one forward cell (partition k, tick c) yields, bubble or not."""
+  outputs: List[tf.Tensor]        # the stage's flat outputs, [N/T, ...]
+  stats: List[List[tf.Tensor]]    # per batch-norm layer, BatchStats.Flatten()
+  stamps: List[tf.Tensor]         # timeline: [start, end]; [] when off
 
 
-def _SpecOf(x: tf.Tensor) -> tf.TensorSpec:
-  return tf.TensorSpec(x.shape, x.dtype)
+class _GradCell(NamedTuple):
+  """What one backward cell yields: recompute + vjp of a micro-batch."""
+  dx: List[tf.Tensor]             # gradients of the stage's float inputs
+  dtheta: List[tf.Tensor]         # flat weight gradients summed so far
+  stamps: List[tf.Tensor]         # timeline: [start, mid, end]; [] when off
 
 
-def _NoStamps(rec, n: int = 2) -> List[tf.Tensor]:
-  """Timestamps of a bubble tick (-1 = did not run), when recording."""
-  return [tf.constant(-1.0, tf.float64)] * n if rec else []
+class _ForwardResult(NamedTuple):
+  """What the forward loop hands on."""
+  outputs: List[tf.Tensor]        # last stage's flat outputs, [T, N/T, ...]
+  stats: List[List[List[tf.Tensor]]]  # per stage and layer, summed over t
+  saved: Optional[List[List[tf.Tensor]]]  # per stage, inputs [T, ...]
 
 
-def _RecordTick(events: tf.Tensor, c: tf.Tensor, stamps) -> tf.Tensor:
-  """Writes one tick's stamps into row c of a [ticks, n] events tensor."""
-  return tf.tensor_scatter_nd_update(events, tf.reshape(c, [1, 1]),
-                                     tf.stack(stamps)[tf.newaxis])
-
-
-def _Cond(rec, pred, true_fn, false_fn):
-  """tf.cond; when recording a timeline, one that keeps ticks concurrent."""
-  if not rec:
-    return tf.cond(pred, true_fn, false_fn)
-  return timeline.Unordered(lambda: tf.cond(pred, true_fn, false_fn))
-
-
-def _Stamped(call):
-  """Wraps a stage call to also return its start and end timestamps."""
-  def Call(flat_in, t):
-    start = timeline.Stamp(flat_in)
-    with tf.control_dependencies([start]):
-      res = list(call(list(flat_in), t))
-    return res + [start, timeline.Stamp(res)]
-  return Call
-
-
-class _Stage:
-  """One partition: its layers, device and the structures crossing it."""
-
-  def __init__(self, k: int, layers: List[base_layer.BaseLayer], device: str):
-    self.k = k
-    self.layers = layers
-    self.device = device
-    self.in_struct = None      # structure of the input args (a tuple)
-    self.in_specs = None       # flat TensorSpecs of the inputs
-    self.out_struct = None
-    self.out_specs = None
-    self.stats_layers = None   # batch-norm layers reporting stats, in order
-    self.stats_specs = None
-
-  def Call(self, theta: List[Any], args: Tuple[Any, ...],
-           example_offset) -> Tuple[Any, List[Tuple[Any, Any]]]:
-    """Runs the stage's layers on one micro-batch; returns (outputs, stats).
-
-    `example_offset` (t * micro-batch size) is relative: it adds to the
-    enclosing context's offset (e.g. a replica's start in the global batch).
-    """
-    with py_utils.ExampleOffset(example_offset), \
-        py_utils.CollectBatchStats() as collected:
-      for layer, layer_theta in zip(self.layers, theta):
-        with tf.name_scope(layer.layer_name):
-          args = composite.AsArgs(layer.FProp(layer_theta, *args))
-    return composite.FromArgs(args), collected
-
-  def FlatCall(self, theta, flat_in, t, micro_batch_size):
-    """Flat-tensor version of Call: returns (flat outputs, flat stats)."""
-    args = microbatch.PackTensors(self.in_struct, flat_in)
-    out, collected = self.Call(theta, args, t * micro_batch_size)
-    flat_stats = []
-    for _, stats in collected:
-      flat_stats.extend(tf.stop_gradient(s) for s in stats.Flatten())
-    return microbatch.FlattenTensors(out), flat_stats, out, collected
+def _CellSpecs(spec: pipeline_stage.StageSpecs) -> _Cell:
+  """The structure of a forward `_Cell` (without stamps), as specs."""
+  return _Cell(list(spec.out_specs), spec.StatsSpecs(), [])
 
 
 class TensorPipeLayer(base_layer.BaseLayer):
@@ -207,7 +168,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     super().__init__(params)
     p = self.params
     microbatch.CheckMicroBatchParams(p.num_micro_batches, p.micro_batch_size)
-    stage_params = self._ResolvePartitions(p)
+    stage_params, plan = self._ResolvePartitions(p)
     self._CheckUniqueLayerNames(stage_params)
     self._devices = devices_lib.ResolveDevices(p.devices, len(stage_params))
     if p.recompute_impl not in _RECOMPUTE_IMPLS:
@@ -219,13 +180,16 @@ class TensorPipeLayer(base_layer.BaseLayer):
     for k, layer_ps in enumerate(stage_params):
       with tf.device(self._devices[k]):
         layers = self.CreateChildren(f'partition_{k}', layer_ps)
-      stages.append(_Stage(k, layers, self._devices[k]))
+      stages.append(pipeline_stage.Stage(k, layers, self._devices[k]))
     object.__setattr__(self, '_stages', stages)
     object.__setattr__(self, '_stage_params', stage_params)
+    object.__setattr__(self, '_plan', plan)
 
   # -- construction helpers ------------------------------------------------
 
-  def _ResolvePartitions(self, p) -> List[List[Any]]:
+  def _ResolvePartitions(
+      self, p) -> Tuple[List[List[Any]], Optional[partitioning.PartitionPlan]]:
+    """The K lists of layer Params, and the automatic plan (or None)."""
     if p.partitions is not None and p.layers is not None:
       raise ValueError(f'TensorPipeLayer {p.name!r}: set either `partitions` '
                        '(manual) or `layers` + `num_partitions` (automatic), '
@@ -249,7 +213,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
       if p.input_shapes is not None:
         self._CheckChain([lp for part in parts for lp in part],
                          base_layer.InputShapes(p.input_shapes))
-      return [list(part) for part in parts]
+      return [list(part) for part in parts], None
     if p.layers is None:
       raise ValueError(f'TensorPipeLayer {p.name!r}: no layers; set '
                        '`partitions` (K lists of layer Params) or `layers` '
@@ -265,7 +229,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
                        f'layers ({len(layers)}): each partition needs at least '
                        f'one layer; use num_partitions <= {len(layers)}')
     if k == 1:
-      return [layers]
+      return [layers], None
     if p.input_shapes is None:
       raise ValueError(
           f'TensorPipeLayer {p.name!r}: automatic partitioning into {k} '
@@ -277,12 +241,11 @@ class TensorPipeLayer(base_layer.BaseLayer):
     plan = partitioning.Partition(costs, k, method=p.partition_method)
     logging.info('TensorPipeLayer %r partition plan:\n%s', p.name,
                  plan.Report([lp.name for lp in layers]))
-    object.__setattr__(self, '_plan', plan)
     out, start = [], 0
     for size in plan.sizes:
       out.append(layers[start:start + size])
       start += size
-    return out
+    return out, plan
 
   def _CheckUniqueLayerNames(self, stage_params) -> None:
     """Layer names name variables and checkpoint keys: one per pipeline."""
@@ -323,10 +286,25 @@ class TensorPipeLayer(base_layer.BaseLayer):
   @property
   def partition_plan(self) -> Optional[partitioning.PartitionPlan]:
     """The automatic partition plan, or None for manual partitions."""
-    return getattr(self, '_plan', None)
+    return self._plan
 
   def PartitionLayers(self) -> List[List[base_layer.BaseLayer]]:
     return [list(s.layers) for s in self._stages]
+
+  def LayersWithTheta(self, theta: Optional[NestedMap] = None
+                      ) -> List[Tuple[base_layer.BaseLayer, NestedMap]]:
+    """Every layer of every partition, in order, each with its theta.
+
+    Chaining them (each layer's outputs, composite.AsArgs, are the next
+    one's inputs) computes what FProp does, without the pipeline.
+
+    Args:
+      theta: this layer's theta (default `self.theta`).
+    """
+    theta = self.theta if theta is None else theta
+    return [(layer, layer_theta)
+            for k, layers in enumerate(self.PartitionLayers())
+            for layer, layer_theta in zip(layers, theta[f'partition_{k}'])]
 
   @classmethod
   def FPropMeta(cls, p, *input_shapes):
@@ -365,32 +343,33 @@ class TensorPipeLayer(base_layer.BaseLayer):
     mb_size = batch // num_mb
     self._CheckInputShapes(inputs, num_mb)
     training = py_utils.IsTraining()
+    # The timeline enters here, the one place: every cell stamps through it.
+    probe = timeline.ActiveProbe()
     if len(self._stages) == 1 and num_mb == 1:
-      return self._SingleCall(theta, inputs, training)
+      return self._SingleCall(theta, inputs, training, probe)
     thetas = []
     for k, stage in enumerate(self._stages):
       with tf.device(stage.device):
         thetas.append(tf.nest.map_structure(
             tf.identity, list(theta[f'partition_{k}'])))
     stacked = microbatch.Split(inputs, num_mb, p.batch_dim)
-    self._InferSpecs(thetas, stacked, mb_size)
+    specs = pipeline_stage.InferSpecs(self._stages, thetas, stacked,
+                                      mb_size)
     flat_stacked = microbatch.FlattenTensors(stacked)
     if training and p.recompute and p.recompute_impl == 'explicit':
-      flat_out, flat_stats = self._RecomputedPipeline(
-          flat_stacked, thetas, num_mb, mb_size)
+      result = self._RecomputedPipeline(specs, flat_stacked, thetas, num_mb,
+                                        mb_size, probe)
     else:
-      wrap = training and p.recompute
-      flat_out, flat_stats = self._ForwardLoop(
-          flat_stacked, thetas, num_mb, mb_size, save_inputs=False,
-          wrap_recompute_grad=wrap)[:2]
+      result = self._ForwardLoop(
+          specs, flat_stacked, thetas, num_mb, mb_size, probe,
+          save_inputs=False, wrap_recompute_grad=training and p.recompute)
     if training:
-      self._ReportStats(flat_stats)
-    last = self._stages[-1]
-    with tf.device(last.device):
-      out = microbatch.PackTensors(last.out_struct, flat_out)
+      self._ReportStats(specs, result.stats)
+    with tf.device(self._stages[-1].device):
+      out = microbatch.PackTensors(specs[-1].out_struct, result.outputs)
       return microbatch.Merge(out, p.batch_dim)
 
-  def _SingleCall(self, theta, inputs, training):
+  def _SingleCall(self, theta, inputs, training, probe):
     """K=1, T=1: one stage call, no micro-batch split and no loop.
 
     Nothing is pipelined, so the loops would only add per-tick overhead.
@@ -400,21 +379,18 @@ class TensorPipeLayer(base_layer.BaseLayer):
     save no memory. Results are those of the loops (same ops, same order).
     """
     stage = self._stages[0]
-    rec = timeline.Active()
     with tf.device(stage.device):
       th = list(theta['partition_0'])
-      start = rec and timeline.Stamp(tf.nest.flatten(inputs))
-      with tf.control_dependencies([start] if rec else []):
+      start = probe.Stamp(tf.nest.flatten(inputs))
+      with tf.control_dependencies(start):
         out, collected = stage.Call(th, tuple(inputs), 0)
-      if rec:
-        end = timeline.Stamp(tf.nest.flatten(out))
-        rec.Add('forward', 0, 1, 1, tf.reshape(tf.stack([start, end]),
-                                               [1, 2]))
+      probe.Add('forward', 0, 1, 1, probe.OneTickLog(
+          start + probe.Stamp(tf.nest.flatten(out))))
     if training:
-      for layer, stats in collected:
-        with tf.device(stage.device):
-          py_utils.AddBatchStats(layer, py_utils.BatchStats.Pack(
-              [tf.stop_gradient(s) for s in stats.Flatten()]))
+      with tf.device(stage.device):
+        flat_stats = pipeline_stage.FlatStats(collected)
+        for (layer, _), flat in zip(collected, flat_stats):
+          py_utils.AddBatchStats(layer, py_utils.BatchStats.Pack(flat))
     return out
 
   def _CheckInputShapes(self, inputs, num_mb):
@@ -438,84 +414,68 @@ class TensorPipeLayer(base_layer.BaseLayer):
     except NotImplementedError:
       pass
 
-  def _InferSpecs(self, thetas, stacked, mb_size):
-    """Traces each stage once to learn the structures crossing boundaries."""
-    args = microbatch.Slice(stacked, 0)
-    for stage, theta in zip(self._stages, thetas):
-      stage.in_struct = args
-      flat = microbatch.FlattenTensors(args)
-      stage.in_specs = [_SpecOf(x) for x in flat]
-
-      def Fn(*flat_in, stage=stage, theta=theta):
-        f_out, f_stats, out, collected = stage.FlatCall(
-            theta, list(flat_in), tf.constant(0), mb_size)
-        Fn.out = out
-        Fn.collected = collected
-        return f_out + f_stats
-
-      with tf.device(stage.device):
-        concrete = tf.function(Fn, autograph=False).get_concrete_function(
-            *stage.in_specs)
-      del concrete
-      stage.out_specs = [_SpecOf(x) for x in
-                         microbatch.FlattenTensors(Fn.out)]
-      stage.out_struct = microbatch.PackTensors(Fn.out, stage.out_specs)
-      stage.stats_layers = [layer for layer, _ in Fn.collected]
-      stage.stats_specs = [_SpecOf(s) for _, st in Fn.collected
-                           for s in st.Flatten()]
-      args = composite.AsArgs(stage.out_struct)
-
-  def _ReportStats(self, flat_stats):
-    i = 0
-    for stage in self._stages:
-      for layer in stage.stats_layers:
-        stats = py_utils.BatchStats.Pack(flat_stats[i:i + 3])
-        i += 3
+  def _ReportStats(self, specs, stats) -> None:
+    """Hands each batch-norm layer its statistics summed over micro-batches."""
+    for stage, spec, stage_stats in zip(self._stages, specs, stats):
+      for layer, flat in zip(spec.stats_layers, stage_stats):
         with tf.device(stage.device):
-          py_utils.AddBatchStats(layer, stats)
+          py_utils.AddBatchStats(layer, py_utils.BatchStats.Pack(flat))
 
-  def _ForwardLoop(self, flat_stacked, thetas, num_mb, mb_size, save_inputs,
-                   wrap_recompute_grad=False):
-    """The forward clock-cycle loop.
+  def _ForwardLoop(self, specs, flat_stacked, thetas, num_mb, mb_size, probe,
+                   save_inputs, wrap_recompute_grad=False) -> _ForwardResult:
+    """The forward clock-cycle loop (the first loop of the pseudo-code).
+
+    Args:
+      specs: per stage, its `pipeline_stage.StageSpecs`.
+      flat_stacked: the flat inputs split into micro-batches, [T, N/T, ...].
+      thetas: per stage, its weights (a list per layer).
+      num_mb: T.
+      mb_size: N / T.
+      probe: the `timeline.Probe` of this call.
+      save_inputs: whether to return every stage's inputs (for a recompute).
+      wrap_recompute_grad: wrap each stage call in tf.recompute_grad.
 
     Returns:
-      (flat outputs [N/T*T ...] stacked per micro-batch merged later,
-       flat summed stats, saved stage inputs (list per stage of stacked
-       tensors [T, ...]) or None).
+      A `_ForwardResult`; its `saved` is None unless `save_inputs`.
     """
     stages = self._stages
     num_k = len(stages)
-    ticks = num_mb + num_k - 1
-    last = stages[-1]
-
+    ticks = schedules.NumClockTicks(num_k, num_mb)
     forward_ctx = py_utils.Current()
 
-    def MakeCall(stage, theta):
+    def MakeCell(stage, spec, theta):
+      """Partition k's call as a function (flat inputs, t) -> `_Cell`."""
+      arg_struct = (list(spec.in_specs), 0, theta)  # inputs, t, weights
+
       def Call(*flat_args):
-        n_in = len(stage.in_specs)
-        flat_in = list(flat_args[:n_in])
-        t = tf.cast(flat_args[n_in], tf.int32)
-        th = tf.nest.pack_sequence_as(theta, list(flat_args[n_in + 1:]))
+        flat_in, t, th = tf.nest.pack_sequence_as(arg_struct, list(flat_args))
+        t = tf.cast(t, tf.int32)
         # tf.recompute_grad re-runs Call when the gradient is taken: use the
         # forward pass's context (step seed, mode) then too.
         with py_utils.RestoreContext(forward_ctx):
-          f_out, f_stats = stage.FlatCall(th, flat_in, t, mb_size)[:2]
-        return f_out + f_stats
-      if wrap_recompute_grad:
-        rc = tf.recompute_grad(Call)
-        # tf.recompute_grad differentiates every argument: pass t as a float.
-        return lambda flat_in, t: rc(*flat_in, tf.cast(t, tf.float32),
-                                     *tf.nest.flatten(theta))
-      return lambda flat_in, t: Call(*flat_in, t, *tf.nest.flatten(theta))
-    calls = [MakeCall(s, th) for s, th in zip(stages, thetas)]
-    rec = timeline.Active()
-    if rec:
-      calls = [_Stamped(call) for call in calls]
+          outputs, stats = stage.FlatCall(spec.in_struct, th, flat_in, t,
+                                          mb_size)
+        return tf.nest.flatten(_Cell(outputs, stats, []))
+      rc = tf.recompute_grad(Call) if wrap_recompute_grad else None
 
-    def Body(c, buffers, stats_acc, out_tas, saved_tas, events):
-      new_buffers, new_stats, new_saved, new_events = [], [], [], []
-      for k, stage in enumerate(stages):
-        t = c - k
+      def Cell(flat_in, t):
+        start = probe.Stamp(flat_in)
+        with tf.control_dependencies(start):
+          if rc:
+            # tf.recompute_grad differentiates every argument: t as a float.
+            flat = rc(*tf.nest.flatten((flat_in, tf.cast(t, tf.float32),
+                                        theta)))
+          else:
+            flat = Call(*tf.nest.flatten((flat_in, t, theta)))
+        cell = tf.nest.pack_sequence_as(_CellSpecs(spec), list(flat))
+        return cell._replace(stamps=start + probe.Stamp(flat))
+      return Cell
+    cells = [MakeCell(*a) for a in zip(stages, specs, thetas)]
+
+    def Body(c, buffers, stats, out_tas, saved_tas, logs):
+      new_buffers, new_stats, new_saved, new_logs = [], [], [], []
+      for k, (stage, spec) in enumerate(zip(stages, specs)):
+        t = schedules.GPipeForwardMicroBatch(c, k, num_k, num_mb)
         valid = tf.logical_and(t >= 0, t < num_mb)
         tc = tf.clip_by_value(t, 0, num_mb - 1)
         slot = tf.where(valid, t, num_mb)  # slot num_mb collects bubble writes
@@ -527,119 +487,105 @@ class TensorPipeLayer(base_layer.BaseLayer):
           if save_inputs:
             new_saved.append([ta.write(slot, v)
                               for ta, v in zip(saved_tas[k], x)])
-          n_out = len(stage.out_specs)
-          n_stamps = 2 if rec else 0
           if wrap_recompute_grad:
             # The gradient of tf.recompute_grad inside a tf.cond inside a
             # while loop fails in cond_v2, so bubble ticks compute on a
             # clamped index; their outputs go nowhere and stats are masked.
-            res = list(calls[k](x, tc))
-            if rec:
-              res[-2:] = [tf.where(valid, v, -1.0) for v in res[-2:]]
-            y, st = res[:n_out], res[n_out:len(res) - n_stamps]
-            st = [s * tf.cast(valid, s.dtype) for s in st]
+            cell = cells[k](x, tc)
+            cell = cell._replace(
+                stats=tf.nest.map_structure(
+                    lambda s: s * tf.cast(valid, s.dtype), cell.stats),
+                stamps=probe.Mask(valid, cell.stamps))
           else:
-            res = _Cond(
-                rec, valid, lambda k=k, x=x, tc=tc: calls[k](x, tc),
-                lambda k=k: _Zeros(stages[k].out_specs +
-                                   stages[k].stats_specs) + _NoStamps(rec))
-            res = list(res) if isinstance(res, (list, tuple)) else [res]
-            y, st = res[:n_out], res[n_out:len(res) - n_stamps]
-          if rec:
-            new_events.append(_RecordTick(events[k], c, res[-2:]))
-          new_stats.append([a + b for a, b in zip(stats_acc[k], st)])
+            cell = probe.Cond(
+                valid, lambda k=k, x=x, tc=tc: cells[k](x, tc),
+                lambda spec=spec: _Zeros(_CellSpecs(spec))._replace(
+                    stamps=probe.Missing(2)))
+          new_logs.append(probe.Log(logs[k], c, cell.stamps))
+          new_stats.append(tf.nest.map_structure(lambda a, b: a + b,
+                                                 stats[k], cell.stats))
           if k < num_k - 1:
-            new_buffers.append(y)
+            new_buffers.append(cell.outputs)
           else:
-            out_tas = [ta.write(slot, v) for ta, v in zip(out_tas, y)]
+            out_tas = [ta.write(slot, v)
+                       for ta, v in zip(out_tas, cell.outputs)]
       return (c + 1, new_buffers, new_stats, out_tas,
-              new_saved if save_inputs else saved_tas, new_events)
+              new_saved if save_inputs else saved_tas, new_logs)
 
-    buffers, stats_acc, saved_tas, events = [], [], [], []
-    for k, stage in enumerate(stages):
+    buffers, stats, saved_tas, logs = [], [], [], []
+    for k, (stage, spec) in enumerate(zip(stages, specs)):
       with tf.device(stage.device):
-        if rec:
-          events.append(-tf.ones([ticks, 2], tf.float64))
+        logs.append(probe.NewLog(ticks, 2))
         if k < num_k - 1:
-          buffers.append(_Zeros(stage.out_specs))
-        stats_acc.append(_Zeros(stage.stats_specs))
+          buffers.append(_Zeros(list(spec.out_specs)))
+        stats.append(_Zeros(spec.StatsSpecs()))
         if save_inputs:
           saved_tas.append([
               tf.TensorArray(s.dtype, size=num_mb + 1, element_shape=s.shape)
-              for s in stage.in_specs])
-    with tf.device(last.device):
+              for s in spec.in_specs])
+    with tf.device(stages[-1].device):
       out_tas = [tf.TensorArray(s.dtype, size=num_mb + 1,
                                 element_shape=s.shape)
-                 for s in last.out_specs]
-    _, _, stats_acc, out_tas, saved_tas, events = tf.while_loop(
+                 for s in specs[-1].out_specs]
+    _, _, stats, out_tas, saved_tas, logs = tf.while_loop(
         lambda c, *_: c < ticks, Body,
-        (tf.constant(0), buffers, stats_acc, out_tas, saved_tas, events),
+        (tf.constant(0), buffers, stats, out_tas, saved_tas, logs),
         maximum_iterations=ticks,
         parallel_iterations=_PARALLEL_ITERATIONS)
-    for k, ev in enumerate(events):
-      rec.Add('forward', k, num_k, num_mb, ev)
-    with tf.device(last.device):
-      flat_out = [ta.gather(tf.range(num_mb)) for ta in out_tas]
-    flat_stats = [s for per_stage in stats_acc for s in per_stage]
+    for k, log in enumerate(logs):
+      probe.Add('forward', k, num_k, num_mb, log)
+    with tf.device(stages[-1].device):
+      outputs = [ta.gather(tf.range(num_mb)) for ta in out_tas]
     saved = None
     if save_inputs:
       saved = []
       for stage, tas in zip(stages, saved_tas):
         with tf.device(stage.device):
           saved.append([ta.gather(tf.range(num_mb)) for ta in tas])
-    return flat_out, flat_stats, saved
+    return _ForwardResult(outputs, stats, saved)
 
-  def _RecomputedPipeline(self, flat_stacked, thetas, num_mb, mb_size):
+  def _RecomputedPipeline(self, specs, flat_stacked, thetas, num_mb, mb_size,
+                          probe) -> _ForwardResult:
     """Forward loop + explicit backward loop, as one tf.custom_gradient."""
-    stages = self._stages
-    num_k = len(stages)
-    n_in = len(flat_stacked)
-    theta_structs = thetas
-    flat_thetas = [tf.nest.flatten(th) for th in thetas]
-    theta_sizes = [len(f) for f in flat_thetas]
-    n_out = len(stages[-1].out_specs)
+    arg_struct = (list(flat_stacked), thetas)
+    # The stats leave the pipeline without a gradient (FlatStats).
+    result_struct = (list(specs[-1].out_specs),
+                     [spec.StatsSpecs() for spec in specs])
 
     @tf.custom_gradient
     def Pipeline(*args):
-      f_stacked = list(args[:n_in])
-      f_theta, i = [], n_in
-      for size, struct in zip(theta_sizes, theta_structs):
-        f_theta.append(tf.nest.pack_sequence_as(struct,
-                                                list(args[i:i + size])))
-        i += size
-      flat_out, flat_stats, saved = self._ForwardLoop(
-          f_stacked, f_theta, num_mb, mb_size, save_inputs=True)
-
+      f_stacked, f_thetas = tf.nest.pack_sequence_as(arg_struct, list(args))
+      fwd = self._ForwardLoop(specs, f_stacked, f_thetas, num_mb, mb_size,
+                              probe, save_inputs=True)
       forward_ctx = py_utils.Current()
 
       def Grad(*dys):
+        dys, _ = tf.nest.pack_sequence_as(result_struct, list(dys))
         dys = [tf.zeros_like(o) if d is None else d
-               for d, o in zip(dys[:n_out], flat_out)]
+               for d, o in zip(dys, fwd.outputs)]
         # The recompute must draw the forward pass's dropout masks even when
         # tape.gradient runs outside the forward's StepSeed block.
         with py_utils.RestoreContext(forward_ctx):
-          d_inputs, d_thetas = self._BackwardLoop(saved, f_theta, dys, num_mb,
-                                                  mb_size)
-        grads = list(d_inputs)
-        for d in d_thetas:
-          grads.extend(d)
-        return grads
+          d_inputs, d_thetas = self._BackwardLoop(
+              specs, fwd.saved, f_thetas, dys, num_mb, mb_size, probe)
+        return tf.nest.flatten((d_inputs, d_thetas))
 
-      return flat_out + flat_stats, Grad
+      return tf.nest.flatten((fwd.outputs, fwd.stats)), Grad
 
-    args = list(flat_stacked)
-    for f in flat_thetas:
-      args.extend(f)
-    res = Pipeline(*args)
-    return list(res[:n_out]), list(res[n_out:])
+    outputs, stats = tf.nest.pack_sequence_as(
+        result_struct, list(Pipeline(*tf.nest.flatten(arg_struct))))
+    return _ForwardResult(outputs, stats, None)
 
-  def _BackwardLoop(self, saved, thetas, dys_stacked, num_mb, mb_size):
+  def _BackwardLoop(self, specs, saved, thetas, dys_stacked, num_mb, mb_size,
+                    probe):
     """Backward clock-cycle loop: recompute + vjp per partition.
 
     Args:
+      specs: per stage, its `pipeline_stage.StageSpecs`.
       saved: per stage, the flat stacked inputs [T, ...] saved by the forward.
       thetas: per stage, the weights (structures of tensors).
       dys_stacked: gradients of the flat stacked outputs [T, ...].
+      num_mb, mb_size, probe: as for `_ForwardLoop`.
 
     Returns:
       (gradients of the flat stacked inputs of stage 0 (None for non-float),
@@ -647,100 +593,82 @@ class TensorPipeLayer(base_layer.BaseLayer):
     """
     stages = self._stages
     num_k = len(stages)
-    ticks = num_mb + num_k - 1
-    float_in = [[i for i, s in enumerate(st.in_specs) if _IsFloat(s)]
-                for st in stages]
-    float_out = [[i for i, s in enumerate(st.out_specs) if _IsFloat(s)]
-                 for st in stages]
+    ticks = schedules.NumClockTicks(num_k, num_mb)
 
-    rec = timeline.Active()
-
-    def Vjp(k, x, dy, tc):
-      """Recompute + backprop of one cell; with a recorder also 3 stamps."""
-      stage = stages[k]
+    def Vjp(k, x, dy, tc, dtheta) -> _GradCell:
+      """Recompute + backprop of one cell; `dtheta`: the weight-grad sum."""
+      stage, spec = stages[k], specs[k]
       theta_flat = tf.nest.flatten(thetas[k])
-      start = rec and timeline.Stamp(x + dy)
+      start = probe.Stamp(x + dy)
       with tf.GradientTape(watch_accessed_variables=False) as tape, \
-          tf.control_dependencies([start] if rec else []):
-        xs = [x[i] for i in float_in[k]]
+          tf.control_dependencies(start):
+        xs = [x[i] for i in spec.float_in]
         tape.watch(xs)
         tape.watch(theta_flat)
         th = tf.nest.pack_sequence_as(thetas[k], theta_flat)
-        x_all = list(x)
-        y = stage.FlatCall(th, x_all, tc, mb_size)[0]
-      ys = [y[i] for i in float_out[k]]
-      mid = rec and timeline.Stamp(ys)
-      with tf.control_dependencies([mid] if rec else []):
-        grads = tape.gradient(
-            ys, xs + theta_flat, output_gradients=dy,
+        y, _ = stage.FlatCall(spec.in_struct, th, list(x), tc, mb_size)
+      ys = [y[i] for i in spec.float_out]
+      mid = probe.Stamp(ys)
+      with tf.control_dependencies(mid):
+        dxs, dws = tape.gradient(
+            ys, (xs, theta_flat), output_gradients=dy,
             unconnected_gradients=tf.UnconnectedGradients.ZERO)
-      stamps = [start, mid, timeline.Stamp(grads)] if rec else []
-      return grads[:len(xs)], grads[len(xs):] + stamps
+      end = probe.Stamp([dxs, dws])
+      return _GradCell(dxs, [a + g for a, g in zip(dtheta, dws)],
+                       start + mid + end)
 
-    def Body(c, gbufs, dtheta_acc, din_tas, events):
-      new_gbufs = [[] for _ in range(num_k)]
-      new_acc, new_events = [], []
-      for k in range(num_k):
-        stage = stages[k]
-        t = num_mb - 1 - (c - (num_k - 1 - k))
+    def Body(c, grads, dthetas, din_tas, logs):
+      new_grads = [[] for _ in range(num_k)]
+      new_dthetas, new_logs = [], []
+      for k, (stage, spec) in enumerate(zip(stages, specs)):
+        t = schedules.GPipeBackwardMicroBatch(c, k, num_k, num_mb)
         valid = tf.logical_and(t >= 0, t < num_mb)
         tc = tf.clip_by_value(t, 0, num_mb - 1)
         with tf.device(stage.device):
           x = [tf.gather(s, tc) for s in saved[k]]
           if k == num_k - 1:
-            dy = [tf.gather(dys_stacked[i], tc) for i in float_out[k]]
+            dy = [tf.gather(dys_stacked[i], tc) for i in spec.float_out]
           else:
-            dy = gbufs[k + 1]
-          theta_specs = [_SpecOf(w) for w in tf.nest.flatten(thetas[k])]
-          dx_specs = [stage.in_specs[i] for i in float_in[k]]
+            dy = grads[k + 1]
           # The weight-gradient sum is updated inside the cond: a bubble tick
           # passes it through instead of adding a zero tensor the size of
           # the partition's weights (that add and the zeros were most of a
           # bubble tick's cost for large weights).
-          def Valid(k=k, x=x, dy=dy, tc=tc, acc=dtheta_acc[k]):
-            dx, rest = Vjp(k, x, dy, tc)
-            n = len(acc)
-            return (dx + [a + g for a, g in zip(acc, rest[:n])] + rest[n:])
-
-          def Bubble(dx_specs=dx_specs, acc=dtheta_acc[k]):
-            return _Zeros(dx_specs) + list(acc) + _NoStamps(rec, 3)
-
-          res = _Cond(rec, valid, Valid, Bubble)
-          res = list(res) if isinstance(res, (list, tuple)) else [res]
-          dx = res[:len(dx_specs)]
-          if rec:
-            new_events.append(_RecordTick(events[k], c, res[-3:]))
-          new_acc.append(res[len(dx_specs):len(dx_specs) + len(theta_specs)])
+          cell = probe.Cond(
+              valid,
+              lambda k=k, x=x, dy=dy, tc=tc, acc=dthetas[k]: Vjp(
+                  k, x, dy, tc, acc),
+              lambda spec=spec, acc=dthetas[k]: _GradCell(
+                  _Zeros(spec.DxSpecs()), list(acc), probe.Missing(3)))
+          new_logs.append(probe.Log(logs[k], c, cell.stamps))
+          new_dthetas.append(cell.dtheta)
           if k == 0:
             slot = tf.where(valid, t, num_mb)
-            din_tas = [ta.write(slot, v) for ta, v in zip(din_tas, dx)]
+            din_tas = [ta.write(slot, v) for ta, v in zip(din_tas, cell.dx)]
           else:
-            new_gbufs[k] = dx
-      return c + 1, new_gbufs, new_acc, din_tas, new_events
+            new_grads[k] = cell.dx
+      return c + 1, new_grads, new_dthetas, din_tas, new_logs
 
-    gbufs, acc, events = [None] * num_k, [], []
-    for k, stage in enumerate(stages):
+    grads, dthetas, logs = [], [], []
+    for k, (stage, spec) in enumerate(zip(stages, specs)):
       with tf.device(stage.device):
-        if rec:
-          events.append(-tf.ones([ticks, 3], tf.float64))
-        if k > 0:
-          gbufs[k] = _Zeros([stage.in_specs[i] for i in float_in[k]])
-        acc.append([tf.zeros_like(w) for w in tf.nest.flatten(thetas[k])])
+        logs.append(probe.NewLog(ticks, 3))
+        # While-loop state cannot hold None: stage 0 has no incoming gradient.
+        grads.append(_Zeros(spec.DxSpecs()) if k > 0 else [])
+        dthetas.append([tf.zeros_like(w) for w in tf.nest.flatten(thetas[k])])
     with tf.device(stages[0].device):
-      din_tas = [tf.TensorArray(stages[0].in_specs[i].dtype, size=num_mb + 1,
-                                element_shape=stages[0].in_specs[i].shape)
-                 for i in float_in[0]]
-    # While-loop state cannot hold None: stage 0 has no incoming gradient.
-    gbufs[0] = []
-    _, _, acc, din_tas, events = tf.while_loop(
+      din_tas = [tf.TensorArray(s.dtype, size=num_mb + 1,
+                                element_shape=s.shape)
+                 for s in specs[0].DxSpecs()]
+    _, _, dthetas, din_tas, logs = tf.while_loop(
         lambda c, *_: c < ticks, Body,
-        (tf.constant(0), gbufs, acc, din_tas, events),
+        (tf.constant(0), grads, dthetas, din_tas, logs),
         maximum_iterations=ticks,
         parallel_iterations=_PARALLEL_ITERATIONS)
-    for k, ev in enumerate(events):
-      rec.Add('backward', k, num_k, num_mb, ev)
-    d_inputs = [None] * len(stages[0].in_specs)
+    for k, log in enumerate(logs):
+      probe.Add('backward', k, num_k, num_mb, log)
+    d_inputs = [None] * len(specs[0].in_specs)
     with tf.device(stages[0].device):
-      for j, i in enumerate(float_in[0]):
-        d_inputs[i] = din_tas[j].gather(tf.range(num_mb))
-    return d_inputs, acc
+      for ta, i in zip(din_tas, specs[0].float_in):
+        d_inputs[i] = ta.gather(tf.range(num_mb))
+    return d_inputs, dthetas

@@ -1,4 +1,4 @@
-"""GPipe pipeline clock schedules as pure Python generators.
+"""GPipe pipeline clock schedules: index functions and pure Python generators.
 
 GPipe (Huang et al. 2018, arXiv 1811.06965, figure 2c) splits a mini-batch into
 T micro-batches and a model into K partitions, one per device. On clock tick
@@ -9,9 +9,13 @@ ticks; during the first and last K - 1 of them some devices idle (the
 "bubble"), a fraction (K - 1) / (T + K - 1) of each device's time. The backward
 pass is the mirror image: the last partition starts on the last micro-batch.
 
-The schedules are plain lists of (t, k) pairs so that the pipeline engine, the
-tests and any tooling (e.g. a printed timeline) share one definition. Nothing
-here imports TensorFlow.
+This module is the one definition of the schedule. The index functions
+(`GPipeForwardMicroBatch`, `GPipeBackwardMicroBatch`, `NumClockTicks`) say
+which micro-batch a partition runs on a tick; the generators list the (t, k)
+cells of each tick and are written with them, and so are the pipeline's
+tf.while_loop bodies (`pipeline.py`), the timeline's decoder (`timeline.py`)
+and the simulator (`simulator.py`). Other schedules (e.g. 1F1B) add their
+functions beside these. Nothing here imports TensorFlow.
 
 Example (K=3 partitions, T=4 micro-batches), forward:
 
@@ -22,10 +26,12 @@ Example (K=3 partitions, T=4 micro-batches), forward:
 """
 
 import numbers
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Tuple, TypeVar
 
 # One unit of work: (micro-batch index t, partition index k).
 Cell = Tuple[int, int]
+# A clock tick: a Python int, or a scalar integer tf.Tensor (a loop's clock).
+Clock = TypeVar('Clock')
 
 
 def _CheckPositiveInt(name: str, value: object) -> int:
@@ -41,8 +47,83 @@ def _CheckPositiveInt(name: str, value: object) -> int:
   return int(value)
 
 
+def _CheckPartition(k: object, num_partitions: int) -> None:
+  """Raises if `k` is not a partition index in [0, num_partitions)."""
+  if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+    raise TypeError(f'partition index k must be an int, got {k!r} of type '
+                    f'{type(k).__name__}')
+  if not 0 <= k < num_partitions:
+    raise ValueError(f'partition index k={k} is not in [0, {num_partitions}); '
+                     f'use 0 <= k < num_partitions={num_partitions}')
+
+
+def GPipeForwardMicroBatch(clock: Clock, k: int, num_partitions: int,
+                           num_micro_batches: int) -> Clock:
+  """The micro-batch partition k runs on forward tick `clock`: t = clock - k.
+
+  The index functions use only `+` and `-` on `clock`, so `clock` may be a
+  Python int (the generators below, the timeline's decoder) or a scalar
+  integer tensor (the clock of the pipeline's tf.while_loop, whose body is
+  traced once for all ticks). One expression thus serves both, and this
+  module needs no TensorFlow: a pure-int function plus a TensorFlow copy in
+  the pipeline would be two definitions again. On a tensor it builds exactly
+  the ops the loop would build inline (one subtraction), so a tick costs
+  nothing extra.
+
+  Args:
+    clock: the tick, an int or a scalar integer tensor (any value; ticks
+      outside [0, NumClockTicks) just give an idle t).
+    k: the partition, an int in [0, K).
+    num_partitions: K, the number of pipeline partitions (devices).
+    num_micro_batches: T, the number of micro-batches per mini-batch.
+
+  Returns:
+    t, of the type of `clock`. Partition k works on micro-batch t on this
+    tick iff 0 <= t < T; any other value means it idles (a bubble tick).
+
+  Raises:
+    TypeError: if k, K or T is not an integer.
+    ValueError: if K or T is < 1 or k is not in [0, K).
+  """
+  k_total = _CheckPositiveInt('num_partitions', num_partitions)
+  _CheckPositiveInt('num_micro_batches', num_micro_batches)
+  _CheckPartition(k, k_total)
+  return clock - k
+
+
+def GPipeBackwardMicroBatch(clock: Clock, k: int, num_partitions: int,
+                            num_micro_batches: int) -> Clock:
+  """The micro-batch partition k runs on backward tick `clock`.
+
+  The mirror of `GPipeForwardMicroBatch`: the gradient of micro-batch T - 1
+  enters at the last partition on tick 0 and partition k receives its first
+  gradient K - 1 - k ticks later, so t = T - 1 - (clock - (K - 1 - k)).
+  `clock` may be an int or a scalar integer tensor, as there.
+
+  Args:
+    clock: the backward tick, an int or a scalar integer tensor.
+    k: the partition, an int in [0, K).
+    num_partitions: K, the number of pipeline partitions (devices).
+    num_micro_batches: T, the number of micro-batches per mini-batch.
+
+  Returns:
+    t, of the type of `clock`; partition k works on micro-batch t on this
+    tick iff 0 <= t < T.
+
+  Raises:
+    TypeError: if k, K or T is not an integer.
+    ValueError: if K or T is < 1 or k is not in [0, K).
+  """
+  k_total = _CheckPositiveInt('num_partitions', num_partitions)
+  t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
+  _CheckPartition(k, k_total)
+  return (t_total - 1) - (clock - (k_total - 1 - k))
+
+
 def NumClockTicks(num_partitions: int, num_micro_batches: int) -> int:
   """Number of clock ticks of one GPipe forward (or backward) pass.
+
+  Ticks beyond it give every partition an idle micro-batch index.
 
   Args:
     num_partitions: K, the number of pipeline partitions (devices).
@@ -87,10 +168,10 @@ def GPipeClockCycles(num_partitions: int,
                      num_micro_batches: int) -> Iterator[List[Cell]]:
   """Yields, tick by tick, the (t, k) cells active in the GPipe forward pass.
 
-  Pseudo-code:
+  Pseudo-code (t = GPipeForwardMicroBatch(clock, k, K, T) = clock - k):
 
     for clock in range(T + K - 1):
-      yield [(clock - k, k) for k in range(K) if 0 <= clock - k < T]
+      yield [(t, k) for k in range(K) if 0 <= t < T]
 
   Args:
     num_partitions: K, the number of pipeline partitions (devices).
@@ -109,11 +190,10 @@ def GPipeClockCycles(num_partitions: int,
   t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
 
   def _Cycles() -> Iterator[List[Cell]]:
-    for clock in range(t_total + k_total - 1):
-      # Partition k is busy iff 0 <= clock - k < T.
-      k_first = max(0, clock - t_total + 1)
-      k_last = min(clock, k_total - 1)
-      yield [(clock - k, k) for k in range(k_first, k_last + 1)]
+    for clock in range(NumClockTicks(k_total, t_total)):
+      cells = [(GPipeForwardMicroBatch(clock, k, k_total, t_total), k)
+               for k in range(k_total)]
+      yield [(t, k) for t, k in cells if 0 <= t < t_total]
 
   return _Cycles()
 
@@ -128,11 +208,10 @@ def GPipeBackwardClockCycles(num_partitions: int,
   after (t, k + 1), and each partition sees the micro-batches in decreasing
   order.
 
-  Pseudo-code:
+  Pseudo-code (t = GPipeBackwardMicroBatch(clock, k, K, T)):
 
     for clock in range(T + K - 1):
-      yield [(T - 1 - (clock - (K - 1 - k)), k) for k in reversed(range(K))
-             if 0 <= clock - (K - 1 - k) < T]
+      yield [(t, k) for k in reversed(range(K)) if 0 <= t < T]
 
   Args:
     num_partitions: K, the number of pipeline partitions (devices).
@@ -151,13 +230,9 @@ def GPipeBackwardClockCycles(num_partitions: int,
   t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
 
   def _Cycles() -> Iterator[List[Cell]]:
-    for clock in range(t_total + k_total - 1):
-      cells = []
-      for k in reversed(range(k_total)):
-        # Steps since partition k received its first gradient.
-        step = clock - (k_total - 1 - k)
-        if 0 <= step < t_total:
-          cells.append((t_total - 1 - step, k))
-      yield cells
+    for clock in range(NumClockTicks(k_total, t_total)):
+      cells = [(GPipeBackwardMicroBatch(clock, k, k_total, t_total), k)
+               for k in reversed(range(k_total))]
+      yield [(t, k) for t, k in cells if 0 <= t < t_total]
 
   return _Cycles()

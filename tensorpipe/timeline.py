@@ -17,8 +17,11 @@ partition, and come out of the step function through a `Recorder`:
 
 Recording is decided when the step is traced: without an active `Record()`
 context no timestamp op, no extra loop state and no control dependency is
-built, so instrumentation costs nothing when off. Timestamps are wall-clock
-seconds (float64); cells whose tick was a bubble carry -1 and are dropped.
+built, so instrumentation costs nothing when off. The pipeline builds all of
+it through one object, a `Probe`, whose methods build nothing when recording
+is off. Timestamps are wall-clock seconds (float64); cells whose tick was a
+bubble carry -1 and are dropped. A row's tick is turned into its micro-batch
+by the schedule's index functions (`schedules.py`), as in the loops.
 
 Nothing here runs TensorFlow ops at import.
 """
@@ -30,6 +33,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import tensorflow as tf
 
 from tensorpipe import py_utils
+from tensorpipe import schedules
 
 PHASES = ('forward', 'recompute', 'backward')
 
@@ -42,6 +46,7 @@ class Event:
   t: int           # micro-batch
   start: float     # seconds
   end: float       # seconds
+  tick: int = -1   # clock tick of its pass's loop (-1: not recorded)
 
 
 @dataclasses.dataclass
@@ -97,20 +102,19 @@ class Recorder:
       for c, row in enumerate(rows):
         if row[0] < 0:
           continue
+        # Row c is tick c of its loop; the schedule says which t ran there.
         if e.direction == 'forward':
-          t = c - e.k
-          events.append(Event('forward', e.k, t, float(row[0]),
-                              float(row[1])))
+          t = schedules.GPipeForwardMicroBatch(c, e.k, kk, tt)
+          spans = [('forward', row[0], row[1])]
+        elif len(row) == 3:
+          t = schedules.GPipeBackwardMicroBatch(c, e.k, kk, tt)
+          spans = [('recompute', row[0], row[1]),
+                   ('backward', row[1], row[2])]
         else:
-          t = tt - 1 - (c - (kk - 1 - e.k))
-          if len(row) == 3:
-            events.append(Event('recompute', e.k, t, float(row[0]),
-                                float(row[1])))
-            events.append(Event('backward', e.k, t, float(row[1]),
-                                float(row[2])))
-          else:
-            events.append(Event('backward', e.k, t, float(row[0]),
-                                float(row[1])))
+          t = schedules.GPipeBackwardMicroBatch(c, e.k, kk, tt)
+          spans = [('backward', row[0], row[1])]
+        events.extend(Event(phase, e.k, t, float(start), float(end), c)
+                      for phase, start, end in spans)
     events.sort(key=lambda ev: (ev.start, ev.k))
     return events
 
@@ -165,6 +169,77 @@ def Unordered(fn: Callable[[], Any]) -> Any:
   return out
 
 
+class Probe:
+  """The pipeline's one entry to the timeline, for one traced loop or call.
+
+  Stamps are lists, [] with recording off, so that they concatenate and
+  serve as control dependencies; logs (the [ticks, n] rows of one partition,
+  carried as loop state) are () with recording off. So the pipeline calls
+  every method unconditionally, and with recording off nothing is built.
+
+  Usage (inside a loop body, for partition k on tick `clock`):
+
+    probe = timeline.ActiveProbe()          # once, when the loop is traced
+    log = probe.NewLog(num_ticks, 2)        # loop state
+    start = probe.Stamp(inputs)
+    with tf.control_dependencies(start):
+      out = Stage(inputs)
+    log = probe.Log(log, clock, start + probe.Stamp(out))
+    ...                                     # after the loop:
+    probe.Add('forward', k, num_partitions, num_micro_batches, log)
+  """
+
+  def __init__(self, recorder: Optional[Recorder]):
+    self._rec = recorder
+
+  def Stamp(self, deps: Sequence[Any] = ()) -> List[tf.Tensor]:
+    """[a `Stamp(deps)`], or [] when recording is off."""
+    return [Stamp(deps)] if self._rec else []
+
+  def Missing(self, n: int) -> List[tf.Tensor]:
+    """The n stamps of a cell that did not run (a bubble tick): -1 each."""
+    return [tf.constant(-1.0, tf.float64)] * n if self._rec else []
+
+  def Mask(self, ran: tf.Tensor, stamps: List[tf.Tensor]) -> List[tf.Tensor]:
+    """`stamps` where the scalar bool `ran` holds, else those of `Missing`."""
+    return [tf.where(ran, v, -1.0) for v in stamps]
+
+  def Cond(self, pred: tf.Tensor, true_fn: Callable[[], Any],
+           false_fn: Callable[[], Any]) -> Any:
+    """tf.cond; when recording, one left unordered (see `Unordered`)."""
+    if not self._rec:
+      return tf.cond(pred, true_fn, false_fn)
+    return Unordered(lambda: tf.cond(pred, true_fn, false_fn))
+
+  def NewLog(self, num_ticks: int, width: int) -> Any:
+    """A [num_ticks, width] float64 log of -1 (no cell ran), or ()."""
+    return -tf.ones([num_ticks, width], tf.float64) if self._rec else ()
+
+  def Log(self, log: Any, clock: tf.Tensor, stamps: List[tf.Tensor]) -> Any:
+    """`log` with row `clock` set to `stamps` (one per column)."""
+    if not self._rec:
+      return log
+    return tf.tensor_scatter_nd_update(log, tf.reshape(clock, [1, 1]),
+                                       tf.stack(stamps)[tf.newaxis])
+
+  def OneTickLog(self, stamps: List[tf.Tensor]) -> Any:
+    """The [1, len(stamps)] log of a call made once, outside any loop."""
+    if not self._rec:
+      return ()
+    return tf.reshape(tf.stack(stamps), [1, len(stamps)])
+
+  def Add(self, direction: str, k: int, num_partitions: int,
+          num_micro_batches: int, log: Any) -> None:
+    """Hands partition k's finished log to the recorder (`Recorder.Add`)."""
+    if self._rec:
+      self._rec.Add(direction, k, num_partitions, num_micro_batches, log)
+
+
+def ActiveProbe() -> Probe:
+  """The `Probe` of the innermost `Record()` block (a no-op one if none)."""
+  return Probe(Active())
+
+
 def ChromeTrace(events: Sequence[Event], devices: Sequence[str],
                 marks: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
   """Chrome trace JSON (chrome://tracing, Perfetto): one row per device.
@@ -183,7 +258,8 @@ def ChromeTrace(events: Sequence[Event], devices: Sequence[str],
         'name': f'{ev.phase[0].upper()} t={ev.t}', 'cat': ev.phase, 'ph': 'X',
         'pid': 0, 'tid': ev.k, 'ts': (ev.start - origin) * 1e6,
         'dur': max(0.0, ev.end - ev.start) * 1e6,
-        'args': {'phase': ev.phase, 'partition': ev.k, 'micro_batch': ev.t}})
+        'args': {'phase': ev.phase, 'partition': ev.k, 'micro_batch': ev.t,
+                 'tick': ev.tick}})
   for name, value in (marks or {}).items():
     trace.append({'name': name, 'ph': 'i', 's': 'g', 'pid': 0, 'tid': 0,
                   'ts': (value - origin) * 1e6})

@@ -8,7 +8,9 @@ import tensorflow as tf
 import tensorpipe
 from tensorpipe import base_layer
 from tensorpipe import py_utils
+from tensorpipe import schedules
 from tensorpipe import test_utils
+from tensorpipe import timeline
 from tensorpipe.layers import composite
 from tensorpipe.layers import conv
 from tensorpipe.layers import dropout
@@ -170,6 +172,10 @@ class ConsistencyTest(tf.test.TestCase):
                  input_shapes=[[16, 8, 8, 1]])
     self.assertEqual([len(p) for p in layer.PartitionLayers()], [4, 4, 4, 4])
     self.assertAllClose(layer.partition_plan.imbalance, 1.0)
+    # Manual partitions and K=1 have no plan.
+    self.assertIsNone(Pipe(partitions=SplitEven(ConvStack(4), 2))
+                      .partition_plan)
+    self.assertIsNone(Pipe(layers=ConvStack(4)).partition_plan)
 
 
 class TransparencyTest(tf.test.TestCase):
@@ -470,6 +476,71 @@ class StrategyTest(tf.test.TestCase):
       self.assertAllClose(a, b, rtol=1e-5, atol=1e-7)
 
 
+# (layer name, micro-batch in its data, tf.timestamp()) of every eager call.
+_CALLS = []
+
+
+class RecordMicroBatchLayer(base_layer.BaseLayer):
+  """x -> x + 0 * w; run eagerly, it logs which micro-batch it was given.
+
+  Example i of the test batch holds the value i, so the micro-batch a call
+  processes is read from its data, not from the pipeline's index arithmetic.
+  """
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateVariable('w', base_layer.WeightParams([1]))
+
+  def FProp(self, theta, x):
+    if tf.executing_eagerly():
+      _CALLS.append((self.params.name, int(x[0, 0]) // int(x.shape[0]),
+                     float(tf.timestamp())))
+    return x + 0.0 * theta.w
+
+  @classmethod
+  def FPropMeta(cls, p, x):
+    return base_layer.FPropMetaResult(x.num_elements(), x, 1)
+
+
+class ScheduleTest(tf.test.TestCase):
+  """The loops run the cells of schedules.py's generators, tick by tick."""
+
+  def _CellsRun(self, k, t):
+    """{(phase, tick, micro-batch seen, partition)} of an eager step."""
+    del _CALLS[:]
+    layer = Pipe(partitions=[[RecordMicroBatchLayer.Params().Set(
+        name=f'rec{i}')] for i in range(k)], num_micro_batches=t)
+    x = tf.reshape(tf.range(2 * t, dtype=tf.float32), [2 * t, 1])
+    # Eagerly, tf.while_loop and tf.cond run their bodies as Python, so the
+    # layer sees each cell's data; the timeline says on which tick (row of
+    # the loop's log) each partition ran.
+    with timeline.Record() as rec:
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(layer.FPropDefaultTheta(x))
+      tape.gradient(loss, layer.trainable_variables)
+    events = rec.Events(rec.Tensors())
+    self.assertLen(_CALLS, 2 * k * t)  # forward + recompute of every cell
+    cells = set()
+    for name, seen, stamp in _CALLS:
+      part = int(name[len('rec'):])
+      runs = [ev for ev in events if ev.k == part and ev.phase != 'backward'
+              and ev.start <= stamp <= ev.end]
+      self.assertLen(runs, 1, (name, seen, runs))
+      cells.add((runs[0].phase, runs[0].tick, seen, part))
+    return cells
+
+  def testLoopsRunTheGeneratorsCells(self):
+    for k, t in [(1, 3), (2, 1), (2, 4), (3, 2), (4, 5)]:
+      with self.subTest(k=k, t=t):
+        want = {('forward', c, tt, kk) for c, ticks in
+                enumerate(schedules.GPipeClockCycles(k, t))
+                for tt, kk in ticks}
+        want |= {('recompute', c, tt, kk) for c, ticks in
+                 enumerate(schedules.GPipeBackwardClockCycles(k, t))
+                 for tt, kk in ticks}
+        self.assertEqual(self._CellsRun(k, t), want)
+
+
 class CheckpointTest(tf.test.TestCase):
 
   def testCheckpointRestoresUnderDifferentPartitionCount(self):
@@ -566,6 +637,26 @@ class ErrorsTest(tf.test.TestCase):
   def testAutomaticPartitioningNeedsInputShapes(self):
     with self.assertRaisesRegex(ValueError, 'input_shapes'):
       Pipe(layers=ConvStack(4), num_partitions=2)
+
+
+
+class LayersWithThetaTest(tf.test.TestCase):
+
+  def testListsEveryPartitionsLayersInOrderAndChainsToFProp(self):
+    layers = ConvStack(5)
+    pipe = Pipe(partitions=[layers[:2], layers[2:]], num_micro_batches=2)
+    pairs = pipe.LayersWithTheta()
+    self.assertEqual([layer.layer_name for layer, _ in pairs],
+                     [p.name for p in layers])
+    for layer, theta in pairs:
+      self.assertIs(theta.w, layer.vars.w)
+    # Chained without the pipeline they compute what FProp does.
+    x = tf.random.stateless_normal([4, 8, 8, 1], seed=[1, 2])
+    args = (x,)
+    for layer, theta in pairs:
+      args = composite.AsArgs(layer.FProp(theta, *args))
+    self.assertAllClose(composite.FromArgs(args), pipe.FPropDefaultTheta(x),
+                        rtol=1e-6, atol=1e-6)
 
 
 if __name__ == '__main__':

@@ -3,6 +3,8 @@
 import itertools
 import unittest
 
+import tensorflow as tf
+
 from tensorpipe import schedules
 
 # Sizes (K, T) the property tests sweep over.
@@ -16,6 +18,70 @@ def _Ticks(schedule):
     for cell in cells:
       ticks[cell] = clock
   return ticks
+
+
+def _IndexTable(index_fn, k_total, t_total):
+  """Per partition, the index_fn value on each tick ('.' where it idles)."""
+  rows = []
+  for k in range(k_total):
+    ts = [index_fn(c, k, k_total, t_total)
+          for c in range(schedules.NumClockTicks(k_total, t_total))]
+    rows.append(' '.join(str(t) if 0 <= t < t_total else '.' for t in ts))
+  return rows
+
+
+class IndexFunctionTest(unittest.TestCase):
+
+  def testForwardIndicesOfThreePartitionsFourMicroBatches(self):
+    self.assertEqual(
+        _IndexTable(schedules.GPipeForwardMicroBatch, 3, 4), [
+            # clock 0 1 2 3 4 5
+            '0 1 2 3 . .',  # k=0
+            '. 0 1 2 3 .',  # k=1
+            '. . 0 1 2 3',  # k=2
+        ])
+
+  def testBackwardIndicesOfThreePartitionsFourMicroBatches(self):
+    self.assertEqual(
+        _IndexTable(schedules.GPipeBackwardMicroBatch, 3, 4), [
+            # clock 0 1 2 3 4 5
+            '. . 3 2 1 0',  # k=0
+            '. 3 2 1 0 .',  # k=1
+            '3 2 1 0 . .',  # k=2
+        ])
+
+  def testTicksOutsideThePassAreIdle(self):
+    for k_total, t_total in _SIZES:
+      ticks = schedules.NumClockTicks(k_total, t_total)
+      for fn in (schedules.GPipeForwardMicroBatch,
+                 schedules.GPipeBackwardMicroBatch):
+        for k in range(k_total):
+          for clock in (-1, ticks):
+            t = fn(clock, k, k_total, t_total)
+            self.assertFalse(0 <= t < t_total, (fn, k_total, t_total, k))
+
+  def testTensorClockGivesTheSameIndices(self):
+    # The pipeline's while-loop bodies call the functions with their clock,
+    # a scalar int32 tensor.
+    for k_total, t_total in [(1, 3), (3, 4), (4, 2)]:
+      for fn in (schedules.GPipeForwardMicroBatch,
+                 schedules.GPipeBackwardMicroBatch):
+        for clock in range(schedules.NumClockTicks(k_total, t_total)):
+          for k in range(k_total):
+            t = fn(tf.constant(clock), k, k_total, t_total)
+            self.assertIsInstance(t, tf.Tensor)
+            self.assertEqual(t.dtype, tf.int32)
+            self.assertEqual(int(t), fn(clock, k, k_total, t_total))
+
+  def testRaisesOnABadPartitionIndex(self):
+    with self.assertRaisesRegex(ValueError, r'k=3 is not in \[0, 3\)'):
+      schedules.GPipeForwardMicroBatch(0, 3, 3, 4)
+    with self.assertRaisesRegex(ValueError, r'k=-1'):
+      schedules.GPipeBackwardMicroBatch(0, -1, 3, 4)
+    with self.assertRaisesRegex(TypeError, r'1\.0.*float'):
+      schedules.GPipeForwardMicroBatch(0, 1.0, 3, 4)
+    with self.assertRaisesRegex(ValueError, r'num_micro_batches=0'):
+      schedules.GPipeBackwardMicroBatch(0, 0, 3, 0)
 
 
 class GPipeClockCyclesTest(unittest.TestCase):

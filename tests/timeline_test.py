@@ -5,6 +5,7 @@ import json
 import tensorflow as tf
 
 import tensorpipe
+from tensorpipe import schedules
 from tensorpipe import test_utils
 from tensorpipe import timeline
 from tensorpipe.layers import linear
@@ -83,6 +84,21 @@ class TimelineTest(tf.test.TestCase):
     self.assertLessEqual(marks['step_start'], events[0].start)
     self.assertGreaterEqual(marks['step_end'], max(e.end for e in events))
 
+  def testEventTicksFollowTheSchedule(self):
+    _, events, _, _ = self._Record()
+    forward = list(schedules.GPipeClockCycles(_K, _T))
+    backward = list(schedules.GPipeBackwardClockCycles(_K, _T))
+    for ev in events:
+      ticks = forward if ev.phase == 'forward' else backward
+      self.assertIn((ev.t, ev.k), ticks[ev.tick], ev)
+    # Row c of a partition's log is its loop's tick c: later ticks start later.
+    for phase in timeline.PHASES:
+      for k in range(_K):
+        mine = sorted((ev for ev in events if (ev.phase, ev.k) == (phase, k)),
+                      key=lambda ev: ev.tick)
+        starts = [ev.start for ev in mine]
+        self.assertEqual(starts, sorted(starts), (phase, k))
+
   def testChromeTraceAndBreakdown(self):
     _, events, marks, layer = self._Record()
     trace = json.loads(json.dumps(timeline.ChromeTrace(
@@ -142,6 +158,41 @@ class TimelineTest(tf.test.TestCase):
         ctrl = [i for i in node.input if i.startswith('^')]
         self.assertEqual(ctrl, [], f'{fname}/{node.name} is ordered after '
                          f'{ctrl}')
+
+
+class ProbeTest(tf.test.TestCase):
+
+  def testOffBuildsNothing(self):
+    probe = timeline.Probe(None)
+
+    def Fn(x):
+      self.assertEqual(probe.Stamp([x]), [])
+      self.assertEqual(probe.Missing(3), [])
+      self.assertEqual(probe.Mask(x > 0, []), [])
+      log = probe.NewLog(4, 2)
+      self.assertEqual(log, ())
+      self.assertIs(probe.Log(log, tf.constant(1), []), log)
+      self.assertEqual(probe.OneTickLog([]), ())
+      probe.Add('forward', 0, 1, 1, log)
+      return probe.Cond(x > 0, lambda: x + 1.0, lambda: x - 1.0)
+    fn = tf.function(Fn).get_concrete_function(tf.TensorSpec([]))
+    self.assertNotIn('Timestamp', _OpTypes(fn))
+    self.assertEqual(float(fn(tf.constant(2.0))), 3.0)
+
+  def testOnWritesTickRowsForTheRecorder(self):
+    rec = timeline.Recorder()
+    probe = timeline.Probe(rec)
+    stamp = lambda v: tf.constant(v, tf.float64)
+    self.assertLen(probe.Stamp(), 1)
+    self.assertAllEqual(probe.Missing(2), [-1.0, -1.0])
+    self.assertAllEqual(probe.Mask(tf.constant(False), [stamp(2.0)]), [-1.0])
+    log = probe.Log(probe.NewLog(3, 2), tf.constant(1),
+                    [stamp(5.0), stamp(6.0)])
+    self.assertAllEqual(log, [[-1, -1], [5, 6], [-1, -1]])
+    probe.Add('forward', 0, 2, 2, log)
+    # K=2, T=2: partition 0 runs micro-batch 1 on forward tick 1.
+    self.assertEqual(rec.Events(rec.Tensors()),
+                     [timeline.Event('forward', 0, 1, 5.0, 6.0, tick=1)])
 
 
 if __name__ == '__main__':
