@@ -440,3 +440,46 @@ def Layers(layer: BaseLayer) -> List[BaseLayer]:
     for c in (child if isinstance(child, (list, tuple)) else [child]):
       out.extend(Layers(c))
   return out
+
+
+def VariablePath(layer: BaseLayer, name: str) -> str:
+  """Path of `layer`'s own variable `name`: the layer path, then the name.
+
+  Paths are built from the names children are created under, from the top
+  layer down; containers that only group layers (a TensorPipeLayer's
+  `partition_<k>` lists) add no level, so a variable has the same path for
+  any number of partitions. Example: 'model/conv3/w' for variable 'w' of
+  layer 'conv3' in the task's child 'model'.
+  """
+  if name not in layer.vars:
+    raise ValueError(f'{type(layer).__name__} {layer.layer_name!r} has no '
+                     f'variable {name!r}; it has {sorted(layer.vars)}')
+  return layer._ChildPath(name)  # pylint: disable=protected-access
+
+
+def VariablesByPath(layer: BaseLayer,
+                    trainable_only: bool = False) -> Dict[str, tf.Variable]:
+  """All variables of `layer` and its descendants, keyed by `VariablePath`.
+
+  This is the key to use wherever a variable must be found again in another
+  build of the same model (optimizer slots, checkpoints, comparisons): it
+  does not depend on partitioning or on `tf.Module`'s attribute order.
+
+  Args:
+    layer: the layer whose variable tree to walk (usually the top layer or
+      the task).
+    trainable_only: keep only trainable variables (those the optimizer
+      updates; `layer.trainable_variables` as a set).
+
+  Returns:
+    {path: variable}, in depth-first layer order.
+  """
+  out = {}
+  for l in Layers(layer):
+    for name, var in l.vars.items():
+      if trainable_only and not var.trainable:
+        continue
+      path = VariablePath(l, name)
+      assert path not in out, f'two variables have path {path!r}'
+      out[path] = var
+  return out

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tensorflow.core.framework import summary_pb2
 
+from tensorpipe import base_layer
 from tensorpipe import hyperparams
 from tensorpipe import py_utils
 from tensorpipe.nested_map import NestedMap
@@ -209,8 +210,7 @@ class Trainer:
 
   def _Checkpoint(self) -> tf.train.CheckpointManager:
     if self._manager is None:
-      variables = self.task.trainable_variables
-      self.optimizer.Build(variables)
+      self._BuildOptimizer()
       self._ckpt = tf.train.Checkpoint(
           model=self.task, optimizer=self.optimizer,
           global_step=self.global_step, train_iterator=self._TrainIterator())
@@ -234,10 +234,16 @@ class Trainer:
 
   # -- steps ----------------------------------------------------------------
 
+  def _BuildOptimizer(self) -> None:
+    # Slots keyed by variable path: a checkpoint restores under any K.
+    self.optimizer.Build(
+        base_layer.VariablesByPath(self.task, trainable_only=True))
+
   def _BuildTrainFn(self):
     task, opt, schedule = self.task, self.optimizer, self.lr_schedule
     tp = self._params.task.train
     variables = task.trainable_variables
+    self._BuildOptimizer()
     step_var = self.global_step
 
     @tf.function
