@@ -12,8 +12,6 @@ from tensorpipe import test_utils
 
 test_utils.ConfigureTestDevices()
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 class ResolveDevicesTest(tf.test.TestCase):
 
@@ -94,7 +92,8 @@ _CLUSTER_SCRIPT = textwrap.dedent('''
 class ClusterDevicesTest(tf.test.TestCase):
 
   def testConnectedRemoteDevicesAreAcceptedAndOthersRejected(self):
-    env = dict(os.environ, PYTHONPATH=_ROOT)
+    # The parent's sys.path finds tensorpipe under pytest and Bazel alike.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run([sys.executable, '-c', _CLUSTER_SCRIPT],
                             capture_output=True, text=True, timeout=240,
                             env=env, check=False)
