@@ -117,5 +117,74 @@ class CalibrateTest(unittest.TestCase):
     self.assertAlmostEqual(cal.fixed_overhead, 2.0)
 
 
+class DataParallelTest(unittest.TestCase):
+  """R replicas x K stages, against the timelines worked out by hand."""
+
+  def testRingAllReduceTime(self):
+    # 2 (R - 1) / R x bytes / bandwidth + 2 (R - 1) latencies.
+    self.assertEqual(simulator.RingAllReduceTime(1e9, 4, 1e9), 1.5)
+    self.assertEqual(simulator.RingAllReduceTime(1e9, 2, 1e9), 1.0)
+    self.assertEqual(simulator.RingAllReduceTime(8e9, 8, 1e9, 0.5), 14.0 + 7.0)
+    self.assertEqual(simulator.RingAllReduceTime(1e9, 1, 1e9, 0.5), 0.0)
+    with self.assertRaisesRegex(ValueError, 'num_replicas=0'):
+      simulator.RingAllReduceTime(1.0, 0, 1.0)
+    with self.assertRaisesRegex(ValueError, 'bytes_per_second=0'):
+      simulator.RingAllReduceTime(1.0, 2, 0)
+
+  def testAllReduceAfterTheBackwardOnOwnLinks(self):
+    # The K=2, T=2 pipeline of testTwoPartitionsTwoMicroBatchesByHand ends
+    # its backward at 9; stage 1's last cell ends at 7, stage 0's at 9.
+    # R=2, 1 byte/s: A = 2 (R-1)/R x [2, 6] = [2, 6].
+    #   time   0 ............ 9 .. 11 ....... 15
+    #   k=0    pipeline       AR0
+    #   k=1    pipeline       AR1..............
+    res = simulator.SimulateDataParallel([1, 1], [2, 2], 2, [2, 6], 2, 1.0,
+                                         recompute=False, fixed_overhead=0.5)
+    self.assertEqual(res.allreduce_times, (2.0, 6.0))
+    self.assertEqual(res.allreduce_start, (9.0, 9.0))
+    self.assertEqual(res.allreduce_end, (11.0, 15.0))
+    self.assertEqual(res.step_time, 15.5)
+    self.assertEqual(res.pipeline.step_time, 9.5)
+    self.assertEqual(res.exposed_allreduce_time, 6.0)
+    # Overlapped: AR1 from 7 to 13, AR0 from 9 to 11.
+    self.assertEqual(res.overlapped_step_time, 13.5)
+    self.assertEqual(res.Throughput(examples_per_replica=31), 2 * 31 / 15.5)
+
+  def testSharedLinkSerialisesTheStages(self):
+    # One link: AR1 (ready first on ties) 9..15, then AR0 15..17;
+    # overlapped: AR1 7..13, AR0 13..15.
+    res = simulator.SimulateDataParallel([1, 1], [2, 2], 2, [2, 6], 2, 1.0,
+                                         recompute=False, shared_link=True)
+    self.assertEqual(res.allreduce_start, (15.0, 9.0))
+    self.assertEqual(res.allreduce_end, (17.0, 15.0))
+    self.assertEqual(res.step_time, 17.0)
+    self.assertEqual(res.overlapped_step_time, 15.0)
+
+  def testOneReplicaIsThePipeline(self):
+    pipe = simulator.Simulate([1.0, 3.0], [2.0, 1.0], 4, fixed_overhead=2.0)
+    res = simulator.SimulateDataParallel([1.0, 3.0], [2.0, 1.0], 4,
+                                         [1e9, 1e9], 1, 1e3,
+                                         fixed_overhead=2.0)
+    self.assertEqual(res.step_time, pipe.step_time)
+    self.assertEqual(res.overlapped_step_time, pipe.step_time)
+    self.assertEqual(res.allreduce_times, (0.0, 0.0))
+
+  def testEqualStagesMatchTheClosedForm(self):
+    # Equal costs: step = (T + K - 1)(f + r + b) + 2 (R-1)/R x G / bw.
+    for k, t, r in ((1, 1, 2), (2, 4, 2), (4, 8, 8), (3, 2, 5)):
+      res = simulator.SimulateDataParallel(
+          [1.0] * k, [2.0] * k, t, [100.0] * k, r, 10.0, recompute=True)
+      self.assertAlmostEqual(
+          res.step_time, (t + k - 1) * 4.0 + 2 * (r - 1) / r * 10.0,
+          msg=(k, t, r))
+
+  def testRejectsGradBytesNotOnePerStage(self):
+    with self.assertRaisesRegex(ValueError, 'grad_bytes has 1 entries for 2 '
+                                'stages'):
+      simulator.SimulateDataParallel([1, 1], [1, 1], 2, [5], 2, 1.0)
+    with self.assertRaisesRegex(ValueError, 'grad_bytes'):
+      simulator.SimulateDataParallel([1, 1], [1, 1], 2, [5, -1], 2, 1.0)
+
+
 if __name__ == '__main__':
   unittest.main()
