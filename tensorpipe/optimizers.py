@@ -19,8 +19,11 @@ optimizer outside any strategy scope (variables created under a strategy's
 scope ignore `tf.device`).
 
 Updates of a weight W with gradient g at learning rate lr (the lr of this
-step) and step t (1-based); the arithmetic is that of the tf-keras
-optimizers, operation for operation:
+step) and step t (1-based). For float32 weights SGD, RMSProp and Adam do
+tf-keras' operations in tf-keras' order, so they agree with it bit for bit
+(tf-keras rounds mu and the betas to float32 even for float64 weights; this
+module does not). The tf-keras update is XLA-compiled on GPUs, this one is
+not.
 
   SGD:      m = mu * m - lr * g;  W = W + m                   (momentum mu)
             Nesterov: W = W + (mu * m - lr * g) with the new m
@@ -50,7 +53,9 @@ update clipping 1.0:
   m = beta1 * m + (1 - beta1) * U; U = m            # momentum (beta1 > 0)
   W = W - lr * U
 
-Sparse gradients (`tf.IndexedSlices`) are made dense first.
+Sparse gradients (`tf.IndexedSlices`) are made dense first (tf-keras
+scatters them, rounding Adam and Nesterov updates differently; the
+layers here give dense gradients, embeddings included).
 """
 
 from typing import Dict, List, Mapping, Sequence, Tuple, Union
