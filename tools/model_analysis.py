@@ -8,6 +8,16 @@ variable is created, so billion-parameter models are analysed in seconds.
   python -m tools.model_analysis --model=transformer --L=64 --H=16384 --A=32 \
       --vocab=64000 --num_partitions=8 --num_micro_batches=32
   bazel run //tools:model_analysis -- --model=resnet101 --num_partitions=4
+  python -m tools.model_analysis --model=amoebanet_d --L=6 --F=208 \
+      --num_partitions=4 --num_micro_batches=16 --num_replicas=2,8 \
+      --device_tflops=100 --link_gbps=100
+
+--num_replicas adds the R x K plan: R data-parallel replicas, each the
+K-partition pipeline of --batch_size examples, stage k's gradients ring
+all-reduced among the R replicas over a link of --link_gbps (one per stage
+unless --shared_link), devices achieving --device_tflops: step time, the
+all-reduce time it adds, throughput and scaling efficiency for each R
+(tensorpipe/simulator.py's SimulateDataParallel).
 
 Models: transformer (T(L, H, A) translation, model dim --D), transformer_lm
 (decoder-only), amoebanet_d / amoebanet_b (AmoebaNet(L, F)), resnet50 /
@@ -60,7 +70,8 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        flag_values=fv)
   flags.DEFINE_bool('small_stem', False, 'Image models: the stem for 32x32 / '
                     '28x28 inputs.', flag_values=fv)
-  flags.DEFINE_integer('batch_size', 64, 'Mini-batch size N.', flag_values=fv)
+  flags.DEFINE_integer('batch_size', 64, 'Mini-batch size N (per replica in '
+                       'the --num_replicas plan).', flag_values=fv)
   flags.DEFINE_integer('num_partitions', 1, 'K.', flag_values=fv)
   flags.DEFINE_integer('num_micro_batches', 1, 'T (must divide batch_size).',
                        flag_values=fv)
@@ -75,6 +86,22 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     'Partitioning objective.', flag_values=fv)
   flags.DEFINE_integer('max_layer_rows', 0, 'Print at most this many layer '
                        'rows (0 = all).', flag_values=fv)
+  flags.DEFINE_list('num_replicas', [], 'R values of an R x K data-parallel '
+                    'plan, e.g. 2,8 (R = 1 is added as the baseline); empty: '
+                    'no plan.', flag_values=fv)
+  flags.DEFINE_float('device_tflops', 100.0, 'Plan: TFLOP/s each stage '
+                     'device achieves, not its peak (100 is about a third of '
+                     "an A100's bf16 peak).", flag_values=fv)
+  flags.DEFINE_float('link_gbps', 100.0, "Plan: Gbit/s of each stage's link "
+                     'to the other replicas (100 GbE or EDR InfiniBand per '
+                     'accelerator).', flag_values=fv)
+  flags.DEFINE_float('link_latency_us', 10.0, 'Plan: per-message latency of '
+                     'the ring all-reduce, in microseconds.', flag_values=fv)
+  flags.DEFINE_bool('shared_link', False, "Plan: a replica's K stages share "
+                    'one link (one NIC per host) instead of one each.',
+                    flag_values=fv)
+  flags.DEFINE_bool('recompute', True, 'Plan: the backward recomputes the '
+                    'forward (TensorPipeLayer default).', flag_values=fv)
 
 
 def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
@@ -153,7 +180,28 @@ def Run(fv: flags.FlagValues) -> str:
       num_micro_batches=fv.num_micro_batches, optimizer=fv.optimizer,
       param_dtype=fv.param_dtype, activation_dtype=fv.activation_dtype,
       method=fv.partition_method)
-  return title + '\n' + report.ToText(max_layer_rows=fv.max_layer_rows or None)
+  text = title + '\n' + report.ToText(max_layer_rows=fv.max_layer_rows or None)
+  if fv.num_replicas:
+    replicas = _PositiveInts('num_replicas', fv.num_replicas)
+    assumptions = model_analysis.ScaleOutAssumptions(
+        device_flops=fv.device_tflops * 1e12,
+        link_bytes_per_s=fv.link_gbps * 1e9 / 8,
+        link_latency_s=fv.link_latency_us * 1e-6,
+        shared_link=fv.shared_link, recompute=fv.recompute)
+    plan = model_analysis.PlanScaleOut(report, replicas, assumptions)
+    text += '\n\n' + plan.ToText()
+  return text
+
+
+def _PositiveInts(name: str, values: List[str]) -> List[int]:
+  try:
+    ints = [int(v) for v in values]
+  except ValueError:
+    ints = []
+  if not ints or any(i < 1 for i in ints):
+    raise ValueError(f'--{name}={",".join(values)} must be positive integers '
+                     'separated by commas, e.g. 2,8')
+  return ints
 
 
 def main(argv, flag_values: Optional[flags.FlagValues] = None):
