@@ -104,22 +104,32 @@ class BibleTranslationInputTest(tf.test.TestCase):
 
   def testDirectionsAreTemperatureSampled(self):
     inp = self._Params(directions=['en->es', 'web->es'], batch_size=2,
-                       temperature=5.0).Instantiate()
+                       temperature=5.0, max_src_len=16).Instantiate()
     ds = inp.Dataset()
     sizes = inp.direction_sizes
     self.assertGreater(sizes[0], sizes[1])
     self.assertAllClose(inp.direction_weights,
                         sampling.TemperatureSamplingWeights(sizes, 5.0))
-    # Both directions target Spanish; web sources are reversed English, so
-    # count the sources that decode to reversed word order.
+    # Both directions target Spanish; a web source is an English prefix
+    # reversed (_Verses), an en source the prefix itself.
     web = n = 0
-    for batch in ds.take(150):
+    for batch in ds.take(1000):
       for row in batch.src_ids.numpy():
-        text = inp.vocab.Decode(row).split()
+        words = inp.vocab.Decode(row).split()
+        if words == _EN[:len(words)]:
+          is_web = False
+        else:
+          self.assertEqual(words, _EN[:len(words)][::-1])
+          is_web = True
         n += 1
-        web += text[0] != 'the'
+        web += is_web
     w = inp.direction_weights[1]
-    self.assertAllClose(web / n, w, atol=5 * np.sqrt(w * (1 - w) / n))
+    # 5 standard deviations of the binomial count's frequency. The band must
+    # be narrower than the effect: T=1 (proportional) gives another share.
+    band = 5 * np.sqrt(w * (1 - w) / n)
+    proportional = sizes[1] / sum(sizes)
+    self.assertGreater(abs(w - proportional), 2 * band)
+    self.assertAllClose(web / n, w, atol=band)
 
   def testBadDirectionsRaise(self):
     with self.assertRaisesRegex(ValueError, "direction='en-es'"):
