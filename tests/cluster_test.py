@@ -6,8 +6,14 @@ a worker killed mid-all-reduce) are in cluster_slow_test.py.
 
 import json
 import unittest
+from unittest import mock
 
 import tensorflow as tf
+# pylint: disable=g-direct-tensorflow-import
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.python.distribute import multi_worker_util
+from tensorflow.python.eager import context
+# pylint: enable=g-direct-tensorflow-import
 
 from tensorpipe import cluster
 from tensorpipe import test_utils
@@ -173,6 +179,46 @@ class FaultTimeoutsTest(unittest.TestCase):
         cluster.FaultTimeouts(heartbeat_timeout_s=bad)
     self.assertEqual(cluster.CommunicationOptions(
         cluster.FaultTimeouts(collective_timeout_s=7.5)).timeout_seconds, 7.5)
+
+
+class CoordinationServiceTest(unittest.TestCase):
+  """The service is configured as MWMS would, with our timeouts (a fake
+  context records the call: configuring the real one would change this
+  test process)."""
+
+  def _Configure(self, c, timeouts):
+    fake = mock.Mock()
+    fake.coordination_service = (
+        coordination_config_pb2.CoordinationServiceConfig())
+    with mock.patch.object(context, 'context', return_value=fake):
+      cluster.ConfigureCoordinationService(c, timeouts)
+    fake.configure_coordination_service.assert_called_once()
+    return (fake.configure_coordination_service.call_args.kwargs,
+            fake.coordination_service)
+
+  def testLeaderJobsAndTimeouts(self):
+    timeouts = cluster.FaultTimeouts(heartbeat_timeout_s=5,
+                                     cluster_register_timeout_s=7.5,
+                                     shutdown_barrier_timeout_s=9)
+    with_chief = cluster.ParseTfConfig(json.dumps({
+        'cluster': {'chief': ['c:1'], 'worker': ['a:1', 'b:1']},
+        'task': {'type': 'worker', 'index': 0}}))
+    for c in (cluster.ParseTfConfig(_Config(('a:1', 'b:1', 'c:1'))),
+              with_chief):
+      kwargs, config = self._Configure(c, timeouts)
+      # The leader MWMS itself would pick.
+      self.assertEqual(kwargs['service_leader'],
+                       multi_worker_util.coordination_leader(
+                           tf.train.ClusterSpec(c.ClusterSpecDict())))
+      self.assertEqual(kwargs['service_type'], 'standalone')
+      self.assertEqual(
+          sorted((j.name, j.num_tasks) for j in kwargs['coordinated_jobs']),
+          sorted((job, len(a)) for job, a in c.ClusterSpecDict().items()))
+      self.assertEqual((kwargs['heartbeat_timeout_in_ms'],
+                        kwargs['cluster_register_timeout_in_ms'],
+                        kwargs['shutdown_barrier_timeout_in_ms']),
+                       (5000, 7500, 9000))
+      self.assertTrue(config.cluster_register_with_barrier)
 
 
 class ClusterResolverTest(unittest.TestCase):
