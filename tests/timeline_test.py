@@ -114,9 +114,37 @@ class TimelineTest(tf.test.TestCase):
     self.assertEqual(len(names), _K)
     parts = timeline.Breakdown(events, _K, marks['step_start'],
                                marks['step_end'])
-    total = sum(v for key, v in parts.items() if key != 'step')
-    self.assertAllClose(total, parts['step'], rtol=1e-9)
+    # The busy categories are each device's time in its cells, averaged.
+    for phase in timeline.PHASES:
+      busy = sum(e.end - e.start for e in events if e.phase == phase) / _K
+      self.assertAllClose(parts[phase], busy, rtol=1e-9, msg=phase)
     self.assertGreater(parts['recompute'], 0)
+
+  def testBreakdownOfAHandWrittenTimeline(self):
+    # K=2, T=2, seconds. Partition 1 is twice as slow as partition 0.
+    ev = timeline.Event
+    events = [
+        ev('forward', 0, 0, 1.0, 2.0), ev('forward', 0, 1, 2.0, 3.0),
+        ev('forward', 1, 0, 2.0, 4.0), ev('forward', 1, 1, 4.0, 6.0),
+        ev('recompute', 1, 1, 8.0, 9.0), ev('backward', 1, 1, 9.0, 11.0),
+        ev('recompute', 1, 0, 11.0, 12.0), ev('backward', 1, 0, 12.0, 14.0),
+        ev('recompute', 0, 1, 11.0, 11.5), ev('backward', 0, 1, 11.5, 12.5),
+        ev('recompute', 0, 0, 14.0, 14.5), ev('backward', 0, 0, 14.5, 16.0)]
+    parts = timeline.Breakdown(events, 2, step_start=0.0, step_end=20.0)
+    # By hand: busy k0 = 2 + 1 + 2.5 = 5.5, k1 = 4 + 2 + 4 = 10.
+    self.assertEqual(parts, {
+        'forward': (2 + 4) / 2,
+        'recompute': (1 + 2) / 2,
+        'backward': (2.5 + 4) / 2,
+        # mean over k of (max busy - busy_k)
+        'load_imbalance': (10 - 5.5) / 2,
+        # loop spans 5 (forward, 1..6) + 8 (backward, 8..16), minus the mean
+        # busy time 7.75, minus the imbalance
+        'bubble': 5 + 8 - 7.75 - 2.25,
+        # step start to the first cell, plus the gap between the loops
+        'setup': 1.0 + 2.0,
+        'weight_update': 20.0 - 16.0,
+        'step': 20.0})
 
   def testNoRecomputeRecordsForwardOnly(self):
     _, events, marks, _ = self._Record(recompute=False)
