@@ -140,7 +140,7 @@ class StopRequest:
     self.exit_code = exit_code
     self._event.set()
 
-  def is_set(self) -> bool:
+  def IsRequested(self) -> bool:
     return self._event.is_set()
 
 
@@ -260,7 +260,7 @@ def Launch(worker_args: Sequence[str], num_workers: int, port_base: int = 0,
         break
       if all(c == 0 for c in codes):
         break
-      if stop.is_set():
+      if stop.IsRequested():
         exit_code = stop.exit_code
         reason = f'stopped (exit code {exit_code} requested)'
         break
