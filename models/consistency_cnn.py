@@ -7,6 +7,7 @@ for 1, 2 and 4 partitions.
 
 from typing import List
 
+from tensorpipe import checks
 from tensorpipe import hyperparams
 from tensorpipe import pipeline
 from tensorpipe.layers import conv
@@ -14,8 +15,7 @@ from tensorpipe.layers import conv
 
 def ConsistencyLayers(num_layers: int = 16) -> List[hyperparams.Params]:
   """The paper's layers: `num_layers` Conv2DLayers 3x3, 1 -> 1 channel."""
-  if not isinstance(num_layers, int) or num_layers < 1:
-    raise ValueError(f'num_layers={num_layers!r} must be a positive int')
+  checks.CheckPositiveInts('', num_layers=num_layers)
   return [conv.Conv2DLayer.Params().Set(
       name=f'conv{i}', filter_shape=(3, 3, 1, 1), filter_stride=(1, 1))
           for i in range(num_layers)]

@@ -13,7 +13,7 @@ position survives a restart. Conventions for the batch keys:
   language model: ids [b, L] int32, labels [b, L] int32, paddings [b, L]
 """
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -70,6 +70,21 @@ class BaseInput:
 
   def _Dataset(self) -> tf.data.Dataset:
     raise NotImplementedError(f'{type(self).__name__}._Dataset')
+
+  def Detokenizer(self) -> Optional[Callable[[Sequence[int]], str]]:
+    """Token ids of one row -> text, for decoding metrics (e.g. BLEU).
+
+    Default None: the input has no vocabulary.
+    """
+    return None
+
+  def ReferenceTexts(self) -> Optional[List[str]]:
+    """The split's target texts in Dataset() order (repeat off), untruncated.
+
+    Decoding metrics prefer them to detokenised labels, which are cut at the
+    input's maximum length. Default None: the input has no texts.
+    """
+    return None
 
   def _Repeat(self) -> bool:
     return self.is_training if self._params.repeat is None else bool(

@@ -16,8 +16,11 @@ tracks variables under the layers' own names (not partition indices), so a
 checkpoint restores under a different partition count.
 """
 
+import contextlib
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+import threading
+from typing import (Any, Dict, Iterator, List, Optional, Sequence, Tuple,
+                    Union)
 
 import numpy as np
 import tensorflow as tf
@@ -307,12 +310,24 @@ class BaseLayer(tf.Module):
   # -- construction --------------------------------------------------------
 
   def CreateVariable(self, name: str, wp: WeightParams) -> tf.Variable:
-    """Creates variable `name` from `wp`, seeded by the layer path."""
+    """Creates variable `name` from `wp`, seeded by the layer path.
+
+    Inside `AbstractVariables()` nothing is allocated: the weight is recorded
+    there and the layer keeps a tf.TensorSpec, which is returned.
+    """
     if name in self._vars or name in self._children:
       raise ValueError(f'{type(self).__name__} {self.layer_name!r} already '
                        f'has a variable or child named {name!r}')
     init = wp.init or self._params.params_init
     dtype = wp.dtype or self.dtype
+    abstract = _abstract_scope.records
+    if abstract is not None:
+      shape = tuple(int(d) for d in wp.shape)
+      abstract.append(AbstractVariable(self._ChildPath(name), shape,
+                                       tf.as_dtype(dtype), bool(wp.trainable)))
+      spec = tf.TensorSpec(shape, dtype, name=name)
+      self._vars[name] = spec
+      return spec
     seed = py_utils.LayerSeed(self._ChildPath(name), self._params.random_seed)
     value = init.Initialize(wp.shape, dtype, seed)
     var = tf.Variable(value, trainable=wp.trainable, name=name)
@@ -417,6 +432,56 @@ class BaseLayer(tf.Module):
     """Applies merged batch statistics; layers with moving averages override."""
     raise NotImplementedError(f'{type(self).__name__} reported batch stats '
                               'but does not implement UpdateMovingStats')
+
+
+@dataclasses.dataclass(frozen=True)
+class AbstractVariable:
+  """A weight recorded instead of created (see `AbstractVariables`).
+
+  Attributes:
+    path: the variable's path below the top layer, e.g. 'enc/fc/w'.
+    shape: its shape.
+    dtype: its dtype.
+    trainable: whether an optimizer would update it.
+  """
+  path: str
+  shape: Tuple[int, ...]
+  dtype: tf.DType
+  trainable: bool
+
+
+class _AbstractScope(threading.local):
+  """Per thread: the list AbstractVariables() records into, or None."""
+  records: Optional[List[AbstractVariable]] = None
+
+
+_abstract_scope = _AbstractScope()
+
+
+@contextlib.contextmanager
+def AbstractVariables() -> Iterator[List[AbstractVariable]]:
+  """Layers built inside record their weights instead of creating them.
+
+  `CreateVariable` then allocates no variable, tensor or initial value: it
+  appends an `AbstractVariable` to the yielded list and leaves a
+  tf.TensorSpec as the layer's variable, so even a billion-weight model is
+  built in moments. Such layers are for inspection (model_analysis reads
+  the weight shapes); they cannot run FProp. The mode holds for the calling
+  thread only (other threads build real layers meanwhile) and nests (an
+  inner block records into its own list).
+
+  Usage:
+    with base_layer.AbstractVariables() as weights:
+      p.Instantiate()
+    num_trainable = sum(np.prod(w.shape) for w in weights if w.trainable)
+  """
+  previous = _abstract_scope.records
+  records: List[AbstractVariable] = []
+  _abstract_scope.records = records
+  try:
+    yield records
+  finally:
+    _abstract_scope.records = previous
 
 
 class _BuildScopeType:

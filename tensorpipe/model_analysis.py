@@ -16,8 +16,8 @@ into T micro-batches of N/T):
   optimizer state slots(optimizer) per weight (see OPTIMIZER_SLOTS);
                   Adafactor keeps rows + cols per matrix and the full size of
                   vectors (needs the weight shapes: the layers are
-                  instantiated with a recording CreateVariable that allocates
-                  nothing)
+                  instantiated under base_layer.AbstractVariables(), which
+                  allocates nothing)
   activations, with recompute (GPipe re-materialisation):
                   the partition's input for all T micro-batches (boundary
                   activations, kept for the backward pass)
@@ -39,10 +39,8 @@ Usage:
   print(report.ToText())
 """
 
-import contextlib
 import dataclasses
 import math
-import threading
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -133,39 +131,26 @@ def _BatchSize(shapes: Tuple[Any, ...]) -> int:
 
 # -- weight shapes without allocating ----------------------------------------
 
-_RECORD_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _RecordingCreateVariable(records: List[Tuple[str, List[int], bool]]):
-  """Makes BaseLayer.CreateVariable record shapes instead of allocating."""
-  original = base_layer.BaseLayer.CreateVariable
-
-  def Record(self, name, wp):
-    shape = [int(d) for d in wp.shape]
-    records.append((self._ChildPath(name), shape, bool(wp.trainable)))
-    spec = tf.TensorSpec(shape, wp.dtype or self.dtype, name=name)
-    self._vars[name] = spec
-    return spec
-
-  with _RECORD_LOCK:
-    base_layer.BaseLayer.CreateVariable = Record
-    try:
-      yield
-    finally:
-      base_layer.BaseLayer.CreateVariable = original
-
-
 def WeightShapes(layer_params: Any) -> List[Tuple[str, List[int], bool]]:
   """(path, shape, trainable) of every weight a layer would create.
 
-  The layer is instantiated with a CreateVariable that only records: no
-  variable, tensor or initial value is created.
+  The layer is built under base_layer.AbstractVariables(): no variable,
+  tensor or initial value is created.
+
+  Raises:
+    ValueError: the layer cannot be built that way (it reads a variable's
+      value while being built), with the fix.
   """
-  records: List[Tuple[str, List[int], bool]] = []
-  with _RecordingCreateVariable(records):
-    layer_params.Instantiate()
-  return records
+  try:
+    with base_layer.AbstractVariables() as weights:
+      layer_params.Instantiate()
+  except (TypeError, ValueError, AttributeError) as e:
+    raise ValueError(
+        f'{layer_params.cls.__name__} {layer_params.name!r} cannot be built '
+        f'with abstract variables ({type(e).__name__}: {e}); pass '
+        'exact_optimizer_state=False to estimate the optimizer state from '
+        'parameter counts') from None
+  return [(w.path, list(w.shape), w.trainable) for w in weights]
 
 
 def _AdafactorSlots(shape: Sequence[int]) -> int:
@@ -398,15 +383,18 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
     activation_dtype: dtype the activations are counted in.
     method: partitioning objective, one of partitioning.METHODS.
     exact_optimizer_state: read trainable weight shapes by instantiating the
-      layers with a recording CreateVariable (allocates nothing); needed for
-      exact Adafactor state and to leave out non-trainable weights (batch-
-      norm moving statistics). False estimates from parameter counts.
+      layers under base_layer.AbstractVariables() (allocates nothing);
+      needed for exact Adafactor state and to leave out non-trainable
+      weights (batch-norm moving statistics). False estimates from
+      parameter counts.
 
   Returns:
     A `Report`.
 
   Raises:
-    ValueError / TypeError: on bad arguments, quoting the value and the fix.
+    ValueError / TypeError: on bad arguments, quoting the value and the fix;
+      ValueError for a layer that cannot be built with abstract variables
+      (use exact_optimizer_state=False).
   """
   if optimizer not in OPTIMIZER_SLOTS:
     raise ValueError(f'optimizer={optimizer!r} is not one of '
@@ -445,33 +433,25 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
   exact = False
   num_trainable = None
   if exact_optimizer_state:
-    try:
-      opt_elements, mismatched, num_trainable = [], [], 0
-      for r, p in zip(rows, layer_params_list):
-        weights = WeightShapes(p)
-        recorded = sum(int(np.prod(s, dtype=np.int64)) for _, s, _ in weights)
-        if recorded != r.num_params:
-          mismatched.append(f'{r.name} (FPropMeta {r.num_params}, weights '
-                            f'{recorded})')
-        trainable = [s for _, s, t in weights if t]
-        num_trainable += sum(int(np.prod(s, dtype=np.int64))
-                             for s in trainable)
-        if slots is None:
-          opt_elements.append(sum(_AdafactorSlots(s) for s in trainable))
-        else:
-          opt_elements.append(
-              slots * sum(int(np.prod(s, dtype=np.int64)) for s in trainable))
-      exact = True
-      if mismatched:
-        notes.append('WARNING: FPropMeta parameter counts differ from the '
-                     'weights the layers create: ' + '; '.join(mismatched))
-    except Exception as e:  # pylint: disable=broad-except
-      # A layer that cannot be built abstractly: fall back to the estimate.
-      opt_elements = [r.num_params * (slots if slots is not None else 1)
-                      for r in rows]
-      num_trainable = None
-      notes.append(f'note: optimizer state estimated from parameter counts '
-                   f'(building the layers abstractly failed: {e})')
+    opt_elements, mismatched, num_trainable = [], [], 0
+    for r, p in zip(rows, layer_params_list):
+      weights = WeightShapes(p)
+      recorded = sum(int(np.prod(s, dtype=np.int64)) for _, s, _ in weights)
+      if recorded != r.num_params:
+        mismatched.append(f'{r.name} (FPropMeta {r.num_params}, weights '
+                          f'{recorded})')
+      trainable = [s for _, s, t in weights if t]
+      num_trainable += sum(int(np.prod(s, dtype=np.int64))
+                           for s in trainable)
+      if slots is None:
+        opt_elements.append(sum(_AdafactorSlots(s) for s in trainable))
+      else:
+        opt_elements.append(
+            slots * sum(int(np.prod(s, dtype=np.int64)) for s in trainable))
+    exact = True
+    if mismatched:
+      notes.append('WARNING: FPropMeta parameter counts differ from the '
+                   'weights the layers create: ' + '; '.join(mismatched))
 
   plan = partitioning.Partition([r.flops for r in rows], num_partitions,
                                 method=method)

@@ -10,6 +10,8 @@ reproducible and the input position can be checkpointed like a real input's.
     the targets copy the source, so a model can learn them.
 """
 
+from typing import Callable, Sequence
+
 import tensorflow as tf
 
 from tensorpipe import base_input
@@ -97,6 +99,9 @@ class SyntheticSequenceInput(base_input.BaseInput):
   def _Dataset(self):
     ds = tf.data.Dataset.range(self.params.num_examples).map(self._Example)
     return self._Finish(ds)
+
+  def Detokenizer(self) -> Callable[[Sequence[int]], str]:
+    return self.IdsToString
 
   def IdsToString(self, ids) -> str:
     """Text of token ids: 'w<id>' words up to the first </s> (2), no <pad>."""

@@ -15,16 +15,22 @@ Usage:
   out = task.FPropDefaultTheta(batch)     # out.loss, out.metrics.accuracy
 """
 
-from typing import Any, Dict, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import base_input
 from tensorpipe import base_layer
+from tensorpipe import decode_metrics
 from tensorpipe import hyperparams
 from tensorpipe import lr_schedules
 from tensorpipe import optimizers
+from tensorpipe import pipeline
+from tensorpipe import py_utils
+from tensorpipe.layers import composite
 from tensorpipe.layers import losses
+from tensorpipe.layers import transformer
 from tensorpipe.nested_map import NestedMap
 
 
@@ -36,8 +42,9 @@ def TrainParams() -> hyperparams.Params:
   p.Define('lr_schedule', lr_schedules.Constant.Params(), 'Learning-rate '
            'schedule Params (tensorpipe.lr_schedules), a function of the '
            'global step.')
-  p.Define('grad_norm_clip', None, 'If set, gradients are scaled so their '
-           'global norm is at most this.')
+  p.Define('grad_norm_clip', None, 'If > 0, gradients are scaled so their '
+           'global norm is at most this; None or 0 (as in Lingvo) means no '
+           'clipping; negative values are rejected.')
   p.Define('l2_regularizer_weight', 0.0, 'Weight decay: adds weight * '
            'sum(w^2) / 2 over the regularised weights to the loss.')
   p.Define('l2_regularize_all', False, 'If True the L2 term covers all '
@@ -47,14 +54,15 @@ def TrainParams() -> hyperparams.Params:
            'mini-batch).')
   p.Define('save_interval_steps', 500, 'Steps between checkpoints (one is '
            'also written at the end).')
-  p.Define('max_checkpoints_to_keep', 3, 'Checkpoints kept in the logdir.')
+  p.Define('max_checkpoints_to_keep', 3, 'Checkpoints kept in the logdir '
+           '(>= 1; None keeps all).')
   p.Define('summary_interval_steps', 50, 'Steps between TensorBoard '
            'training summaries.')
   p.Define('log_interval_steps', 50, 'Steps between progress log lines.')
   p.Define('eval_interval_steps', 0, 'In train_and_eval mode, steps between '
            'evaluations (0 = evaluate only at the end).')
-  p.Define('eval_steps', None, 'Eval batches per evaluation; None reads the '
-           'whole eval split.')
+  p.Define('eval_steps', None, 'Eval batches per evaluation (>= 1); None '
+           'reads the whole eval split, which must then not repeat.')
   return p
 
 
@@ -124,6 +132,17 @@ class BaseTask(base_layer.BaseLayer):
       str, float]:
     """Derived eval metrics (e.g. perplexity); default: unchanged."""
     return metrics
+
+  def CreateDecodeMetrics(self, eval_input: base_input.BaseInput) -> Optional[
+      decode_metrics.DecodeMetrics]:
+    """Metrics of decoded outputs for one evaluation on `eval_input`.
+
+    Trainer.Evaluate calls Update(batch) on the result for every eval batch
+    and adds its Finalize() values to the eval metrics. Default: None (the
+    task does not decode).
+    """
+    del eval_input  # unused
+    return None
 
 
 class ClassificationTask(BaseTask):
@@ -257,41 +276,49 @@ class SequenceTask(BaseTask):
       metrics['perplexity'] = float(np.exp(min(metrics['log_pplx'], 50.0)))
     return metrics
 
-  def _FlatLayers(self):
+  def _LayersWithTheta(self) -> List[Tuple[base_layer.BaseLayer, NestedMap]]:
     """The model's layers in order with their thetas (pipeline unrolled)."""
     model = self.children.model
-    theta = model.theta
-    layers, thetas = [], []
-    names = sorted((n for n in model.children if n.startswith('partition_')),
-                   key=lambda n: int(n.split('_')[1]))
-    if not names and 'sub' in model.children:
-      names = ['sub']
-    if not names:
-      return [model], [theta]
-    for name in names:
-      layers.extend(model.children[name])
-      thetas.extend(theta[name])
-    return layers, thetas
+    if isinstance(model, (pipeline.TensorPipeLayer,
+                          composite.SequentialLayer)):
+      return model.LayersWithTheta()
+    return [(model, model.theta)]
 
   def Logits(self, batch: NestedMap) -> tf.Tensor:
     """Logits [b, L, V] of the model, run unpipelined.
 
-    A last layer computing its own loss (SequenceSoftmaxLayer) is replaced by
-    its `logits` projection of its input.
+    A last layer computing its own loss (SequenceSoftmaxLayer) gives its
+    `Logits` of its input instead.
     """
-    layers, thetas = self._FlatLayers()
+    layers = self._LayersWithTheta()
     args = (batch,)
-    for i, (layer, theta) in enumerate(zip(layers, thetas)):
-      last = i == len(layers) - 1
-      if last and 'logits' in layer.children and 'input_key' in layer.params:
-        nm = args[0]
-        return tf.cast(layer.children.logits.FProp(
-            theta.logits, nm[layer.params.input_key]), tf.float32)
-      out = layer.FProp(theta, *args)
-      args = out if isinstance(out, tuple) else (out,)
-    out = args[0]
+    for i, (layer, theta) in enumerate(layers):
+      if (i == len(layers) - 1 and
+          isinstance(layer, transformer.SequenceSoftmaxLayer)):
+        return tf.cast(layer.Logits(theta, args[0]), tf.float32)
+      args = composite.AsArgs(layer.FProp(theta, *args))
+    out = composite.FromArgs(args)
     return tf.cast(out['logits'] if isinstance(out, dict) else out,
                    tf.float32)
+
+  def CreateDecodeMetrics(self, eval_input: base_input.BaseInput) -> Optional[
+      decode_metrics.DecodeMetrics]:
+    """BLEU of greedy decodes for translation inputs with a detokenizer.
+
+    Needs batches with tgt_labels (translation) and
+    `eval_input.Detokenizer()`; else None (e.g. language modelling).
+    """
+    detokenize = eval_input.Detokenizer()
+    spec = eval_input.Dataset().element_spec
+    if detokenize is None or not isinstance(spec, dict) or (
+        'tgt_labels' not in spec):
+      return None
+
+    def Decode(batch):
+      with py_utils.EvalMode():
+        return self.GreedyDecode(batch)
+    return decode_metrics.BleuMetrics(Decode, detokenize,
+                                      eval_input.ReferenceTexts)
 
   def GreedyDecode(self, batch: NestedMap) -> tf.Tensor:
     """Greedy decoding of translation targets, [b, Lt] int32 token ids.

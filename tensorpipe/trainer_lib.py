@@ -23,7 +23,7 @@ of an uninterrupted run.
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from absl import logging
 import numpy as np
@@ -32,6 +32,7 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
 from tensorpipe import base_layer
+from tensorpipe import decode_metrics
 from tensorpipe import hyperparams
 from tensorpipe import py_utils
 from tensorpipe.nested_map import NestedMap
@@ -402,23 +403,17 @@ class Trainer:
       self._eval_fn = self._BuildEvalFn()
     eval_input = self.EvalInput()
     per_batch = []
-    bleu_pairs: List[Tuple[str, str]] = []
-    want_bleu = ('tgt_labels' in self._EvalKeys(eval_input) and
-                 hasattr(self.task, 'GreedyDecode') and
-                 _Detokenizer(eval_input) is not None)
-    decode_fn = tf.function(self._DecodeBatch) if want_bleu else None
+    # Decoding metrics (e.g. BLEU) are the task's: the trainer only feeds
+    # them the eval batches.
+    decoded = self.task.CreateDecodeMetrics(eval_input)
     t0 = time.perf_counter()
     for i, batch in enumerate(eval_input.Dataset()):
       if eval_steps is not None and i >= eval_steps:
         break
       per_batch.append({k: (float(v[0]), float(v[1]))
                         for k, v in self._eval_fn(batch).items()})
-      if want_bleu:
-        hyp = decode_fn(batch).numpy()
-        detok = _Detokenizer(eval_input)
-        refs = batch.tgt_labels.numpy()
-        for h, r in zip(hyp, refs):
-          bleu_pairs.append((detok(h), detok(r)))
+      if decoded is not None:
+        decoded.Update(batch)
     if not per_batch:
       raise ValueError('the eval input gave no batch: its split has fewer '
                        f'examples than batch_size='
@@ -426,15 +421,8 @@ class Trainer:
     metrics = self.task.AggregateMetrics(
         [{k: v for k, v in m.items()} for m in per_batch])
     metrics = self.task.PostProcessEvalMetrics(metrics)
-    if bleu_pairs:
-      hyps = [h for h, _ in bleu_pairs]
-      refs = [r for _, r in bleu_pairs]
-      # Untruncated reference texts when the input has them (the labels are
-      # cut at max_tgt_len); they come in Dataset() order.
-      texts = _ReferenceTexts(eval_input)
-      if texts is not None and len(texts) >= len(hyps):
-        refs = texts[:len(hyps)]
-      metrics['bleu'] = ComputeBleu(hyps, refs)
+    if decoded is not None:
+      metrics.update(decoded.Finalize())
     metrics['num_batches'] = float(len(per_batch))
     step = int(self.global_step.numpy())
     writer = tf.summary.create_file_writer(os.path.join(self._logdir, 'eval'))
@@ -449,44 +437,9 @@ class Trainer:
               f'{time.perf_counter() - t0:.1f} s): {shown}')
     return metrics
 
-  def _DecodeBatch(self, batch):
-    with py_utils.EvalMode():
-      return self.task.GreedyDecode(batch)
 
-  @staticmethod
-  def _EvalKeys(eval_input) -> List[str]:
-    spec = eval_input.Dataset().element_spec
-    return list(spec.keys()) if isinstance(spec, dict) else []
-
-
-def _Detokenizer(inp):
-  """The input's ids -> text function (its vocabulary's Decode), if any."""
-  vocab = getattr(inp, 'vocab', None)
-  decode = getattr(vocab, 'Decode', None)
-  if callable(decode):
-    return decode
-  for name in ('IdsToString', 'IdsToText', 'Detokenize'):
-    fn = getattr(inp, name, None)
-    if callable(fn):
-      return fn
-  return None
-
-
-def _ReferenceTexts(inp) -> Optional[List[str]]:
-  """The eval split's target texts in Dataset() order, if the input has them."""
-  refs = getattr(inp, 'References', None)
-  if not callable(refs):
-    return None
-  texts = []
-  for pairs in refs().values():
-    texts.extend(tgt for _, tgt in pairs)
-  return texts
-
-
-def ComputeBleu(hypotheses: List[str], references: List[str]) -> float:
-  """Corpus BLEU (sacrebleu, 13a tokenisation) of detokenised strings."""
-  import sacrebleu  # pylint: disable=g-import-not-at-top
-  return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+# Public since the first release; the decoding metrics own it now.
+ComputeBleu = decode_metrics.ComputeBleu
 
 
 def _FormatSeconds(seconds: float) -> str:

@@ -1,6 +1,7 @@
 """Tests of BaseLayer, WeightInit and the FProp context (py_utils)."""
 
 import os
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -221,6 +222,51 @@ class PyUtilsTest(tf.test.TestCase):
     mean, var = merged.MeanAndVariance()
     self.assertAllClose(mean, x.mean(0), rtol=1e-5)
     self.assertAllClose(var, x.var(0), rtol=1e-5)
+
+
+class AbstractVariablesTest(tf.test.TestCase):
+
+  def _Params(self):
+    return composite.SequentialLayer.Params().Set(name='seq', sub=[
+        linear.FCLayer.Params().Set(name='fc', input_dim=3, output_dim=4),
+        normalization.BatchNormLayer.Params().Set(name='bn', dim=4,
+                                                  dtype=tf.float64)])
+
+  def testRecordsWhatABuildWouldCreateAndAllocatesNothing(self):
+    real = self._Params().Instantiate()
+    with base_layer.AbstractVariables() as weights:
+      abstract = self._Params().Instantiate()
+    self.assertEmpty(abstract.variables)
+    want = sorted((v.name.split(':')[0], tuple(v.shape), v.dtype, v.trainable)
+                  for v in real.variables)
+    got = sorted((w.path.rsplit('/', 1)[-1], w.shape, w.dtype, w.trainable)
+                 for w in weights)
+    self.assertEqual(got, want)
+    self.assertIn(base_layer.AbstractVariable('fc/w', (3, 4), tf.float32,
+                                              True), weights)
+    self.assertTrue(any(w.path.startswith('bn/') and not w.trainable
+                        for w in weights))   # moving statistics
+    # The layer keeps specs of the shape and dtype instead of variables.
+    spec = abstract.children.sub[0].vars.w
+    self.assertEqual((spec.shape.as_list(), spec.dtype), ([3, 4], tf.float32))
+
+  def testModeIsPerThreadNestsAndEnds(self):
+    built = {}
+
+    def BuildReal():
+      built['other'] = self._Params().Instantiate()
+    with base_layer.AbstractVariables() as outer:
+      thread = threading.Thread(target=BuildReal)
+      thread.start()
+      thread.join()
+      with base_layer.AbstractVariables() as inner:
+        self._Params().Instantiate()
+      self.assertEmpty(outer)        # the inner block had its own list
+      self._Params().Instantiate()
+    self.assertLen(outer, len(inner))
+    # Another thread, meanwhile, and this one afterwards build real layers.
+    self.assertNotEmpty(built['other'].variables)
+    self.assertNotEmpty(self._Params().Instantiate().variables)
 
 
 if __name__ == '__main__':

@@ -48,6 +48,14 @@ TINY = dict(num_layers=2, hidden_dim=32, num_heads=4, model_dim=16,
             vocab_size=50, max_len=16)
 
 
+class _ReadsItsWeightLayer(linear.FCLayer):
+  """An FCLayer that uses its weight's value while being built."""
+
+  def __init__(self, params):
+    super().__init__(params)
+    self._initial_norm = tf.norm(self.vars.w)
+
+
 class ParameterCountTest(tf.test.TestCase):
 
   def _Check(self, layers, input_shapes):
@@ -181,6 +189,18 @@ class PartitionPlanTest(tf.test.TestCase):
       model_analysis.AnalyzeLayers(SmallImageLayers(), [2, 8, 8, 3])
     with self.assertRaisesRegex(ValueError, r"layer 0 .*'c2'.*3 channels"):
       model_analysis.AnalyzeLayers(SmallImageLayers()[1:], [[2, 8, 8, 3]])
+
+  def testLayerThatCannotBeBuiltAbstractlyNamesTheFix(self):
+    p = _ReadsItsWeightLayer.Params().Set(name='fc', input_dim=6,
+                                          output_dim=3)
+    with self.assertRaisesRegex(ValueError, "_ReadsItsWeightLayer 'fc' cannot "
+                                'be built with abstract variables.*'
+                                'exact_optimizer_state=False'):
+      model_analysis.AnalyzeLayers([p], [[2, 6]])
+    report = model_analysis.AnalyzeLayers([p], [[2, 6]], optimizer='adam',
+                                          exact_optimizer_state=False)
+    self.assertFalse(report.optimizer_exact)
+    self.assertEqual(report.partitions[0].optimizer_bytes, 4 * 2 * (18 + 3))
 
   def testToTextPrintsTables(self):
     report = model_analysis.AnalyzeLayers(

@@ -167,6 +167,40 @@ class TasksTest(tf.test.TestCase):
       want = task.Logits(step).numpy()[:, i].argmax(-1)
       self.assertAllEqual(hyp[:, i], want, msg=f'position {i}')
 
+  def testLogitsSameForPipelinedAndSequentialModels(self):
+    """Logits chain the model's layers (LayersWithTheta) whatever holds
+    them; the softmax layer gives its Logits instead of its loss."""
+    from models import transformer  # pylint: disable=g-import-not-at-top
+    from tensorpipe import synthetic_input  # pylint: disable=g-import-not-at-top
+    layers = transformer.TransformerLayers(
+        num_layers=1, hidden_dim=16, num_heads=2, model_dim=8, vocab_size=16,
+        max_len=6, label_smoothing=0.0, dropout=0.0)
+    models = {
+        'pipeline': transformer.TransformerPipeline(
+            2, 2, 4, 6, 6, num_layers=1, hidden_dim=16, num_heads=2,
+            model_dim=8, vocab_size=16, max_len=6, label_smoothing=0.0,
+            dropout=0.0),
+        'sequential': composite.SequentialLayer.Params().Set(sub=layers)}
+    batch = next(iter(synthetic_input.SyntheticSequenceInput.Params().Set(
+        task='nmt', batch_size=4, max_length=6, split='test'
+    ).Instantiate().Dataset()))
+    logits = {}
+    for name, model in models.items():
+      task = tasks.SequenceTask.Params().Set(
+          name='task', vocab_size=16, model=model).Instantiate()
+      logits[name] = task.Logits(batch).numpy()
+      self.assertEqual(logits[name].shape, (4, 6, 16))
+      # The same loss as the model's own (in-pipeline) softmax layer.
+      labels = batch.tgt_labels.numpy()
+      w = 1 - batch.tgt_paddings.numpy()
+      nll = -np.take_along_axis(_LogSoftmax(logits[name]), labels[..., None],
+                                -1)[..., 0]
+      self.assertAllClose(float(task.FPropDefaultTheta(batch).loss),
+                          (nll * w).sum() / w.sum(), rtol=1e-5)
+    # Layers are named (and seeded) by their own names: same weights.
+    self.assertAllClose(logits['pipeline'], logits['sequential'], rtol=1e-6,
+                        atol=1e-6)
+
   def testBfloat16ActivationsKeepFloat32LossAndWeights(self):
     p = tasks.ClassificationTask.Params().Set(
         name='task', num_classes=4, model=_AuxModel.Params(),

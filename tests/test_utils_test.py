@@ -11,6 +11,9 @@ import tensorflow as tf
 from tensorpipe import base_layer
 from tensorpipe import test_utils
 from tensorpipe.layers import composite
+from tensorpipe.layers import linear
+
+test_utils.ConfigureTestDevices()
 
 
 class ScaleLayer(base_layer.BaseLayer):
@@ -22,6 +25,32 @@ class ScaleLayer(base_layer.BaseLayer):
 
   def FProp(self, theta, x):
     return x * theta.w + tf.reduce_mean(x, axis=1, keepdims=True)
+
+
+def _Fcs(n=4, dim=3, first=0):
+  return [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=dim,
+                                      output_dim=dim, activation='TANH')
+          for i in range(first, first + n)]
+
+
+class _CenterLayer(base_layer.BaseLayer):
+  """y = x - mean(x over the batch): depends on which examples are together."""
+
+  def FProp(self, theta, x):
+    del theta
+    return x - tf.reduce_mean(x, axis=0, keepdims=True)
+
+
+class _NoisyLayer(base_layer.BaseLayer):
+  """Adds unseeded (stateful) noise: the pipeline cannot reproduce it."""
+
+  def FProp(self, theta, x):
+    del theta
+    return x + tf.random.uniform(tf.shape(x), dtype=x.dtype)
+
+  @classmethod
+  def FPropMeta(cls, p, x_shape):
+    return base_layer.FPropMetaResult(0, x_shape, 0)
 
 
 class AssertAllCloseScaledTest(tf.test.TestCase):
@@ -77,6 +106,52 @@ class CheckPreparedTest(tf.test.TestCase):
   def testMissingDataFailsWhenRequired(self):
     with self.assertRaisesRegex(AssertionError, 'prepare_data.sh'):
       self._Check(require=True)
+
+
+class MicroBatchOracleCheckTest(tf.test.TestCase):
+
+  def testRunsTheLayerOnEachMicroBatch(self):
+    layer = _CenterLayer.Params().Set(name='c').Instantiate()
+    x = np.random.RandomState(0).randn(6, 2)
+    out, loss, grads = test_utils.MicroBatchOracle(
+        layer, 3, tf.reduce_sum, tf.constant(x))
+    want = np.concatenate([p - p.mean(0) for p in np.split(x, 3)])
+    self.assertAllClose(out, want, rtol=1e-12, atol=1e-12)
+    self.assertAllClose(loss, want.sum(), atol=1e-12)
+    self.assertEmpty(grads)             # the layer has no weights
+
+  def testInputsWithDifferentBatchSizesRaise(self):
+    layer = _CenterLayer.Params().Set(name='c').Instantiate()
+    with self.assertRaisesRegex(ValueError, r'disagree .*\[4, 6\]'):
+      test_utils.MicroBatchOracle(layer, 2, tf.reduce_sum, tf.zeros([4, 2]),
+                                  tf.zeros([6, 2]))
+
+
+class AssertPipelineMatchesOracleTest(tf.test.TestCase):
+
+  def testPassesForPureLayersAndMatchesVariablesByName(self):
+    x = tf.random.stateless_normal([4, 3], seed=[1, 2])
+    pipe = test_utils.AssertPipelineMatchesOracle(
+        self, _Fcs(), 2, 2, [x], tf.reduce_sum)
+    self.assertEqual(sorted(test_utils.VariablesByName(pipe)),
+                     [f'fc{i}/{v}' for i in range(4) for v in ('b', 'w')])
+
+  def testFailsWhenThePipelineComputesSomethingElse(self):
+    x = tf.random.stateless_normal([4, 3], seed=[1, 2])
+    layers = (_Fcs(2) + [_NoisyLayer.Params().Set(name='noise')] +
+              _Fcs(1, first=2))
+    with self.assertRaisesRegex(AssertionError, '(?s)Not equal.*outputs'):
+      test_utils.AssertPipelineMatchesOracle(self, layers, 2, 2, [x],
+                                             tf.reduce_sum)
+
+
+class VariablesByNameTest(tf.test.TestCase):
+
+  def testVariablesByNameSkipsContainers(self):
+    seq = composite.SequentialLayer.Params().Set(
+        name='seq', sub=_Fcs(2)).Instantiate()
+    self.assertEqual(sorted(test_utils.VariablesByName(seq)),
+                     ['fc0/b', 'fc0/w', 'fc1/b', 'fc1/w'])
 
 
 if __name__ == '__main__':

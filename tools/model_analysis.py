@@ -29,6 +29,12 @@ from typing import Any, List, Optional, Tuple
 from absl import app
 from absl import flags
 
+from models import amoebanet
+from models import consistency_cnn
+from models import resnet
+from models import transformer
+from tensorpipe import model_analysis
+
 MODELS = ('transformer', 'transformer_lm', 'amoebanet_d', 'amoebanet_b',
           'resnet50', 'resnet101', 'resnet152', 'consistency')
 
@@ -113,9 +119,6 @@ def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
               batch_size: int = 64) -> Tuple[List[Any], List[Any], str]:
   """Layer Params, input shapes and a title of a built-in model.
 
-  The model modules are imported here, lazily, so that the tool works for the
-  models that exist even if another one fails to import.
-
   Raises:
     ValueError: for an unknown model name.
   """
@@ -126,9 +129,7 @@ def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
   if image_size is None:
     image_size = _DEFAULT_IMAGE_SIZE.get(model, 224)
   images = [[batch_size, image_size, image_size, 3]]
-  # pylint: disable=g-import-not-at-top
   if model == 'transformer':
-    from models import transformer
     layers = transformer.TransformerLayers(
         L, H, A, model_dim=D, vocab_size=vocab, max_len=seq_len,
         pre_layer_norm=pre_layer_norm, shared_embeddings=shared_embeddings)
@@ -136,7 +137,6 @@ def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
                                                        seq_len),
             f'Transformer T({L}, {H}, {A}), model dim {D}, vocabulary {vocab}')
   if model == 'transformer_lm':
-    from models import transformer
     layers = transformer.TransformerLmLayers(
         L, H, A, model_dim=D, vocab_size=vocab, max_len=seq_len,
         pre_layer_norm=pre_layer_norm)
@@ -144,7 +144,6 @@ def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
             f'Transformer LM ({L} decoder layers, H={H}, A={A}), model dim '
             f'{D}, vocabulary {vocab}')
   if model.startswith('amoebanet'):
-    from models import amoebanet
     variant = model[-1].upper()
     layers = amoebanet.AmoebaNetLayers(
         variant, num_normal_cells=L, num_filters=F, num_classes=num_classes,
@@ -152,23 +151,19 @@ def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
     return layers, images, (f'AmoebaNet-{variant}({L}, {F}), {image_size}x'
                             f'{image_size}, {num_classes} classes')
   if model.startswith('resnet'):
-    from models import resnet
     depth = int(model[len('resnet'):])
     layers = resnet.ResNetLayers(depth, num_classes,
                                  input_shape=(None, image_size, image_size, 3),
                                  small_stem=small_stem)
     return layers, images, (f'ResNet-{depth}, {image_size}x{image_size}, '
                             f'{num_classes} classes')
-  from models import consistency_cnn
   layers = consistency_cnn.ConsistencyLayers(L)
   return (layers, [[batch_size, image_size, image_size, 1]],
           f'consistency CNN: {L} Conv2DLayers 3x3x1x1')
-  # pylint: enable=g-import-not-at-top
 
 
 def Run(fv: flags.FlagValues) -> str:
   """Builds the model named by the flags and returns the printed report."""
-  from tensorpipe import model_analysis  # pylint: disable=g-import-not-at-top
   layers, input_shapes, title = ModelSpec(
       fv.model, L=fv.L, H=fv.H, A=fv.A, D=fv.D, vocab=fv.vocab,
       seq_len=fv.seq_len, shared_embeddings=fv.shared_embeddings,

@@ -21,6 +21,12 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from tensorpipe.inputs import bible_builder
+from tensorpipe.inputs import brown_builder
+from tensorpipe.inputs import fashion_mnist_builder
+from tensorpipe.inputs import lm_input
+from tensorpipe.inputs import tfds_utils
+from tensorpipe.inputs import translation_input
 from tools import paths
 
 _DATA_DIR = flags.DEFINE_string(
@@ -48,8 +54,6 @@ def main(argv):
   if unknown:
     raise app.UsageError(f'--datasets has unknown names {unknown}; choose '
                          f'from {list(_ALL)}')
-  # Imported here: importing this module defines flags only.
-  from tensorpipe.inputs import tfds_utils  # pylint: disable=g-import-not-at-top
   data_dir = tfds_utils.ResolveDataDir(_ResolveDir(_DATA_DIR.value))
   os.makedirs(data_dir, exist_ok=True)
   for name in _DATASETS.value:
@@ -59,13 +63,10 @@ def main(argv):
     else:
       logging.info('%s: preparing into %s', name, data_dir)
       if name == 'fashion_mnist':
-        from tensorpipe.inputs import fashion_mnist_builder  # pylint: disable=g-import-not-at-top
         builder = fashion_mnist_builder.LocalFashionMnist(data_dir=data_dir)
       elif name == 'bible_parallel':
-        from tensorpipe.inputs import bible_builder  # pylint: disable=g-import-not-at-top
         builder = bible_builder.BibleParallel(data_dir=data_dir)
       else:
-        from tensorpipe.inputs import brown_builder  # pylint: disable=g-import-not-at-top
         builder = brown_builder.BrownCorpus(
             data_dir=data_dir, source_dir=_ResolveDir(_BROWN_SOURCE.value))
       builder.download_and_prepare()
@@ -75,12 +76,10 @@ def main(argv):
     # Vocabularies (trained once, from the training split).
     start = time.time()
     if name == 'bible_parallel':
-      from tensorpipe.inputs import translation_input  # pylint: disable=g-import-not-at-top
       vocab = translation_input.LoadOrBuildVocab(data_dir, 8000)
       logging.info('bible vocabulary %s (%d pieces, %.1f s)', vocab.path,
                    vocab.size, time.time() - start)
     elif name == 'brown_corpus':
-      from tensorpipe.inputs import lm_input  # pylint: disable=g-import-not-at-top
       vocab = lm_input.LoadOrBuildVocab(data_dir, 8000)
       logging.info('brown vocabulary %s (%d pieces, %.1f s)', vocab.path,
                    vocab.size, time.time() - start)

@@ -12,12 +12,13 @@ partitions run on --num_cpu_devices logical CPU devices (default: the largest
 num_partitions of the experiment's model).
 """
 
-import os
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
+
+from tools import paths
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('model', None, 'Registered experiment key, e.g. '
@@ -43,13 +44,6 @@ flags.DEFINE_bool('deterministic', True, 'Enable op determinism (exact '
 
 class _UserError(Exception):
   """A mistake in the flags, overrides or setup: printed without traceback."""
-
-
-def _ResolveLogdir(logdir: str) -> str:
-  if not os.path.isabs(logdir):
-    base = os.environ.get('BUILD_WORKING_DIRECTORY', os.getcwd())
-    logdir = os.path.join(base, logdir)
-  return logdir
 
 
 def _NumPartitions(p) -> int:
@@ -97,7 +91,7 @@ def _Setup():
   tensorpipe.SetNumLogicalCpuDevices(num_devices)
   if FLAGS.deterministic:
     trainer_lib.EnableDeterminism(FLAGS.seed)
-  logdir = _ResolveLogdir(FLAGS.logdir)
+  logdir = paths.UserPath(FLAGS.logdir)
   try:
     trainer = trainer_lib.Trainer(p, logdir, log_fn=logging.info)
     # Builds the inputs now, so a missing data set fails before training.

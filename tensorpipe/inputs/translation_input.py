@@ -26,7 +26,7 @@ Reina-Valera 1909.
 
 import functools
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -212,6 +212,14 @@ class BibleTranslationInput(base_input.BaseInput):
     for d, (src, tgt) in zip(self.params.directions, self._directions):
       out[d] = list(zip(*_PairsOf(examples, src, tgt)))
     return out
+
+  def Detokenizer(self) -> Callable[[Sequence[int]], str]:
+    """The vocabulary's Decode: piece ids of one row -> text."""
+    return self.vocab.Decode
+
+  def ReferenceTexts(self) -> List[str]:
+    """Target texts of References(), directions concatenated."""
+    return [tgt for pairs in self.References().values() for _, tgt in pairs]
 
   def _DirectionArrays(self) -> List[Dict[str, np.ndarray]]:
     p = self.params

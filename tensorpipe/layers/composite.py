@@ -6,7 +6,7 @@ how AmoebaNet cells take the two previous cells' outputs and a Transformer
 decoder carries the encoder output through a sequence of layers.
 """
 
-from typing import Any, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -94,9 +94,19 @@ class SequentialLayer(base_layer.BaseLayer):
                        '`sub`; give it at least one layer Params')
     self.CreateChildren('sub', self.params.sub)
 
+  def LayersWithTheta(self, theta: Optional[NestedMap] = None
+                      ) -> List[Tuple[base_layer.BaseLayer, NestedMap]]:
+    """The `sub` layers in order, each with its part of `theta`.
+
+    Args:
+      theta: this layer's theta (default `self.theta`).
+    """
+    theta = self.theta if theta is None else theta
+    return list(zip(self.children.sub, theta.sub))
+
   def FProp(self, theta, *inputs):
     args = tuple(inputs)
-    for layer, layer_theta in zip(self.children.sub, theta.sub):
+    for layer, layer_theta in self.LayersWithTheta(theta):
       args = AsArgs(layer.FProp(layer_theta, *args))
     return FromArgs(args)
 

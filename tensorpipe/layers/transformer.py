@@ -418,14 +418,27 @@ class SequenceSoftmaxLayer(base_layer.BaseLayer):
     self._Validate(p)
     self.CreateChild('logits', self._FcParams(p))
 
+  def _CheckInput(self, nm: NestedMap, keys) -> None:
+    for key in keys:
+      if key not in nm:
+        raise ValueError(f'{type(self).__name__} {self.params.name!r}: input '
+                         f'lacks {key!r} (has {sorted(nm)})')
+
+  def Logits(self, theta: NestedMap, nm: NestedMap) -> tf.Tensor:
+    """The output projection alone: logits [b, L, V] of nm[input_key].
+
+    For decoding and scoring, where the loss FProp computes is not wanted
+    (nm needs no labels).
+    """
+    self._CheckInput(nm, [self.params.input_key])
+    return self.children.logits.FProp(theta.logits,
+                                      nm[self.params.input_key])
+
   def FProp(self, theta, nm: NestedMap) -> NestedMap:
     """nm: NestedMap with input_key [b, L, D], tgt_labels, tgt_paddings."""
     p = self.params
-    for key in (p.input_key, 'tgt_labels', 'tgt_paddings'):
-      if key not in nm:
-        raise ValueError(f'{type(self).__name__} {p.name!r}: input lacks '
-                         f'{key!r} (has {sorted(nm)})')
-    logits = self.children.logits.FProp(theta.logits, nm[p.input_key])
+    self._CheckInput(nm, [p.input_key, 'tgt_labels', 'tgt_paddings'])
+    logits = self.Logits(theta, nm)
     labels = tf.cast(nm.tgt_labels, tf.int32)
     weights = 1.0 - tf.cast(nm.tgt_paddings, tf.float32)
     xent = losses.SoftmaxCrossEntropyLoss(logits, labels, p.label_smoothing,

@@ -102,6 +102,18 @@ class BibleTranslationInputTest(tf.test.TestCase):
     self.assertLen(refs, 16)
     self.assertEqual(decoded, refs)
 
+  def testDecodingHooksGiveTheTargetsInDatasetOrder(self):
+    inp = self._Params(split='test', directions=['en->es', 'es->en'],
+                       max_src_len=80, max_tgt_len=80,
+                       batch_size=2).Instantiate()
+    refs = inp.References()
+    self.assertEqual(inp.ReferenceTexts(),
+                     [t for _, t in refs['en->es'] + refs['es->en']])
+    detokenize = inp.Detokenizer()
+    labels = [detokenize(row) for batch in inp.Dataset()
+              for row in batch.tgt_labels.numpy()]
+    self.assertEqual(labels, inp.ReferenceTexts())
+
   def testDirectionsAreTemperatureSampled(self):
     inp = self._Params(directions=['en->es', 'web->es'], batch_size=2,
                        temperature=5.0, max_src_len=16).Instantiate()

@@ -1,0 +1,81 @@
+"""Metrics of decoded outputs over one evaluation (BLEU): a task hook.
+
+A task whose model can decode returns a `DecodeMetrics` from
+`CreateDecodeMetrics(eval_input)` (tasks.BaseTask); `Trainer.Evaluate`
+calls `Update(batch)` on every eval batch and adds `Finalize()`'s values to
+the eval metrics. The trainer stays generic: it knows nothing of decoders,
+vocabularies or references.
+
+Usage:
+  metrics = BleuMetrics(decode_fn, eval_input.Detokenizer(),
+                        eval_input.ReferenceTexts)
+  for batch in eval_input.Dataset():
+    metrics.Update(batch)
+  metrics.Finalize()        # {'bleu': 23.4}
+"""
+
+from typing import Callable, Dict, List, Optional, Sequence
+
+import tensorflow as tf
+
+from tensorpipe.nested_map import NestedMap
+
+
+class DecodeMetrics:
+  """Accumulates metrics of decoded eval batches (subclasses implement)."""
+
+  def Update(self, batch: NestedMap) -> None:
+    """Decodes `batch` and accumulates what the metrics need."""
+    raise NotImplementedError(f'{type(self).__name__}.Update')
+
+  def Finalize(self) -> Dict[str, float]:
+    """The metrics over every batch given to Update ({} if none)."""
+    raise NotImplementedError(f'{type(self).__name__}.Finalize')
+
+
+def ComputeBleu(hypotheses: List[str], references: List[str]) -> float:
+  """Corpus BLEU (sacrebleu, 13a tokenisation) of detokenised strings."""
+  import sacrebleu  # pylint: disable=g-import-not-at-top
+  return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+
+
+class BleuMetrics(DecodeMetrics):
+  """Corpus BLEU of decoded targets against the references.
+
+  Each batch's `tgt_labels` rows, detokenised, are the references, unless
+  `reference_texts()` gives the split's untruncated target texts in
+  Dataset() order (the labels are cut at the input's maximum length).
+  """
+
+  def __init__(self, decode_fn: Callable[[NestedMap], tf.Tensor],
+               detokenize: Callable[[Sequence[int]], str],
+               reference_texts: Callable[[], Optional[List[str]]]):
+    """Creates an empty accumulator.
+
+    Args:
+      decode_fn: batch -> token ids [b, L] int32, the hypotheses (position
+        i predicts tgt_labels[:, i]); wrapped in a tf.function here.
+      detokenize: token ids of one row -> text.
+      reference_texts: () -> the split's target texts in Dataset() order,
+        or None.
+    """
+    self._decode = tf.function(decode_fn)
+    self._detokenize = detokenize
+    self._reference_texts = reference_texts
+    self._hyps: List[str] = []
+    self._refs: List[str] = []
+
+  def Update(self, batch: NestedMap) -> None:
+    hyp = self._decode(batch).numpy()
+    for h, r in zip(hyp, batch.tgt_labels.numpy()):
+      self._hyps.append(self._detokenize(h))
+      self._refs.append(self._detokenize(r))
+
+  def Finalize(self) -> Dict[str, float]:
+    if not self._hyps:
+      return {}
+    refs = self._refs
+    texts = self._reference_texts()
+    if texts is not None and len(texts) >= len(self._hyps):
+      refs = texts[:len(self._hyps)]
+    return {'bleu': ComputeBleu(self._hyps, refs)}

@@ -1,0 +1,110 @@
+"""Tests of tensorpipe/decode_metrics.py and the tasks' decoding hook."""
+
+import tensorflow as tf
+
+from models import transformer
+from tensorpipe import decode_metrics
+from tensorpipe import synthetic_input
+from tensorpipe import tasks
+from tensorpipe import test_utils
+from tensorpipe.layers import composite
+
+test_utils.ConfigureTestDevices()
+
+
+def _NmtInput(**kw):
+  return synthetic_input.SyntheticSequenceInput.Params().Set(
+      task='nmt', batch_size=4, max_length=6, num_examples=8, split='test',
+      **kw).Instantiate()
+
+
+class _TextsInput(synthetic_input.SyntheticSequenceInput):
+  """The synthetic input with fixed reference texts."""
+
+  TEXTS = ['w3 w4 w5 w6', 'w7 w8 w9', 'w3 w3 w3 w3', 'w10 w11'] * 2
+
+  def ReferenceTexts(self):
+    return list(self.TEXTS)
+
+
+class BleuMetricsTest(tf.test.TestCase):
+
+  def _Labels(self, batch):
+    return tf.cast(batch.tgt_labels, tf.int32)
+
+  def testPerfectDecodesScore100AgainstTheLabels(self):
+    inp = _NmtInput()
+    m = decode_metrics.BleuMetrics(self._Labels, inp.Detokenizer(),
+                                   lambda: None)
+    self.assertEqual(m.Finalize(), {})       # no batch yet
+    for batch in inp.Dataset():
+      m.Update(batch)
+    self.assertAllClose(m.Finalize()['bleu'], 100.0)
+
+  def testReferenceTextsReplaceTheDetokenisedLabels(self):
+    inp = _TextsInput.Params().Set(task='nmt', batch_size=4, max_length=6,
+                                   num_examples=8, split='test').Instantiate()
+    m = decode_metrics.BleuMetrics(self._Labels, inp.Detokenizer(),
+                                   inp.ReferenceTexts)
+    hyps = []
+    for batch in inp.Dataset():
+      m.Update(batch)
+      hyps += [inp.IdsToString(row) for row in batch.tgt_labels.numpy()]
+    want = decode_metrics.ComputeBleu(hyps, _TextsInput.TEXTS)
+    self.assertAllClose(m.Finalize()['bleu'], want)
+    self.assertLess(want, 100.0)
+
+  def testTooFewReferenceTextsFallBackToTheLabels(self):
+    inp = _NmtInput()
+    m = decode_metrics.BleuMetrics(self._Labels, inp.Detokenizer(),
+                                   lambda: ['only one'])
+    for batch in inp.Dataset():
+      m.Update(batch)
+    self.assertAllClose(m.Finalize()['bleu'], 100.0)
+
+
+class TaskHookTest(tf.test.TestCase):
+
+  def _SequenceTask(self):
+    model = transformer.TransformerPipeline(
+        2, 2, 4, 6, 6, num_layers=1, hidden_dim=16, num_heads=2, model_dim=8,
+        vocab_size=16, max_len=6, label_smoothing=0.0, dropout=0.0)
+    return tasks.SequenceTask.Params().Set(
+        name='task', vocab_size=16, model=model).Instantiate()
+
+  def testTranslationGetsBleuOfGreedyDecodes(self):
+    task = self._SequenceTask()
+    inp = _NmtInput()
+    m = task.CreateDecodeMetrics(inp)
+    self.assertIsInstance(m, decode_metrics.BleuMetrics)
+    hyps, refs = [], []
+    for batch in inp.Dataset():
+      m.Update(batch)
+      hyps += [inp.IdsToString(r) for r in task.GreedyDecode(batch).numpy()]
+      refs += [inp.IdsToString(r) for r in batch.tgt_labels.numpy()]
+    self.assertAllClose(m.Finalize()['bleu'],
+                        decode_metrics.ComputeBleu(hyps, refs))
+
+  def testLanguageModelAndClassificationDecodeNothing(self):
+    lm = synthetic_input.SyntheticSequenceInput.Params().Set(
+        task='lm', batch_size=4, max_length=6, split='test').Instantiate()
+    self.assertIsNone(self._SequenceTask().CreateDecodeMetrics(lm))
+    images = synthetic_input.SyntheticImageInput.Params().Set(
+        batch_size=4, split='test').Instantiate()
+    classify = tasks.ClassificationTask.Params().Set(
+        name='task', num_classes=4,
+        model=composite.IdentityLayer.Params()).Instantiate()
+    self.assertIsNone(classify.CreateDecodeMetrics(images))
+
+  def testInputWithoutDetokenizerDecodesNothing(self):
+    class _NoText(synthetic_input.SyntheticSequenceInput):
+
+      def Detokenizer(self):
+        return None
+    inp = _NoText.Params().Set(task='nmt', batch_size=4, max_length=6,
+                               split='test').Instantiate()
+    self.assertIsNone(self._SequenceTask().CreateDecodeMetrics(inp))
+
+
+if __name__ == '__main__':
+  tf.test.main()
