@@ -319,13 +319,27 @@ class OptimizersTest(tf.test.TestCase):
   def testAdafactorUnfactoredAndClipping(self):
     rng = np.random.RandomState(1)
     w0 = rng.randn(5).astype(np.float32)
-    # A huge first gradient: the clipped update has RMS <= 1.
-    grads = [rng.randn(5).astype(np.float32) * 1e3 for _ in range(3)]
-    opt = optimizers.Adafactor.Params().Instantiate()
-    got = self._Run(opt, w0, grads, 0.1)
-    self.assertEqual(sorted(opt.slots['Variable']), ['m', 'v'])
-    want = _NumpyAdafactor(w0, grads, 0.1, factored=False)
-    self.assertAllClose(got, want, rtol=1e-4, atol=1e-6)
+    # A tiny gradient, then a huge one: at step 2 the second moment is still
+    # mostly the tiny one (beta2 = 1 - 2^-0.8 = 0.43), so the update
+    # u = g / sqrt(v) has RMS about 1 / sqrt(1 - beta2) = 1.3 > 1: clipped.
+    grads = [(rng.randn(5) * scale).astype(np.float32)
+             for scale in (1e-3, 1e3, 1.0)]
+    g1, g2 = grads[0].astype(np.float64), grads[1].astype(np.float64)
+    beta2 = 1.0 - 2.0 ** -0.8
+    v2 = beta2 * (g1 * g1 + 1e-30) + (1 - beta2) * (g2 * g2 + 1e-30)
+    self.assertGreater(np.sqrt(np.mean(g2 * g2 / v2)), 1.2)
+    for beta1 in (0.0, 0.9):
+      with self.subTest(beta1=beta1):
+        opt = optimizers.Adafactor.Params().Set(beta1=beta1).Instantiate()
+        got = self._Run(opt, w0, grads, 0.1)
+        self.assertEqual(sorted(opt.slots['Variable']),
+                         ['m', 'v'] if beta1 else ['v'])
+        want = _NumpyAdafactor(w0, grads, 0.1, beta1=beta1, factored=False)
+        self.assertAllClose(got, want, rtol=1e-4, atol=1e-6)
+        # Without the clipping the weights would be far off.
+        unclipped = _NumpyAdafactor(w0, grads, 0.1, beta1=beta1,
+                                    factored=False, clip=np.inf)
+        self.assertGreater(np.abs(unclipped - want).max(), 1e-3)
     # Factored second moments only for both dims >= min_dim_size_to_factor.
     big = optimizers.Adafactor.Params().Instantiate()
     big.Build({'w': tf.Variable(tf.zeros([128, 130]))})
