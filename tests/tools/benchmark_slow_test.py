@@ -2,13 +2,10 @@
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import unittest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from tests.tools import tool_testlib
 
 
 class BenchmarkBinaryTest(unittest.TestCase):
@@ -16,13 +13,11 @@ class BenchmarkBinaryTest(unittest.TestCase):
   def testTinyRunWritesTableJsonPlotsAndTimeline(self):
     with tempfile.TemporaryDirectory(
         dir=os.environ.get('TEST_TMPDIR')) as out:
-      proc = subprocess.run(
-          [sys.executable, '-m', 'tools.benchmark', '--models=tiny',
-           '--settings=plain,naive-2,K1-T2-rc,K2-T2-rc', '--steps=2',
-           '--warmup=1', '--memory_settings=', '--timeline=K2-T2-rc',
-           f'--out={out}'],
-          cwd=_ROOT, capture_output=True, text=True, timeout=900,
-          check=False)
+      proc = tool_testlib.RunTool(
+          'benchmark', '--models=tiny',
+          '--settings=plain,naive-2,K1-T2-rc,K2-T2-rc', '--steps=2',
+          '--warmup=1', '--memory_settings=', '--timeline=K2-T2-rc',
+          f'--out={out}', timeout_s=900)
       self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
       self.assertIn('| tiny | K2-T2-rc | 2 | 2 | yes |', proc.stdout)
       self.assertIn('| bubble |', proc.stdout)
@@ -42,19 +37,15 @@ class BenchmarkBinaryTest(unittest.TestCase):
       self.assertIn('| tiny | K2-T2-rc | 2 | 2 | yes |', tables)
       self.assertIn('| bubble |', tables)
       os.remove(os.path.join(out, 'tables.md'))
-      again = subprocess.run(
-          [sys.executable, '-m', 'tools.benchmark',
-           f'--report_from={os.path.join(out, "results.json")}'],
-          cwd=_ROOT, capture_output=True, text=True, timeout=300,
-          check=False)
+      again = tool_testlib.RunTool(
+          'benchmark', f'--report_from={os.path.join(out, "results.json")}',
+          timeout_s=300)
       self.assertEqual(again.returncode, 0, again.stderr[-3000:])
       with open(os.path.join(out, 'tables.md')) as f:
         self.assertEqual(f.read(), tables)
-      bad = subprocess.run(
-          [sys.executable, '-m', 'tools.benchmark',
-           f'--report_from={os.path.join(out, "tables.md")}'],
-          cwd=_ROOT, capture_output=True, text=True, timeout=300,
-          check=False)
+      bad = tool_testlib.RunTool(
+          'benchmark', f'--report_from={os.path.join(out, "tables.md")}',
+          timeout_s=300)
       self.assertNotEqual(bad.returncode, 0)
       self.assertIn('is not a results.json', bad.stderr)
       self.assertNotIn('Traceback', bad.stderr)

@@ -1,20 +1,15 @@
 """Runs the tools/consistency binary: the paper's table for K = 1, 2."""
 
-import os
-import subprocess
-import sys
 import unittest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from tests.tools import tool_testlib
+
 _SMALL = ['--num_layers=4', '--batch_size=4', '--num_micro_batches=2',
           '--num_partitions=1,2']
 
 
 def _Run(*flags):
-  return subprocess.run(
-      [sys.executable, '-m', 'tools.consistency', *flags], cwd=_ROOT,
-      capture_output=True, text=True, timeout=600, check=False)
+  return tool_testlib.RunTool('consistency', *flags)
 
 
 class ConsistencyToolTest(unittest.TestCase):

@@ -1,18 +1,12 @@
 """Runs the tools/prepare_data binary's argument checks (no data is built)."""
 
-import os
-import subprocess
-import sys
 import unittest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from tests.tools import tool_testlib
 
 
 def _Run(*args):
-  return subprocess.run(
-      [sys.executable, '-m', 'tools.prepare_data', *args], cwd=_ROOT,
-      capture_output=True, text=True, timeout=300, check=False)
+  return tool_testlib.RunTool('prepare_data', *args, timeout_s=300)
 
 
 class PrepareDataArgumentsTest(unittest.TestCase):

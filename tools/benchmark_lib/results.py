@@ -29,6 +29,18 @@ def _Omit(d: Dict[str, Any]) -> Dict[str, Any]:
   return {k: v for k, v in d.items() if v is not None}
 
 
+class _FlatJson:
+  """ToJson / FromJson of a dataclass whose JSON keys are its fields (None
+  fields left out)."""
+
+  def ToJson(self) -> Dict[str, Any]:
+    return _Omit(dataclasses.asdict(self))
+
+  @classmethod
+  def FromJson(cls, d: Dict[str, Any]):
+    return cls(**d)
+
+
 @dataclasses.dataclass(frozen=True)
 class PhaseCosts:
   """Seconds per partition of each phase of one micro-batch's stage call.
@@ -88,7 +100,7 @@ class StageCosts:
 
 
 @dataclasses.dataclass(frozen=True)
-class Memory:
+class Memory(_FlatJson):
   """Memory of a setting over its warm-up steps, in bytes.
 
   Attributes:
@@ -112,29 +124,18 @@ class Memory:
     return (self.tf_allocator or {}).get('activation_peak_bytes')
 
   def ToJson(self) -> Dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def FromJson(cls, d: Dict[str, Any]) -> 'Memory':
-    return cls(**d)
+    return dataclasses.asdict(self)   # tf_allocator: None is written too
 
 
 @dataclasses.dataclass(frozen=True)
-class StepTimes:
+class StepTimes(_FlatJson):
   """A baseline timed in the same process as the setting (`paired`)."""
   step_time_s: float
   step_times_s: Optional[List[float]] = None
 
-  def ToJson(self) -> Dict[str, Any]:
-    return _Omit(dataclasses.asdict(self))
-
-  @classmethod
-  def FromJson(cls, d: Dict[str, Any]) -> 'StepTimes':
-    return cls(**d)
-
 
 @dataclasses.dataclass(frozen=True)
-class TimelineRecord:
+class TimelineRecord(_FlatJson):
   """One recorded step: its files, breakdown, events and marks."""
   chrome_trace: str
   png: str
@@ -142,13 +143,6 @@ class TimelineRecord:
   num_events: int
   events: List[Dict[str, Any]]
   marks: Dict[str, float]
-
-  def ToJson(self) -> Dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def FromJson(cls, d: Dict[str, Any]) -> 'TimelineRecord':
-    return cls(**d)
 
 
 @dataclasses.dataclass(frozen=True)
