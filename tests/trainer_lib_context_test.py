@@ -17,7 +17,8 @@ from tensorpipe.layers import pooling
 
 test_utils.ConfigureTestDevices()
 
-# (step seed, drop-path progress) seen by every call of _ContextProbe.
+# (step seed, drop-path progress) seen by every training-mode call of
+# _ContextProbe (eval calls, e.g. an evaluation the trainer runs, are left out).
 _SEEN = []
 
 
@@ -29,8 +30,11 @@ class _ContextProbe(base_layer.BaseLayer):
     del theta  # no weights
     ctx = py_utils.Current()
 
+    training = py_utils.IsTraining()
+
     def Record(seed, progress):
-      _SEEN.append((int(seed), float(progress)))
+      if training:
+        _SEEN.append((int(seed), float(progress)))
       return 0.0
     record = tf.py_function(
         Record, [tf.cast(ctx.step_seed, tf.int64),
