@@ -11,6 +11,7 @@ from tensorpipe import hyperparams
 from tensorpipe import lr_schedules
 from tensorpipe import optimizers
 from tensorpipe import pipeline
+from tensorpipe import py_utils
 from tensorpipe import synthetic_input
 from tensorpipe import tasks
 from tensorpipe import test_utils
@@ -137,7 +138,8 @@ class TrainerLibTest(tf.test.TestCase):
       losses[k] = [float(trainer.TrainStep(next(it))['loss'])
                    for _ in range(4)]
     self.assertAllClose(losses[1], losses[2], rtol=1e-5, atol=0)
-    self.assertLess(losses[1][-1], losses[1][0] + 1.0)
+    # Both against a model without TensorPipeLayer, and the loss decrease of
+    # a step against the gradient norm: trainer_lib_oracle_test.py.
 
   def testTranslationEvalReportsBleuAndPerplexity(self):
     from models import transformer  # pylint: disable=g-import-not-at-top
@@ -160,15 +162,28 @@ class TrainerLibTest(tf.test.TestCase):
     trainer = trainer_lib.Trainer(_Nmt().ModelParams(), self.get_temp_dir(),
                                   log_fn=lambda _: None)
     metrics = trainer.Evaluate()
-    self.assertBetween(metrics['bleu'], 0.0, 100.0)
+    # The BLEU of the model's own greedy decodes of the eval batches
+    # against their labels (the untrained model matches a few words).
+    inp = trainer.EvalInput()
+    hyps, refs = [], []
+    for batch in inp.Dataset():
+      with py_utils.EvalMode():
+        decoded = trainer.task.GreedyDecode(batch).numpy()
+      hyps += [inp.IdsToString(row) for row in decoded]
+      refs += [inp.IdsToString(row) for row in batch.tgt_labels.numpy()]
+    want = trainer_lib.ComputeBleu(hyps, refs)
+    self.assertGreater(want, 0.0)
+    self.assertAllClose(metrics['bleu'], want)
     self.assertAllClose(metrics['perplexity'], np.exp(metrics['log_pplx']))
     self.assertEqual(metrics['num_batches'], 2.0)
 
   def testComputeBleu(self):
     self.assertAllClose(trainer_lib.ComputeBleu(
         ['the cat sat on the mat'], ['the cat sat on the mat']), 100.0)
-    self.assertLess(trainer_lib.ComputeBleu(
-        ['a dog ran far away'], ['the cat sat on the mat']), 10.0)
+    # No word in common: no matching unigram, BLEU 0 (hand-computed values
+    # of partial matches: trainer_lib_oracle_test.py).
+    self.assertEqual(trainer_lib.ComputeBleu(
+        ['a dog ran far away'], ['the cat sat on the mat']), 0.0)
 
   def testParseOverrides(self):
     text = trainer_lib.ParseOverrides(
