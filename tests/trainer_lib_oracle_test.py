@@ -1,4 +1,4 @@
-"""trainer_lib against oracles: an unpipelined model, clipping, eval metrics.
+"""trainer_lib against oracles: an unpipelined model, clipping, metrics.
 
 The pipeline's own K=1 is still a TensorPipeLayer with T micro-batches, so a
 "K=1 equals K=2" comparison can hide a bug shared by both. Here the same
@@ -69,11 +69,11 @@ class _MicroBatchedSequential(composite.SequentialLayer):
     return tf.concat(outs, 0)
 
 
-def _Layers():
+def _Layers(keep_prob=0.8):
   return [
       conv.Conv2DLayer.Params().Set(name='conv1', filter_shape=(3, 3, 1, 4),
                                     batch_norm=True),
-      dropout.DropoutLayer.Params().Set(name='drop', keep_prob=0.8),
+      dropout.DropoutLayer.Params().Set(name='drop', keep_prob=keep_prob),
       conv.Conv2DLayer.Params().Set(name='conv2', filter_shape=(3, 3, 4, 4),
                                     filter_stride=(2, 2), batch_norm=True),
       pooling.GlobalPoolingLayer.Params().Set(name='gap'),
@@ -81,13 +81,15 @@ def _Layers():
                                   output_dim=_CLASSES, activation='NONE')]
 
 
-def _Model(kind, num_micro_batches=2):
+def _Model(kind, keep_prob, num_micro_batches=2):
   """'plain' (no TensorPipeLayer) or 'K<k>' (a pipeline of k partitions)."""
   if kind == 'plain':
     return _MicroBatchedSequential.Params().Set(
-        name='Sequential', sub=_Layers(), num_micro_batches=num_micro_batches)
+        name='Sequential', sub=_Layers(keep_prob),
+        num_micro_batches=num_micro_batches)
   return pipeline.TensorPipeLayer.Params().Set(
-      name='TensorPipe', layers=_Layers(), num_partitions=int(kind[1:]),
+      name='TensorPipe', layers=_Layers(keep_prob),
+      num_partitions=int(kind[1:]),
       num_micro_batches=num_micro_batches, input_shapes=[[_BATCH, 8, 8, 1]])
 
 
@@ -95,6 +97,7 @@ class _Exp(base_experiment.BaseExperiment):
   """Conv-BN, dropout, FC on 8x8 synthetic images; the model is a knob."""
 
   MODEL = 'K2'
+  KEEP_PROB = 0.8
   OPTIMIZER = None
   LR_SCHEDULE = None
   CLIP = 5.0
@@ -110,7 +113,8 @@ class _Exp(base_experiment.BaseExperiment):
 
   def Task(self):
     p = tasks.ClassificationTask.Params().Set(
-        name='task', model=_Model(self.MODEL), num_classes=_CLASSES)
+        name='task', model=_Model(self.MODEL, self.KEEP_PROB),
+        num_classes=_CLASSES)
     tp = p.train
     tp.optimizer = self.OPTIMIZER or optimizers.RMSProp.Params()
     tp.lr_schedule = (self.LR_SCHEDULE or
@@ -233,6 +237,44 @@ class GradientClippingTest(tf.test.TestCase):
     grad_norm, delta = self._Step(trainer, batch)
     self.assertAllClose(grad_norm, norm, rtol=1e-5)  # reported unclipped
     self._AssertStep(delta, grads, lr, clip=clip)
+
+
+class TrainingProgressTest(tf.test.TestCase):
+
+  def testSgdStepLowersTheLossByLrTimesTheSquaredGradNorm(self):
+    # First order: L(w - lr g) = L(w) - lr |g|^2 + O(lr^2). Without dropout
+    # both steps see the same function of the weights.
+    lr = 0.01
+    trainer = _Trainer(
+        self.get_temp_dir(), model='K2', keep_prob=1.0, clip=None, l2=0.0,
+        optimizer=optimizers.SGD.Params().Set(momentum=0.0),
+        lr_schedule=lr_schedules.Constant.Params().Set(value=lr))
+    batch = next(iter(trainer.TrainInput().Dataset()))
+    first = trainer.TrainStep(batch)
+    second = trainer.TrainStep(batch)
+    drop = float(first['loss']) - float(second['loss'])
+    want = lr * float(first['grad_norm'])**2
+    self.assertAllClose(drop, want, rtol=0.1)
+
+
+class BleuTest(tf.test.TestCase):
+
+  def testCorpusBleuEqualsHandComputedValues(self):
+    # BLEU = BP * (p1 p2 p3 p4)^(1/4), p_n = matched n-grams / hypothesis
+    # n-grams summed over the corpus, BP = exp(1 - ref_len / hyp_len) for
+    # hypotheses shorter than the references.
+    cases = [
+        (['a b c d e f'], ['a b c d e f'], 1.0),
+        (['a b c d e f'], ['a b c d e g'],
+         (5 / 6 * 4 / 5 * 3 / 4 * 2 / 3)**0.25),
+        (['a b c d e'], ['a b c d e f g h'], np.exp(1 - 8 / 5)),
+        # Counts pooled over sentences, not a mean of sentence scores.
+        (['a b c d e f', 'a b c d e f'], ['a b c d e f', 'a b c d e g'],
+         (11 / 12 * 9 / 10 * 7 / 8 * 5 / 6)**0.25),
+    ]
+    for hyps, refs, want in cases:
+      self.assertAllClose(trainer_lib.ComputeBleu(hyps, refs), 100 * want,
+                          rtol=1e-9, msg=(hyps, refs))
 
 
 class EvalMetricsTest(tf.test.TestCase):
