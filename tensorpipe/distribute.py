@@ -53,7 +53,7 @@ class Topology:
     strategy: the tf.distribute strategy that runs the replica function.
     num_replicas: R, replicas in sync over all processes.
     groups: the device groups of THIS process's replicas, K devices each,
-      in replica order.
+      in replica order; [None] for one replica built as configured.
     first_replica: global index of this process's first replica.
     is_chief: whether this process writes checkpoints and summaries.
   """
@@ -83,6 +83,54 @@ def MultiWorkerTopology(strategy: tf.distribute.Strategy, group: Sequence[str],
                   num_replicas=strategy.num_replicas_in_sync,
                   groups=[list(group)], first_replica=replica_index,
                   is_chief=is_chief)
+
+
+def SingleReplicaTopology() -> Topology:
+  """R = 1 in this process: MirroredStrategy over one device, no collective.
+
+  The task is built as configured (its pipeline's own `devices`); the
+  strategy only gives the trainer one code path for any R.
+  """
+  gpus = tf.config.list_logical_devices('GPU')
+  first = gpus[0].name if gpus else tf.config.list_logical_devices('CPU')[0].name
+  return Topology(strategy=tf.distribute.MirroredStrategy([first]),
+                  num_replicas=1, groups=[None])
+
+
+def MakeTopology(num_replicas: int, num_partitions: int,
+                 cluster: Any = None) -> Topology:
+  """The topology of a run: from a cluster, R local groups, or R = 1.
+
+  Call at program start, after the logical devices are configured and before
+  any other TensorFlow op (a cluster starts this process's server).
+
+  Args:
+    num_replicas: R for a single process (device groups of K devices);
+      must be 1 with a cluster, where R is the number of workers.
+    num_partitions: K, each replica's pipeline partitions.
+    cluster: a `cluster.Cluster` (from TF_CONFIG or flags), or None.
+
+  Raises:
+    ValueError: R < 1, R > 1 with a cluster, or too few devices.
+  """
+  from tensorpipe import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  if isinstance(num_replicas, bool) or not isinstance(
+      num_replicas, int) or num_replicas < 1:
+    raise ValueError(f'num_replicas={num_replicas!r} must be an int >= 1')
+  if cluster is not None:
+    if num_replicas != 1:
+      raise ValueError(
+          f'--num_replicas={num_replicas} with a cluster: each worker process '
+          f'is one replica, so R is the number of workers '
+          f'({cluster.num_workers}); drop --num_replicas')
+    group = cluster_lib.LocalDeviceGroups(1, num_partitions)[0]
+    strategy = cluster_lib.MultiWorkerStrategy(cluster)
+    return MultiWorkerTopology(strategy, group, cluster.worker_index,
+                               cluster.is_chief)
+  if num_replicas == 1:
+    return SingleReplicaTopology()
+  return LocalTopology(cluster_lib.LocalDeviceGroups(num_replicas,
+                                                     num_partitions))
 
 
 def PipelineParamsIn(p: hyperparams.Params) -> List[hyperparams.Params]:
@@ -140,6 +188,9 @@ def BuildReplicas(task_params: hyperparams.Params,
   """Instantiates one task per local device group (variables on its group)."""
   tasks = []
   for group in topology.groups:
+    if group is None:  # SingleReplicaTopology: the task as configured.
+      tasks.append(task_params.Instantiate())
+      continue
     with tf.device(group[0]):
       tasks.append(ReplicaParams(task_params, group).Instantiate())
   return tasks
@@ -312,6 +363,13 @@ def RunReplicas(topology: Topology, fn: Callable[..., Any], *args) -> Any:
 
 
 
+def _OnDevice(x: tf.Tensor, device: str) -> tf.Tensor:
+  if isinstance(x, tf.IndexedSlices):
+    x = tf.convert_to_tensor(x)
+  with tf.device(device):
+    return tf.identity(x)
+
+
 def _CheckGrads(grads, variables, names) -> None:
   missing = [n for g, n in zip(grads, names) if g is None]
   if missing:
@@ -360,6 +418,10 @@ def TrainStep(topology: Topology, tasks: Sequence[Any],
       objective = out.loss * (weight / total_weight) + reg / num_replicas
     grads = tape.gradient(objective, variables)
     _CheckGrads(grads, variables, [v.name for v in variables])
+    # Pinned to their stage's device, stage k's gradients are all-reduced
+    # there (the strategy reduces each value on its first replica's copy and
+    # broadcasts to the copies' devices), not on the replica's first device.
+    grads = [_OnDevice(g, v.device) for g, v in zip(grads, variables)]
     grads = AllReduceSum(grads)
     grad_norm = tf.linalg.global_norm(grads)
     if grad_norm_clip:
@@ -368,6 +430,8 @@ def TrainStep(topology: Topology, tasks: Sequence[Any],
     opt.Apply(lr, grads, variables)
     values = {k: v[0] for k, v in GlobalMetrics(dict(out.metrics)).items()}
     values['total_loss'] = AllReduceSum(out.loss * (weight / total_weight)) + reg
+    if task.params.train.l2_regularizer_weight:
+      values['l2_loss'] = reg
     values['grad_norm'] = grad_norm
     return values
 

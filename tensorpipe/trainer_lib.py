@@ -4,15 +4,25 @@
 experiment's Params (`BaseExperiment.ModelParams()`, overrides applied) and
 runs:
 
-  restore the latest checkpoint in logdir (model, optimizer, step, the
-    input iterator's position) if there is one
+  lock the logdir (logdir.LogdirLock: one trainer per logdir; the chief only)
+  check the inputs against the model (batch keys, micro-batches, eval length)
+  restore the newest intact checkpoint (model, optimizer, step, the input
+    iterator's position) if there is one (checkpoints.RestoreNewest: damaged
+    files are skipped with a warning, another model's checkpoint is refused)
+  write params.txt (a changed predecessor kept as params.<step>.txt)
   while step < max_steps:
     batch = next(train iterator)
     with StepSeed(step), DropPathProgress(step / max_steps):
       loss, grads = task.ComputeLoss(batch), gradients
     clip grads by global norm; optimizer.Apply(lr_schedule(step), grads)
+    stop (NonFiniteError) if the loss or any weight or slot is not finite
     log / write summaries / save a checkpoint at their intervals
   save a checkpoint; evaluate on the eval input
+
+A checkpoint is saved only after the check of its step, so the newest
+checkpoint is always finite. Evaluation (`Evaluate`) takes no lock and writes
+nothing but eval summaries and eval_metrics.json; `Evaluate(restore=True)`
+refuses a logdir without a checkpoint.
 
 Randomness inside the model (dropout) depends only on the layer seeds and the
 step, and the input position is in the checkpoint, so with
@@ -20,6 +30,7 @@ step, and the input position is in the checkpoint, so with
 of an uninterrupted run.
 """
 
+import itertools
 import json
 import os
 import time
@@ -31,14 +42,31 @@ import tensorflow as tf
 
 from tensorflow.core.framework import summary_pb2
 
+from tensorpipe import base_input
 from tensorpipe import base_layer
+from tensorpipe import checkpoints
 from tensorpipe import decode_metrics
+from tensorpipe import distribute
 from tensorpipe import hyperparams
+from tensorpipe import logdir as logdir_lib
+from tensorpipe import microbatch
+from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe.nested_map import NestedMap
 
-PARAMS_FILE = 'params.txt'
+PARAMS_FILE = logdir_lib.PARAMS_FILE
 EVAL_FILE = 'eval_metrics.json'
+CHECKPOINT_DIR = 'checkpoints'
+# Key of TrainStep's result: True if every weight and slot is finite.
+WEIGHTS_FINITE = 'weights_finite'
+
+
+class NonFiniteError(FloatingPointError):
+  """The loss or the weights became NaN or infinite; nothing was saved."""
+
+
+class CheckpointWriteError(OSError):
+  """A checkpoint could not be written (disk full, permissions)."""
 
 
 def EnableDeterminism(seed: int) -> None:
@@ -142,47 +170,115 @@ def _Scalars(metrics: Dict[str, Any]) -> Dict[str, float]:
   return {k: float(v) for k, v in metrics.items()}
 
 
+def _AllFinite(variables: List[tf.Variable]) -> tf.Tensor:
+  """bool scalar: every element of every variable is finite."""
+  checks = []
+  for v in variables:
+    with tf.device(v.device):
+      checks.append(tf.reduce_all(tf.math.is_finite(v)))
+  return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def _NonFiniteNames(variables: List[tf.Variable], limit: int = 3) -> str:
+  bad = [v.name for v in variables
+         if not np.all(np.isfinite(v.numpy()))]
+  more = f' and {len(bad) - limit} more' if len(bad) > limit else ''
+  return ', '.join(bad[:limit]) + more
+
+
+def _FirstLine(error: BaseException) -> str:
+  text = str(error).strip()
+  return text.splitlines()[0][:300] if text else type(error).__name__
+
+
+def _CheckTrainParams(tp: hyperparams.Params) -> None:
+  """One-line ValueErrors for task.train values the loop cannot use."""
+  if (not isinstance(tp.max_steps, int) or isinstance(tp.max_steps, bool) or
+      tp.max_steps < 0):
+    raise ValueError(f'task.train.max_steps={tp.max_steps!r} must be an '
+                     'int >= 0')
+  for name in ('save_interval_steps', 'summary_interval_steps',
+               'log_interval_steps'):
+    value = getattr(tp, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ValueError(f'task.train.{name}={value!r} must be an int >= 1')
+  keep = tp.max_checkpoints_to_keep
+  if keep is not None and (not isinstance(keep, int) or
+                           isinstance(keep, bool) or keep < 1):
+    raise ValueError(f'task.train.max_checkpoints_to_keep={keep!r} must be '
+                     'an int >= 1 (or None to keep every checkpoint)')
+  if tp.eval_steps is not None and (
+      not isinstance(tp.eval_steps, int) or isinstance(tp.eval_steps, bool)
+      or tp.eval_steps < 1):
+    raise ValueError(f'task.train.eval_steps={tp.eval_steps!r} (or '
+                     '--eval_steps) must be an int >= 1, or None to read the '
+                     'whole eval split')
+  clip = tp.grad_norm_clip
+  if clip is not None and (not isinstance(clip, (int, float)) or
+                           isinstance(clip, bool) or not np.isfinite(clip) or
+                           clip < 0):
+    raise ValueError(f'task.train.grad_norm_clip={clip!r} must be a finite '
+                     'number > 0 (the largest global gradient norm), or 0 / '
+                     'None for no clipping')
+  if (not isinstance(tp.eval_interval_steps, int) or
+      isinstance(tp.eval_interval_steps, bool) or tp.eval_interval_steps < 0):
+    raise ValueError(f'task.train.eval_interval_steps='
+                     f'{tp.eval_interval_steps!r} must be an int >= 0 (0: '
+                     'evaluate only at the end)')
+
+
 class Trainer:
   """Trains and evaluates one experiment in one logdir.
 
   Usage:
     p = model_registry.GetExperiment(key).ModelParams()
     trainer = Trainer(p, logdir)
-    trainer.Train()          # resumes from logdir if it has checkpoints
-    metrics = trainer.Evaluate()
+    trainer.Train()          # locks the logdir; resumes from its checkpoints
+    metrics = trainer.Evaluate(restore=False)   # the weights just trained
+
+  Constructing a Trainer writes nothing; `Train` takes the logdir's lock for
+  its duration unless `Lock()` was called before (then `Unlock()` releases
+  it). In a multi-worker run pass `is_chief=False` on every worker but the
+  chief: those take no lock, write no params.txt and clean up nothing.
   """
 
   def __init__(self, params: hyperparams.Params, logdir: str,
-               log_fn=None):
+               log_fn=None, is_chief: Optional[bool] = None,
+               topology: Optional[distribute.Topology] = None):
     self._params = params.Copy()
     self._logdir = logdir
     self._log = log_fn or logging.info
+    # Every step runs in a strategy: R = 1 without a cluster, so one code
+    # path (tensorpipe/distribute.py).
+    self.topology = topology or distribute.SingleReplicaTopology()
+    self._is_chief = bool(self.topology.is_chief if is_chief is None
+                          else is_chief)
     p = self._params
     tp = p.task.train
-    if not isinstance(tp.max_steps, int) or tp.max_steps < 0:
-      raise ValueError(f'task.train.max_steps={tp.max_steps!r} must be an '
-                       'int >= 0')
-    for name in ('save_interval_steps', 'summary_interval_steps',
-                 'log_interval_steps'):
-      value = getattr(tp, name)
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f'task.train.{name}={value!r} must be an int >= 1')
-    os.makedirs(logdir, exist_ok=True)
-    with open(os.path.join(logdir, PARAMS_FILE), 'w') as f:
-      f.write(p.ToText())
+    _CheckTrainParams(tp)
+    self._lock = logdir_lib.LogdirLock(logdir, log_fn=self._Warn)
 
-    self.task = p.task.Instantiate()
-    self.optimizer = tp.optimizer.Instantiate()
+    # One task and optimizer per local replica, on its device group; the
+    # checkpoint holds replica 0's (all replicas hold the same values).
+    self._tasks = distribute.BuildReplicas(p.task, self.topology)
+    self._optimizers = [tp.optimizer.Instantiate() for _ in self._tasks]
+    self.task = self._tasks[0]
+    self.optimizer = self._optimizers[0]
     self.lr_schedule = tp.lr_schedule.Instantiate()
     self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                    name='global_step')
     self._train_input = None
+    self._train_ds = None
     self._train_iter = None
     self._eval_input = None
     self._train_fn = None
     self._eval_fn = None
     self._ckpt = None
     self._manager = None
+    self._latest = None  # path of the newest checkpoint restored or saved
+    self._eval_ckpt = None
+    self._checked_train_input = False
+    self._checked_eval_input = False
 
   @property
   def params(self) -> hyperparams.Params:
@@ -191,6 +287,54 @@ class Trainer:
   @property
   def logdir(self) -> str:
     return self._logdir
+
+  @property
+  def checkpoint_dir(self) -> str:
+    return os.path.join(self._logdir, CHECKPOINT_DIR)
+
+  def _Warn(self, message: str) -> None:
+    self._log(f'WARNING: {message}')
+
+  # -- the logdir --------------------------------------------------------------
+
+  def Lock(self) -> None:
+    """Takes the logdir's lock (chief only); creates the logdir.
+
+    Raises:
+      logdir.LogdirLockedError: another trainer holds it (names PID and host).
+      OSError: the logdir cannot be created or written.
+    """
+    if self._is_chief:
+      self._lock.Acquire()
+
+  def Unlock(self) -> None:
+    self._lock.Release()
+
+  @property
+  def locked(self) -> bool:
+    return self._lock.held
+
+  def _RunDescription(self) -> str:
+    """'a run of X' for the error of a checkpoint that does not fit."""
+    name = logdir_lib.ReadExperimentName(self._logdir)
+    text = 'a run of ' + (name or 'another model (no params.txt)')
+    try:
+      with open(os.path.join(self._logdir, PARAMS_FILE)) as f:
+        diff = logdir_lib.ParamsDiff(f.read(), self._params.ToText())
+    except OSError:
+      diff = ''
+    # Only keys that can change the variables: not the input, the run length
+    # or the schedule (an optimizer change does change the slots).
+    keys = [key for key in (line.split(':', 1)[0].strip()
+                            for line in diff.splitlines())
+            if key.startswith('task.') and (
+                not key.startswith('task.train.') or
+                key.startswith('task.train.optimizer.'))]
+    if keys:
+      more = f' and {len(keys) - 5} more' if len(keys) > 5 else ''
+      text += (f' whose params.txt differs from these Params in '
+               f'{", ".join(keys[:5])}{more}')
+    return text
 
   # -- inputs and checkpoints --------------------------------------------
 
@@ -204,46 +348,205 @@ class Trainer:
       self._eval_input = self._params.eval_input.Instantiate()
     return self._eval_input
 
+  def _TrainDataset(self) -> tf.data.Dataset:
+    if self._train_ds is None:
+      self._train_ds = self.TrainInput().Dataset()
+    return self._train_ds
+
   def _TrainIterator(self):
     if self._train_iter is None:
-      self._train_iter = iter(self.TrainInput().Dataset())
+      self._train_iter = iter(self._TrainDataset())
     return self._train_iter
 
-  def _Checkpoint(self) -> tf.train.CheckpointManager:
-    if self._manager is None:
+  def CheckInputs(self, train: bool = True, evaluate: bool = True) -> None:
+    """Builds the inputs and checks them against the model, before any step.
+
+    Catches here, with one-line errors, what would otherwise fail inside the
+    traced step or never end: a batch key the task reads that the input does
+    not give, a batch size the model's pipeline cannot split into its
+    micro-batches, and an eval input that repeats forever while
+    task.train.eval_steps is None.
+
+    Raises:
+      ValueError: one of the above, naming the value and the fix.
+      FileNotFoundError / base_input.DataFileError: missing or damaged data.
+    """
+    if train and not self._checked_train_input:
+      self._CheckInput(self._TrainDataset(), 'input')
+      self._checked_train_input = True
+    if evaluate and not self._checked_eval_input:
+      ds = self.EvalInput().Dataset()
+      self._CheckInput(ds, 'eval_input')
+      self._CheckEvalEnds(ds, self._params.task.train.eval_steps)
+      self._checked_eval_input = True
+
+  def _CheckEvalEnds(self, ds: tf.data.Dataset,
+                     eval_steps: Optional[int]) -> None:
+    if (eval_steps is None and
+        ds.cardinality().numpy() == tf.data.INFINITE_CARDINALITY):
+      ep = self._params.eval_input
+      raise ValueError(
+          f'the eval input repeats forever (eval_input.split={ep.split!r}, '
+          f'eval_input.repeat={ep.repeat!r}) and task.train.eval_steps is '
+          'None, so evaluation would never end: set --eval_steps=N '
+          '(task.train.eval_steps) or eval_input.repeat=False')
+
+  def _CheckInput(self, ds: tf.data.Dataset, name: str) -> None:
+    spec = ds.element_spec
+    keys = sorted(spec.keys()) if isinstance(spec, dict) else []
+    input_key = getattr(self.task.params, 'input_key', None)
+    if isinstance(spec, dict) and input_key is not None and (
+        input_key not in spec):
+      raise ValueError(
+          f'task.input_key={input_key!r} is not a key of the {name} batches; '
+          f'they have {keys}: set task.input_key to one of them')
+    model = self.task.children.get('model')
+    batch_size = self._params.Get(name).batch_size
+    replicas = self.topology.num_replicas
+    if name == 'input' and replicas > 1:
+      if batch_size % replicas:
+        raise ValueError(
+            f'input.batch_size={batch_size} is not divisible by the '
+            f'{replicas} replicas; use a global batch size that is a '
+            f'multiple of {replicas}')
+      batch_size //= replicas  # what each replica's pipeline splits
+    if isinstance(model, pipeline.TensorPipeLayer):
+      mp = model.params
+      try:
+        microbatch.NumMicroBatches(batch_size, mp.num_micro_batches,
+                                   mp.micro_batch_size)
+      except (ValueError, TypeError) as e:
+        raise type(e)(f'{name}.batch_size={batch_size} does not fit the '
+                      f'pipeline task.model: {_FirstLine(e)}') from None
+
+  def _Checkpoint(self) -> tf.train.Checkpoint:
+    """The tf.train.Checkpoint of the training state (built once)."""
+    if self._ckpt is None:
       self._BuildOptimizer()
       self._ckpt = tf.train.Checkpoint(
           model=self.task, optimizer=self.optimizer,
           global_step=self.global_step, train_iterator=self._TrainIterator())
+    return self._ckpt
+
+  def _TidyCheckpointDir(self) -> None:
+    """Removes killed saves' leftovers, rebuilds a damaged state file.
+
+    Only the lock holder may do this: the files could be another writer's.
+    """
+    if self._lock.held:
+      checkpoints.CleanUp(self.checkpoint_dir, self._Warn)
+      checkpoints.RepairStateFile(self.checkpoint_dir, self._Warn)
+
+  def _Manager(self) -> tf.train.CheckpointManager:
+    """The CheckpointManager that saves (made at the first save)."""
+    if self._manager is None:
+      self._TidyCheckpointDir()
       self._manager = tf.train.CheckpointManager(
-          self._ckpt, os.path.join(self._logdir, 'checkpoints'),
+          self._Checkpoint(), self.checkpoint_dir,
           max_to_keep=self._params.task.train.max_checkpoints_to_keep,
           step_counter=self.global_step)
     return self._manager
 
   def RestoreLatest(self) -> Optional[str]:
-    """Restores the newest checkpoint of the logdir; returns its path."""
-    manager = self._Checkpoint()
-    path = manager.latest_checkpoint
+    """Restores the newest intact checkpoint of the logdir; returns its path.
+
+    Damaged checkpoints are skipped with a warning naming the file.
+
+    Raises:
+      checkpoints.IncompatibleCheckpointError: the logdir holds a run of
+        another model or config (names the variables that differ).
+      checkpoints.CheckpointError: checkpoint files exist, none is usable.
+    """
+    path = checkpoints.RestoreNewest(
+        self._Checkpoint(), dict(model=self.task, optimizer=self.optimizer,
+                                 global_step=self.global_step),
+        self.checkpoint_dir, self._Warn, self._RunDescription)
     if path:
-      self._ckpt.restore(path).assert_existing_objects_matched()
+      self._latest = path
       self._log(f'restored {path} at step {int(self.global_step.numpy())}')
     return path
 
+  def RestoreForEval(self) -> str:
+    """Restores the model weights and step only (no lock, no input state).
+
+    Raises:
+      checkpoints.NoCheckpointError: the logdir has no checkpoint.
+      checkpoints.CheckpointError: as RestoreLatest.
+    """
+    if self._eval_ckpt is None:
+      self._eval_ckpt = tf.train.Checkpoint(model=self.task,
+                                            global_step=self.global_step)
+    path = checkpoints.RestoreNewest(
+        self._eval_ckpt, dict(model=self.task, global_step=self.global_step),
+        self.checkpoint_dir, self._Warn, self._RunDescription)
+    if not path:
+      raise checkpoints.NoCheckpointError(
+          f'no checkpoint in {self.checkpoint_dir}: nothing to evaluate; '
+          'check --logdir, or train first (--mode=train_and_eval)')
+    self._log(f'restored {path} at step {int(self.global_step.numpy())}')
+    return path
+
   def SaveCheckpoint(self) -> str:
-    return self._Checkpoint().save(checkpoint_number=self.global_step)
+    """Saves a checkpoint of the current step; returns its path.
+
+    Raises:
+      CheckpointWriteError: the files could not be written (disk full,
+        permissions); earlier checkpoints are intact.
+    """
+    manager = self._Manager()
+    try:
+      self._latest = manager.save(checkpoint_number=self.global_step)
+      return self._latest
+    except (tf.errors.OpError, OSError) as e:
+      step = int(self.global_step.numpy())
+      if self._lock.held:
+        checkpoints.CleanUp(self.checkpoint_dir, self._Warn)
+      latest = checkpoints.CheckpointNumber(self._latest or '')
+      kept = (f'the last checkpoint, ckpt-{latest}, is intact'
+              if latest is not None else 'no earlier checkpoint exists')
+      raise CheckpointWriteError(
+          f'could not write the checkpoint of step {step} in '
+          f'{self.checkpoint_dir}: {_FirstLine(e)}; {kept}. Free space (or '
+          'fix the permissions) and run again to resume') from None
 
   # -- steps ----------------------------------------------------------------
 
   def _BuildOptimizer(self) -> None:
     # Slots keyed by variable path: a checkpoint restores under any K.
-    self.optimizer.Build(
-        base_layer.VariablesByPath(self.task, trainable_only=True))
+    for task, opt in zip(self._tasks, self._optimizers):
+      opt.Build(base_layer.VariablesByPath(task, trainable_only=True))
+
+  def _ReplicaState(self) -> List[List[tf.Variable]]:
+    """Per local replica: its weights, statistics, slots, in path order."""
+    out = []
+    for task, opt in zip(self._tasks, self._optimizers):
+      state = list(base_layer.VariablesByPath(task).values())
+      for path in opt.Paths():
+        state.extend(opt.slots[path][k] for k in sorted(opt.slots[path]))
+      out.append(state + [opt.iterations])
+    return out
+
+  def SyncReplicas(self, when: str) -> None:
+    """Copies local replica 0's state to the others; checks all are equal.
+
+    Raises:
+      RuntimeError: replicas (in other worker processes) hold other weights.
+    """
+    if self.topology.num_replicas == 1:
+      return
+    self._BuildOptimizer()
+    state = self._ReplicaState()
+    distribute.CopyReplicaZero(state)
+    names = list(base_layer.VariablesByPath(self.task))
+    opt = self.optimizer
+    for path in opt.Paths():
+      names.extend(f'optimizer slot {path}/{k}' for k in sorted(opt.slots[path]))
+    names.append('optimizer iterations')
+    distribute.CheckReplicasEqual(self.topology, state, names, when)
 
   def _BuildTrainFn(self):
-    task, opt, schedule = self.task, self.optimizer, self.lr_schedule
+    schedule = self.lr_schedule
     tp = self._params.task.train
-    variables = task.trainable_variables
     self._BuildOptimizer()
     step_var = self.global_step
 
@@ -254,33 +557,66 @@ class Trainer:
       # drop-path grows from none at step 0 to full strength at the end.
       progress = tf.minimum(1.0, tf.cast(step, tf.float32) /
                             float(max(1, tp.max_steps)))
+      lr = schedule(step)
+      # The context reaches every replica thread (distribute.RunReplicas).
       with py_utils.TrainingMode(True), py_utils.StepSeed(step), \
           py_utils.DropPathProgress(progress):
-        with tf.GradientTape() as tape:
-          out = task.ComputeLoss(batch)
-      grads = tape.gradient(out.loss, variables)
-      missing = [v.name for g, v in zip(grads, variables) if g is None]
-      if missing:
-        raise ValueError(f'no gradient for {missing}: these weights do not '
-                         'affect the loss')
-      grad_norm = tf.linalg.global_norm(grads)
-      if tp.grad_norm_clip:
-        grads, _ = tf.clip_by_global_norm(grads, tp.grad_norm_clip,
-                                          use_norm=grad_norm)
-      lr = schedule(step)
-      opt.Apply(lr, grads, variables)
+        values = distribute.TrainStep(self.topology, self._tasks,
+                                      self._optimizers, batch, lr,
+                                      tp.grad_norm_clip or 0.0)
       step_var.assign_add(1)
-      values = {k: v[0] for k, v in out.metrics.items()}
       values['learning_rate'] = lr
-      values['grad_norm'] = grad_norm
+      # After the update: a step that makes a weight or a slot NaN / Inf
+      # (an infinite lr, an overflowing second moment) must not be saved.
+      values[WEIGHTS_FINITE] = _AllFinite(self._CheckedVariables())
       return values
     return TrainStep
 
+  def _CheckedVariables(self) -> List[tf.Variable]:
+    """Float variables of the model and the optimizer (weights, slots)."""
+    seen, out = set(), []
+    for v in list(self.task.variables) + list(self.optimizer.variables):
+      if v.dtype.is_floating and id(v) not in seen:
+        seen.add(id(v))
+        out.append(v)
+    return out
+
   def TrainStep(self, batch: NestedMap) -> Dict[str, tf.Tensor]:
-    """One optimizer step on `batch`; returns metric tensors."""
+    """One optimizer step on `batch`; returns metric tensors.
+
+    `WEIGHTS_FINITE` in the result says whether every weight and slot is
+    finite after the update.
+    """
     if self._train_fn is None:
       self._train_fn = self._BuildTrainFn()
     return self._train_fn(batch)
+
+  def _NextBatch(self, iterator, inp, name: str, step: int):
+    """next(iterator), with the input's one-line diagnosis of read errors."""
+    try:
+      return next(iterator)
+    except StopIteration:
+      raise ValueError(
+          f'the {name} ran out of batches after step {step}; let it repeat '
+          f'({name}.repeat=True or None for a training split) or lower '
+          'task.train.max_steps') from None
+    except tf.errors.OpError as e:
+      raise base_input.DataFileError(inp.DescribeReadError(e)) from None
+
+  def _CheckFinite(self, values: Dict[str, float], step: int) -> None:
+    latest = checkpoints.CheckpointNumber(self._latest or '')
+    kept = (f'the newest checkpoint, ckpt-{latest}, is finite and stays the '
+            'latest' if latest is not None else 'no checkpoint was saved')
+    fix = ('lower the learning rate or clip gradients '
+           '(task.train.grad_norm_clip)')
+    if not np.isfinite(values['loss']):
+      raise NonFiniteError(f'training stopped at step {step}: the loss is '
+                           f'{values["loss"]}; {kept}; {fix}')
+    if not values[WEIGHTS_FINITE]:
+      raise NonFiniteError(
+          f'training stopped at step {step}: the update made weights or '
+          'optimizer slots non-finite '
+          f'({_NonFiniteNames(self._CheckedVariables())}); {kept}; {fix}')
 
   # -- loops ------------------------------------------------------------------
 
@@ -294,15 +630,41 @@ class Trainer:
 
     Returns:
       The last logged training metrics.
+
+    Raises:
+      logdir.LogdirLockedError: another trainer trains in this logdir.
+      checkpoints.CheckpointError: the logdir's checkpoints are all damaged,
+        or (IncompatibleCheckpointError) belong to another model or config.
+      NonFiniteError: the loss or a weight became NaN / Inf (nothing saved).
+      CheckpointWriteError: a checkpoint could not be written.
+      base_input.DataFileError: the input's files are missing or damaged.
+      ValueError: inputs that do not fit the model (see CheckInputs).
     """
+    took_lock = self._is_chief and not self._lock.held
+    self.Lock()
+    try:
+      return self._Train(max_steps, eval_fn)
+    finally:
+      if took_lock:
+        self.Unlock()
+
+  def _Train(self, max_steps, eval_fn) -> Dict[str, float]:
     tp = self._params.task.train
     max_steps = tp.max_steps if max_steps is None else max_steps
-    self.RestoreLatest()
-    iterator = self._TrainIterator()
-    writer = tf.summary.create_file_writer(os.path.join(self._logdir,
-                                                        'train'))
-    batch_size = self._params.input.batch_size
+    self.CheckInputs(train=True, evaluate=eval_fn is not None)
+    self._TidyCheckpointDir()
+    restored = self.RestoreLatest()
+    self.SyncReplicas(f'after restoring {restored}' if restored else
+                      'after initialisation')
     start_step = int(self.global_step.numpy())
+    if self._is_chief:
+      logdir_lib.WriteParams(self._logdir, self._params.ToText(), start_step,
+                             self._Warn)
+    iterator = self._TrainIterator()
+    writer = (tf.summary.create_file_writer(os.path.join(self._logdir,
+                                                         'train'))
+              if self._is_chief else tf.summary.create_noop_writer())
+    batch_size = self._params.input.batch_size
     if start_step >= max_steps:
       self._log(f'step {start_step} >= max_steps {max_steps}: nothing to '
                 'train')
@@ -316,10 +678,13 @@ class Trainer:
     step = start_step
     while step < max_steps:
       t0 = time.perf_counter()
-      batch = next(iterator)
+      batch = self._NextBatch(iterator, self.TrainInput(), 'input', step)
       values = self.TrainStep(batch)
       step += 1
       steps_window += 1
+      values = dict(values)
+      finite = {'loss': float(values['loss']),
+                WEIGHTS_FINITE: bool(values.pop(WEIGHTS_FINITE))}
       if not first_step_done:
         # The first step includes tracing: keep it out of the speed figures.
         values = _Scalars(values)
@@ -328,10 +693,7 @@ class Trainer:
         self._log(f'step {step}: loss {values["loss"]:.4f} (first step, '
                   f'{time.perf_counter() - t0:.1f} s with tracing)')
       step_time = time.perf_counter() - t0
-      if not np.isfinite(float(values['loss'])):
-        raise FloatingPointError(f'loss is {float(values["loss"])} at step '
-                                 f'{step}; lower the learning rate or clip '
-                                 'gradients (task.train.grad_norm_clip)')
+      self._CheckFinite(finite, step)
       log_now = step % tp.log_interval_steps == 0 or step == max_steps
       summary_now = step % tp.summary_interval_steps == 0
       if log_now or summary_now:
@@ -360,15 +722,18 @@ class Trainer:
                   f'examples/s, {last["step_time"] * 1e3:.0f} ms/step, ETA '
                   f'{_FormatSeconds(eta)}')
         t_window, steps_window = time.perf_counter(), 0
-      if step % tp.save_interval_steps == 0 and step < max_steps:
+      if (self._is_chief and step % tp.save_interval_steps == 0 and
+          step < max_steps):
         path = self.SaveCheckpoint()
         self._log(f'saved {path}')
       if (eval_fn is not None and tp.eval_interval_steps and
           step % tp.eval_interval_steps == 0 and step < max_steps):
         eval_fn(step)
-    path = self.SaveCheckpoint()
-    self._log(f'saved {path}; trained {step - start_step} steps in '
-              f'{time.perf_counter() - t_start:.1f} s')
+    done = (f'trained {step - start_step} steps in '
+            f'{time.perf_counter() - t_start:.1f} s')
+    if self._is_chief:
+      done = f'saved {self.SaveCheckpoint()}; {done}'
+    self._log(done)
     writer.close()
     return last
 
@@ -387,29 +752,52 @@ class Trainer:
     """Evaluates on the eval input; writes summaries and eval_metrics.json.
 
     Args:
-      eval_steps: batches to read; None uses task.train.eval_steps, and when
-        that is None the whole split.
-      restore: restore the latest checkpoint first (eval mode).
+      eval_steps: batches to read (>= 1); None uses task.train.eval_steps,
+        and when that is None the whole split (which must not repeat).
+      restore: restore the model from the newest intact checkpoint first
+        (eval mode); False evaluates the weights as they are (after Train).
 
     Returns:
       Weighted means of the task's metrics over the eval batches, plus
       derived ones (perplexity, bleu).
+
+    Raises:
+      checkpoints.NoCheckpointError: restore=True and no checkpoint exists.
+      ValueError: eval_steps < 1, or a repeating eval input without
+        eval_steps.
+      base_input.DataFileError: the eval input's files are damaged.
     """
-    if restore:
-      self.RestoreLatest()
+    if eval_steps is not None and (not isinstance(eval_steps, int) or
+                                   isinstance(eval_steps, bool) or
+                                   eval_steps < 1):
+      raise ValueError(f'eval_steps={eval_steps!r} must be an int >= 1, or '
+                       'None for task.train.eval_steps')
     if eval_steps is None:
       eval_steps = self._params.task.train.eval_steps
+    eval_input = self.EvalInput()
+    dataset = eval_input.Dataset()
+    self._CheckInput(dataset, 'eval_input')
+    self._CheckEvalEnds(dataset, eval_steps)
+    if restore:
+      self.RestoreForEval()
     if self._eval_fn is None:
       self._eval_fn = self._BuildEvalFn()
-    eval_input = self.EvalInput()
     per_batch = []
     # Decoding metrics (e.g. BLEU) are the task's: the trainer only feeds
     # them the eval batches.
     decoded = self.task.CreateDecodeMetrics(eval_input)
     t0 = time.perf_counter()
-    for i, batch in enumerate(eval_input.Dataset()):
+    batches = iter(dataset)
+    for i in itertools.count():
       if eval_steps is not None and i >= eval_steps:
         break
+      try:
+        batch = next(batches)
+      except StopIteration:
+        break
+      except tf.errors.OpError as e:
+        raise base_input.DataFileError(
+            eval_input.DescribeReadError(e)) from None
       per_batch.append({k: (float(v[0]), float(v[1]))
                         for k, v in self._eval_fn(batch).items()})
       if decoded is not None:
@@ -425,13 +813,19 @@ class Trainer:
       metrics.update(decoded.Finalize())
     metrics['num_batches'] = float(len(per_batch))
     step = int(self.global_step.numpy())
-    writer = tf.summary.create_file_writer(os.path.join(self._logdir, 'eval'))
-    with writer.as_default():
-      for name, value in metrics.items():
-        WriteScalar(name, value, step)
-    writer.close()
-    with open(os.path.join(self._logdir, EVAL_FILE), 'w') as f:
-      json.dump(dict(metrics, step=step), f, indent=1, sort_keys=True)
+    try:
+      writer = tf.summary.create_file_writer(os.path.join(self._logdir,
+                                                          'eval'))
+      with writer.as_default():
+        for name, value in metrics.items():
+          WriteScalar(name, value, step)
+      writer.close()
+      with open(os.path.join(self._logdir, EVAL_FILE), 'w') as f:
+        json.dump(dict(metrics, step=step), f, indent=1, sort_keys=True)
+    except (OSError, tf.errors.OpError) as e:
+      # An evaluation of someone else's (read-only) logdir still reports.
+      self._Warn(f'could not write the eval results into {self._logdir}: '
+                 f'{_FirstLine(e)}')
     shown = ', '.join(f'{k} {v:.4f}' for k, v in sorted(metrics.items()))
     self._log(f'eval at step {step} ({len(per_batch)} batches, '
               f'{time.perf_counter() - t0:.1f} s): {shown}')

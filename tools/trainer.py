@@ -5,11 +5,22 @@
   python -m tools.trainer --model=consistency.Consistency16 --logdir=/tmp/c \
       --model_params_override='task.train.max_steps=20; input.batch_size=32'
 
-Writes logdir/params.txt (the final Params), TensorBoard summaries in
-logdir/train and logdir/eval, checkpoints in logdir/checkpoints (resumed on
-restart) and logdir/eval_metrics.json. Without an accelerator the pipeline's
+Writes logdir/params.txt (the final Params; a resume with changed Params keeps
+the old file as params.<step>.txt and logs the difference), TensorBoard
+summaries in logdir/train and logdir/eval, checkpoints in logdir/checkpoints
+(resumed on restart from the newest intact one) and logdir/eval_metrics.json.
+While training it holds logdir/trainer.lock: a second trainer on the same
+logdir stops at once naming the holder's PID and host (--mode=eval takes no
+lock and writes only eval results). Without an accelerator the pipeline's
 partitions run on --num_cpu_devices logical CPU devices (default: the largest
 num_partitions of the experiment's model).
+
+Mistakes and failures end in one line `trainer: error: ...` on stderr naming
+the value and the fix, without a traceback. Exit codes: 0 done; 2 the command
+cannot run as given (flags, Params, inputs, a locked or unusable logdir or
+checkpoint); 1 the run failed on the way (NaN / Inf loss or weights, damaged
+input data, a checkpoint that could not be written). The newest checkpoint is
+always finite and intact, so after fixing the cause the same command resumes.
 """
 
 import sys
@@ -37,6 +48,16 @@ flags.DEFINE_integer('eval_steps', None, 'Eval batches (overrides '
 flags.DEFINE_integer('num_cpu_devices', None, 'Logical CPU devices to create '
                      'when there is no accelerator; default: enough for the '
                      "model's partitions.")
+flags.DEFINE_integer('num_replicas', 1, 'R: data-parallel replicas of the '
+                     'pipeline in this process, each on its own group of K '
+                     'devices (R x K devices in all). With a cluster '
+                     '(TF_CONFIG or --worker_hosts) each worker process is '
+                     'one replica instead.')
+flags.DEFINE_string('worker_hosts', None, 'Multi-worker training without '
+                    'TF_CONFIG: "host:port,host:port,..." of every worker, '
+                    'the same on each; worker 0 is the chief.')
+flags.DEFINE_integer('task_index', None, "This worker's index in "
+                     '--worker_hosts.')
 flags.DEFINE_integer('seed', 1234, 'Global TensorFlow / NumPy seed.')
 flags.DEFINE_bool('deterministic', True, 'Enable op determinism (exact '
                   'resume and reproducible runs on CPU).')
@@ -44,6 +65,40 @@ flags.DEFINE_bool('deterministic', True, 'Enable op determinism (exact '
 
 class _UserError(Exception):
   """A mistake in the flags, overrides or setup: printed without traceback."""
+
+
+def _OneLine(e: BaseException) -> str:
+  """The error's message as one line.
+
+  An error raised while tracing a tf.function carries autograph's "in user
+  code:" frames in its message; its last line is the original message.
+  """
+  text = str(e).strip()
+  if text.startswith('in user code:'):
+    last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+    prefix = f'{type(e).__name__}: '
+    text = last[len(prefix):] if last.startswith(prefix) else last
+  return ' '.join(text.split()) or type(e).__name__
+
+
+def _Errors():
+  """(setup errors, run errors) printed as one line instead of a traceback."""
+  # pylint: disable=g-import-not-at-top
+  from tensorpipe import base_input
+  from tensorpipe import checkpoints
+  from tensorpipe import hyperparams
+  from tensorpipe import logdir as logdir_lib
+  from tensorpipe import trainer_lib
+  setup = (ValueError, TypeError, OSError, RecursionError, RuntimeError,
+           hyperparams.UnknownParamError, logdir_lib.LogdirLockedError,
+           checkpoints.CheckpointError)
+  import tensorflow as tf
+  run = (trainer_lib.NonFiniteError, trainer_lib.CheckpointWriteError,
+         base_input.DataFileError, FloatingPointError,
+         # What a collective raises when another worker died or hangs.
+         tf.errors.UnavailableError, tf.errors.AbortedError,
+         tf.errors.DeadlineExceededError, tf.errors.CancelledError)
+  return setup, run
 
 
 def _NumPartitions(p) -> int:
@@ -62,8 +117,12 @@ def _NumPartitions(p) -> int:
 def _Setup():
   """Flags -> (trainer, mode); raises _UserError for user mistakes."""
   # Nothing here may run a TensorFlow op before the devices are configured.
-  from tensorpipe import model_registry  # pylint: disable=g-import-not-at-top
-  from tensorpipe import trainer_lib  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from tensorpipe import cluster as cluster_lib
+  from tensorpipe import distribute
+  from tensorpipe import model_registry
+  from tensorpipe import trainer_lib
+  # pylint: enable=g-import-not-at-top
   import tensorpipe  # pylint: disable=g-import-not-at-top
   if not FLAGS.model:
     raise _UserError('--model is required, e.g. --model='
@@ -85,23 +144,65 @@ def _Setup():
       p.task.train.eval_steps = FLAGS.eval_steps
   except ValueError as e:
     raise _UserError(str(e)) from None
-  num_devices = FLAGS.num_cpu_devices or _NumPartitions(p.task)
-  if num_devices < 1:
-    raise _UserError(f'--num_cpu_devices={num_devices} must be >= 1')
+  if FLAGS.num_cpu_devices is not None and FLAGS.num_cpu_devices < 1:
+    raise _UserError(f'--num_cpu_devices={FLAGS.num_cpu_devices} must be >= '
+                     '1 (leave it unset for one device per partition)')
+  if FLAGS.eval_steps is not None and FLAGS.eval_steps < 1:
+    raise _UserError(f'--eval_steps={FLAGS.eval_steps} must be >= 1 (leave '
+                     'it unset to read the whole eval split)')
+  try:
+    cluster = cluster_lib.ClusterFromFlagsOrEnvironment(FLAGS.worker_hosts,
+                                                        FLAGS.task_index)
+  except ValueError as e:
+    raise _UserError(str(e)) from None
+  if FLAGS.num_replicas < 1:
+    raise _UserError(f'--num_replicas={FLAGS.num_replicas} must be >= 1')
+  num_partitions = _NumPartitions(p.task)
+  local_replicas = 1 if cluster is not None else FLAGS.num_replicas
+  num_devices = (FLAGS.num_cpu_devices if FLAGS.num_cpu_devices is not None
+                 else local_replicas * num_partitions)
   tensorpipe.SetNumLogicalCpuDevices(num_devices)
   if FLAGS.deterministic:
     trainer_lib.EnableDeterminism(FLAGS.seed)
   logdir = paths.UserPath(FLAGS.logdir)
+  setup_errors, _ = _Errors()
+  trainer = None
   try:
-    trainer = trainer_lib.Trainer(p, logdir, log_fn=logging.info)
-    # Builds the inputs now, so a missing data set fails before training.
+    # Before any other TF op: a cluster starts this process's server.
+    topology = distribute.MakeTopology(FLAGS.num_replicas, num_partitions,
+                                       cluster)
+    if topology.num_replicas > 1:
+      logging.info('%d replicas x %d partitions; this process: replicas '
+                   '%d..%d on %s%s', topology.num_replicas, num_partitions,
+                   topology.first_replica, topology.first_replica +
+                   topology.num_local_replicas - 1, list(topology.groups),
+                   ' (chief)' if topology.is_chief else '')
+    trainer = trainer_lib.Trainer(p, logdir, log_fn=logging.info,
+                                  topology=topology)
     if FLAGS.mode != 'eval':
-      trainer.TrainInput().Dataset()
-    if FLAGS.mode != 'train':
-      trainer.EvalInput().Dataset()
-  except (ValueError, TypeError, FileNotFoundError) as e:
-    raise _UserError(f'{type(e).__name__}: {e}') from None
+      trainer.Lock()  # held until exit; the kernel drops it if killed
+    # Builds and checks the inputs now, so a missing data set or a batch the
+    # model cannot take fails before training (and before any tracing).
+    trainer.CheckInputs(train=FLAGS.mode != 'eval',
+                        evaluate=FLAGS.mode != 'train')
+  except setup_errors as e:
+    if trainer is not None:
+      trainer.Unlock()
+    raise _UserError(f'{type(e).__name__}: {_OneLine(e)}') from None
   return trainer
+
+
+def _Run(trainer) -> None:
+  mode = FLAGS.mode
+  if mode in ('train', 'train_and_eval'):
+    eval_fn = (lambda step: trainer.Evaluate(restore=False)) if (
+        mode == 'train_and_eval') else None
+    trainer.Train(eval_fn=eval_fn)
+  if mode in ('eval', 'train_and_eval'):
+    # After training the weights in memory are those of the last checkpoint.
+    metrics = trainer.Evaluate(restore=mode == 'eval')
+    print('final eval: ' + ', '.join(f'{k}={v:.4f}'
+                                     for k, v in sorted(metrics.items())))
 
 
 def _Main(argv):
@@ -113,15 +214,26 @@ def _Main(argv):
   except _UserError as e:
     print(f'trainer: error: {e}', file=sys.stderr)
     return 2
-  mode = FLAGS.mode
-  if mode in ('train', 'train_and_eval'):
-    eval_fn = (lambda step: trainer.Evaluate(restore=False)) if (
-        mode == 'train_and_eval') else None
-    trainer.Train(eval_fn=eval_fn)
-  if mode in ('eval', 'train_and_eval'):
-    metrics = trainer.Evaluate(restore=True)
-    print('final eval: ' + ', '.join(f'{k}={v:.4f}'
-                                     for k, v in sorted(metrics.items())))
+  setup_errors, run_errors = _Errors()
+  try:
+    _Run(trainer)
+  except run_errors as e:
+    hint = ''
+    if trainer.topology.num_replicas > 1 and not isinstance(
+        e, (FloatingPointError, OSError)) and 'DataFileError' not in type(
+            e).__name__:
+      hint = ('; another worker failed or cannot be reached: relaunch every '
+              "worker to resume from the chief's newest checkpoint")
+    print(f'trainer: error: {type(e).__name__}: {_OneLine(e)}{hint}',
+          file=sys.stderr)
+    return 1
+  except setup_errors as e:
+    # Found while restoring or tracing: the command as given cannot run.
+    print(f'trainer: error: {type(e).__name__}: {_OneLine(e)}',
+          file=sys.stderr)
+    return 2
+  finally:
+    trainer.Unlock()
   return 0
 
 
