@@ -123,8 +123,10 @@ def MakeTopology(num_replicas: int, num_partitions: int,
           f'--num_replicas={num_replicas} with a cluster: each worker process '
           f'is one replica, so R is the number of workers '
           f'({cluster.num_workers}); drop --num_replicas')
-    group = cluster_lib.LocalDeviceGroups(1, num_partitions)[0]
+    # The strategy first: listing devices would initialise the runtime,
+    # after which collectives can no longer be configured.
     strategy = cluster_lib.MultiWorkerStrategy(cluster)
+    group = cluster_lib.LocalDeviceGroups(1, num_partitions)[0]
     return MultiWorkerTopology(strategy, group, cluster.worker_index,
                                cluster.is_chief)
   if num_replicas == 1:
@@ -289,8 +291,8 @@ def CheckReplicasEqual(topology: Topology,
                        names: Sequence[str], when: str) -> None:
   """Raises if the replicas' weights differ anywhere (bitwise).
 
-  Compares this process's copies directly and, across processes, the min and
-  max of each variable's fingerprint over all replicas.
+  Compares this process's copies directly and, across processes, the
+  fingerprints of every replica (all-gathered).
 
   Args:
     topology: the run's topology.
@@ -308,16 +310,12 @@ def CheckReplicasEqual(topology: Topology,
   if topology.num_replicas > topology.num_local_replicas:
     strategy = topology.strategy
 
-    def Extremes():
-      sums = tf.constant(local[0])
-      ctx = tf.distribute.get_replica_context()
-      hi = ctx.all_reduce(tf.distribute.ReduceOp.MAX, sums)
-      lo = -ctx.all_reduce(tf.distribute.ReduceOp.MAX, -sums)
-      return hi, lo
-    hi, lo = strategy.run(tf.function(Extremes))
-    hi = strategy.experimental_local_results(hi)[0].numpy()
-    lo = strategy.experimental_local_results(lo)[0].numpy()
-    differ.update(np.nonzero(hi != lo)[0].tolist())
+    def Gather():
+      sums = tf.constant(local[0])[tf.newaxis]
+      return tf.distribute.get_replica_context().all_gather(sums, axis=0)
+    every = strategy.experimental_local_results(
+        strategy.run(tf.function(Gather)))[0].numpy()    # [R, variables]
+    differ.update(np.nonzero((every != every[:1]).any(axis=0))[0].tolist())
   if differ:
     bad = [names[i] for i in sorted(differ)]
     raise RuntimeError(

@@ -526,8 +526,13 @@ class Trainer:
       out.append(state + [opt.iterations])
     return out
 
-  def SyncReplicas(self, when: str) -> None:
-    """Copies local replica 0's state to the others; checks all are equal.
+  def SyncReplicas(self, when: str, copy: bool = True) -> None:
+    """Checks that every replica holds the same state, bitwise.
+
+    Args:
+      when: for the log and the error, e.g. 'after restoring ckpt-40'.
+      copy: first copy local replica 0's state to this process's other
+        replicas (after a restore, which fills replica 0 only).
 
     Raises:
       RuntimeError: replicas (in other worker processes) hold other weights.
@@ -536,13 +541,16 @@ class Trainer:
       return
     self._BuildOptimizer()
     state = self._ReplicaState()
-    distribute.CopyReplicaZero(state)
+    if copy:
+      distribute.CopyReplicaZero(state)
     names = list(base_layer.VariablesByPath(self.task))
     opt = self.optimizer
     for path in opt.Paths():
       names.extend(f'optimizer slot {path}/{k}' for k in sorted(opt.slots[path]))
     names.append('optimizer iterations')
     distribute.CheckReplicasEqual(self.topology, state, names, when)
+    self._log(f'the {self.topology.num_replicas} replicas hold identical '
+              f'weights and optimizer state {when}')
 
   def _BuildTrainFn(self):
     schedule = self.lr_schedule
@@ -729,6 +737,7 @@ class Trainer:
       if (eval_fn is not None and tp.eval_interval_steps and
           step % tp.eval_interval_steps == 0 and step < max_steps):
         eval_fn(step)
+    self.SyncReplicas(f'after step {step}', copy=False)
     done = (f'trained {step - start_step} steps in '
             f'{time.perf_counter() - t_start:.1f} s')
     if self._is_chief:

@@ -24,6 +24,7 @@ PY=.venv/bin/python3
 
 # The end-to-end tier of the default run.
 E2E_TESTS=(tests/tools/trainer_slow_test.py
+           tests/tools/multiworker_slow_test.py
            tests/inputs/prepared_data_slow_test.py)
 
 usage="usage: bash tools/test.sh [--slow | --all [pytest args...]]"
