@@ -368,13 +368,16 @@ class SmokeTest(unittest.TestCase):
     self.assertEqual(len(r['step_times_s']), 2)
     self.assertGreater(r['examples_per_s'], 0)
     self.assertEqual(r['threads'], {'intra_op': 1, 'inter_op': 1})
-    self.assertGreaterEqual(r['memory']['peak_above_idle_bytes'], 0)
     self.assertEqual(len(r['partition_costs_s']['forward']), 1)
     self.assertEqual(list(r['paired']), ['plain'])
     self.assertEqual(len(r['paired']['plain']['step_times_s']), 2)
     alloc = r['memory']['tf_allocator']
     self.assertEqual(alloc['activation_peak_bytes'],
                      alloc['peak'] - alloc['current_before_step'])
+    # (The RSS above idle is clipped at 0, so >= 0 would test nothing.) A
+    # step holds at least one set of weight gradients above what was
+    # allocated before it: 4 layers of an 8x8 matrix and 8 biases, float32.
+    self.assertGreaterEqual(alloc['activation_peak_bytes'], 4 * (64 + 8) * 4)
     # Cells recorded inside the pipeline: one partition, three phases.
     self.assertEqual(sorted(r['stage_costs_s']), ['alone', 'backward',
                                                   'forward', 'recompute'])
