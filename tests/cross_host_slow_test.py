@@ -8,12 +8,13 @@ gradients must equal the same layers run locally (float64).
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import tensorflow as tf
+
+from tools import launch
 
 _SERVER = '''
 import sys
@@ -28,24 +29,12 @@ server.join()
 _TIMEOUT_S = 120
 
 
-def _FreePorts(n):
-  socks, ports = [], []
-  for _ in range(n):
-    s = socket.socket()
-    s.bind(('127.0.0.1', 0))
-    socks.append(s)
-    ports.append(s.getsockname()[1])
-  for s in socks:
-    s.close()
-  return ports
-
-
 class CrossHostStagesTest(tf.test.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.workers = [f'127.0.0.1:{p}' for p in _FreePorts(2)]
+    cls.workers = [f'127.0.0.1:{p}' for p in launch.FreePorts(2)]
     cls.procs = []
     env = dict(os.environ, CUDA_VISIBLE_DEVICES='')
     for i in range(2):
