@@ -261,6 +261,39 @@ class ReplicaParamsTest(tf.test.TestCase):
                                 'divisible by 4 replicas'):
       distribute.ShardRows(NestedMap(x=tf.zeros([6, 2])), 0, 4)
 
+  def testMakeTopologyRejectsReplicasWithACluster(self):
+    from tensorpipe import cluster  # pylint: disable=g-import-not-at-top
+    workers = cluster.FromFlags('127.0.0.1:1,127.0.0.1:2', 0)
+    with self.assertRaisesRegex(ValueError, r'--num_replicas=2 with a '
+                                r'cluster.*\(2\); drop --num_replicas'):
+      distribute.MakeTopology(2, 2, workers)
+    for bad in (0, True, 1.5):
+      with self.assertRaisesRegex(ValueError, 'must be an int >= 1'):
+        distribute.MakeTopology(bad, 2)
+
+  def testMakeTopologyNeedsRTimesKDevices(self):
+    with self.assertRaisesRegex(ValueError, r'need 18 devices.*'
+                                r'--num_cpu_devices=18'):
+      distribute.MakeTopology(9, 2)
+
+  def testTrainerChecksTheGlobalBatchAgainstTheReplicas(self):
+    # pylint: disable=g-import-not-at-top
+    from tensorpipe import model_registry
+    from tensorpipe import trainer_lib
+    topology = distribute.LocalTopology([['/CPU:0', '/CPU:1'],
+                                         ['/CPU:2', '/CPU:3']])
+    for override, error in (
+        ('input.batch_size=15', r'input.batch_size=15 is not divisible by '
+         r'the 2 replicas'),
+        ('task.model.num_micro_batches=16', r'batch_size=8 does not fit the '
+         r'pipeline.*16')):
+      p = model_registry.GetExperiment('consistency.Consistency16'
+                                      ).ModelParams()
+      trainer_lib.ApplyOverrides(p, 'task.model.num_partitions=2; ' + override)
+      trainer = trainer_lib.Trainer(p, self.get_temp_dir(), topology=topology)
+      with self.assertRaisesRegex(ValueError, error):
+        trainer.CheckInputs(train=True, evaluate=False)
+
   def testChecksumsSeeOneUlp(self):
     a = tf.Variable(tf.ones([3, 3], tf.float32))
     b = tf.Variable(tf.ones([3, 3], tf.float32))
