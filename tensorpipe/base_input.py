@@ -21,6 +21,10 @@ from tensorpipe import hyperparams
 from tensorpipe.nested_map import NestedMap
 
 
+class DataFileError(OSError):
+  """An input's data files are missing or damaged (message: file and fix)."""
+
+
 class BaseInput:
   """Base class of inputs. Subclasses implement `_Dataset()`.
 
@@ -85,6 +89,21 @@ class BaseInput:
     input's maximum length. Default None: the input has no texts.
     """
     return None
+
+  def DescribeReadError(self, error: Exception) -> str:
+    """One line on a failure while iterating Dataset(), with the fix.
+
+    The trainer raises DataFileError with it. Inputs that read files
+    override this to name the damaged file and how to prepare it again.
+
+    Args:
+      error: what iterating the dataset raised (a tf.errors.OpError).
+    """
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    return (f'reading the {self._params.name!r} input (split '
+            f'{self._params.split!r}) failed: {type(error).__name__}: '
+            f'{first[:300]}')
 
   def _Repeat(self) -> bool:
     return self.is_training if self._params.repeat is None else bool(

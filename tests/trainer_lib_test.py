@@ -2,12 +2,20 @@
 
 import json
 import os
+import re
+import shutil
+import socket
+import tempfile
+import threading
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_experiment
+from tensorpipe import checkpoints
 from tensorpipe import hyperparams
+from tensorpipe import logdir as logdir_lib
 from tensorpipe import lr_schedules
 from tensorpipe import optimizers
 from tensorpipe import pipeline
@@ -161,7 +169,7 @@ class TrainerLibTest(tf.test.TestCase):
                                                model=model)
     trainer = trainer_lib.Trainer(_Nmt().ModelParams(), self.get_temp_dir(),
                                   log_fn=lambda _: None)
-    metrics = trainer.Evaluate()
+    metrics = trainer.Evaluate(restore=False)
     # The BLEU of the model's own greedy decodes of the eval batches
     # against their labels (the untrained model matches a few words).
     inp = trainer.EvalInput()
@@ -242,12 +250,384 @@ class TrainerLibTest(tf.test.TestCase):
       trainer_lib.ApplyOverrides(
           p, 'task.model.input_shapes=' + '[' * 5000 + ']' * 5000)
 
-
   def testBadTrainSettingsRaise(self):
     p = _Tiny().ModelParams()
     p.task.train.save_interval_steps = 0
     with self.assertRaisesRegex(ValueError, 'save_interval_steps=0'):
       trainer_lib.Trainer(p, self.get_temp_dir())
+
+
+def _TinyParams(**train):
+  p = _Tiny().ModelParams()
+  p.task.train.Set(**train)
+  return p
+
+
+def _CheckpointValues(prefix):
+  reader = tf.train.load_checkpoint(prefix)
+  return {k: reader.get_tensor(k)
+          for k, dtype in reader.get_variable_to_dtype_map().items()
+          if dtype.is_floating}
+
+
+class TrainerRecoveryTest(tf.test.TestCase):
+  """Damaged checkpoints, the logdir lock, params history, NaN, bad inputs."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.base = tempfile.mkdtemp()
+    # The reference: 6 uninterrupted steps; and a run stopped after step 4
+    # (checkpoints 3 and 4) that tests copy and damage.
+    full = trainer_lib.Trainer(_TinyParams(), os.path.join(cls.base, 'full'),
+                               log_fn=lambda _: None)
+    full.Train()
+    cls.want = _Weights(full)
+    trainer_lib.Trainer(_TinyParams(), os.path.join(cls.base, 'four'),
+                        log_fn=lambda _: None).Train(max_steps=4)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.base, ignore_errors=True)
+    super().tearDownClass()
+
+  def _CopyOfFour(self):
+    logdir = os.path.join(tempfile.mkdtemp(dir=self.base), 'run')
+    shutil.copytree(os.path.join(self.base, 'four'), logdir)
+    return logdir
+
+  def _Trainer(self, logdir, params=None, log=None, **kwargs):
+    return trainer_lib.Trainer(
+        params or _TinyParams(), logdir,
+        log_fn=log.append if log is not None else lambda _: None, **kwargs)
+
+  def _AssertTrainsToTheUninterruptedWeights(self, trainer):
+    trainer.Train()
+    self.assertEqual(int(trainer.global_step.numpy()), 6)
+    got = _Weights(trainer)
+    self.assertEqual(sorted(got), sorted(self.want))
+    for name in self.want:
+      self.assertAllEqual(got[name], self.want[name], msg=name)
+
+  def testDamagedStateFileUsesTheCheckpointFilesOnDisk(self):
+    for content in (b'garbage {{{ not a state', b''):
+      with self.subTest(content=content):
+        logdir = self._CopyOfFour()
+        state = os.path.join(logdir, 'checkpoints', 'checkpoint')
+        with open(state, 'wb') as f:
+          f.write(content)
+        log = []
+        trainer = self._Trainer(logdir, log=log)
+        # Read-only restore (no lock): the newest intact checkpoint.
+        self.assertEqual(os.path.basename(trainer.RestoreLatest()), 'ckpt-4')
+        self.assertEqual(int(trainer.global_step.numpy()), 4)
+        self.assertTrue(any(state in line and 'damaged' in line
+                            for line in log), log)
+        # Training repairs the state file (keeping the bad one) and resumes.
+        self._AssertTrainsToTheUninterruptedWeights(trainer)
+        with open(state + '.bad', 'rb') as f:
+          self.assertEqual(f.read(), content)
+        self.assertEqual(
+            os.path.basename(tf.train.latest_checkpoint(
+                os.path.dirname(state))), 'ckpt-6')
+
+  def testDamagedNewestCheckpointFallsBackToTheNewestIntactOne(self):
+    def Truncate(path):
+      with open(path, 'r+b') as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+    def FlipBytes(path):
+      with open(path, 'r+b') as f:
+        f.seek(os.path.getsize(path) // 2)
+        data = f.read(16)
+        f.seek(os.path.getsize(path) // 2)
+        f.write(bytes(b ^ 0xff for b in data))
+
+    cases = [('ckpt-4.data-00000-of-00001', Truncate),
+             ('ckpt-4.data-00000-of-00001', FlipBytes),
+             ('ckpt-4.index', FlipBytes),
+             ('ckpt-4.index', os.remove)]
+    for i, (name, damage) in enumerate(cases):
+      with self.subTest(file=name, damage=damage.__name__):
+        logdir = self._CopyOfFour()
+        path = os.path.join(logdir, 'checkpoints', name)
+        damage(path)
+        log = []
+        trainer = self._Trainer(logdir, log=log)
+        self.assertEqual(os.path.basename(trainer.RestoreLatest()), 'ckpt-3')
+        warnings = [line for line in log if 'skipping checkpoint' in line]
+        self.assertLen(warnings, 1)
+        self.assertIn(path, warnings[0])
+        if i == 0:  # the same resume for all: train once (tracing is slow)
+          self._AssertTrainsToTheUninterruptedWeights(trainer)
+
+  def testNoUsableCheckpointFailsNamingTheFiles(self):
+    logdir = self._CopyOfFour()
+    ckpt_dir = os.path.join(logdir, 'checkpoints')
+    for n in (3, 4):
+      os.remove(os.path.join(ckpt_dir, f'ckpt-{n}.index'))
+    before = sorted(os.listdir(ckpt_dir))
+    trainer = self._Trainer(logdir)
+    with self.assertRaisesRegex(
+        checkpoints.CheckpointError,
+        r'no usable checkpoint in .*checkpoints: ckpt-4: .*ckpt-4\.index is '
+        r'missing; ckpt-3: .*ckpt-3\.index is missing\. Move the damaged'):
+      trainer.Train()
+    self.assertEqual(sorted(os.listdir(ckpt_dir)), before)  # nothing saved
+    self.assertEqual(int(trainer.global_step.numpy()), 0)
+
+  def testKilledSaveLeftoversAreRemovedAtStart(self):
+    logdir = self._CopyOfFour()
+    ckpt_dir = os.path.join(logdir, 'checkpoints')
+    os.makedirs(os.path.join(ckpt_dir, 'ckpt-5_temp'))
+    with open(os.path.join(ckpt_dir, 'ckpt-5_temp',
+                           'part-00000-of-00001.data-00000-of-00001'),
+              'w') as f:
+      f.write('partial')
+    with open(os.path.join(ckpt_dir, 'checkpoint.tmp0a1b2c'), 'w') as f:
+      f.write('partial')
+    log = []
+    self._AssertTrainsToTheUninterruptedWeights(self._Trainer(logdir,
+                                                              log=log))
+    self.assertNotIn('ckpt-5_temp', os.listdir(ckpt_dir))
+    self.assertNotIn('checkpoint.tmp0a1b2c', os.listdir(ckpt_dir))
+    self.assertTrue(any('ckpt-5_temp' in line for line in log), log)
+
+  def testSecondTrainerOnALockedLogdirFailsAndAReaderIsAllowed(self):
+    logdir = self._CopyOfFour()
+    holder = self._Trainer(logdir)
+    holder.Lock()
+    try:
+      second = self._Trainer(logdir)
+      with self.assertRaisesRegex(
+          logdir_lib.LogdirLockedError,
+          rf'in use: a trainer, PID {os.getpid()} on host '
+          rf'{re.escape(socket.gethostname())} .*\(this process\)'):
+        second.Train()
+      self.assertEqual(int(second.global_step.numpy()), 0)  # not restored
+      # Evaluation takes no lock and restores the newest checkpoint.
+      metrics = self._Trainer(logdir).Evaluate()
+      self.assertEqual(metrics['num_batches'], 2.0)
+      with open(os.path.join(logdir, trainer_lib.EVAL_FILE)) as f:
+        self.assertEqual(json.load(f)['step'], 4)
+    finally:
+      holder.Unlock()
+    self.assertFalse(os.path.exists(os.path.join(logdir,
+                                                 logdir_lib.LOCK_FILE)))
+
+  def testNonChiefTakesNoLockAndWritesNothing(self):
+    logdir = os.path.join(tempfile.mkdtemp(dir=self.base), 'run')
+    chief = self._Trainer(logdir)
+    chief.Lock()
+    try:
+      worker = self._Trainer(logdir, is_chief=False)
+      worker.Train(max_steps=2)
+      self.assertEqual(int(worker.global_step.numpy()), 2)
+      self.assertEqual(sorted(os.listdir(logdir)), [logdir_lib.LOCK_FILE])
+    finally:
+      chief.Unlock()
+
+  def testAnotherModelsCheckpointIsRefusedAndParamsTxtKept(self):
+    logdir = self._CopyOfFour()
+    params_file = os.path.join(logdir, trainer_lib.PARAMS_FILE)
+    with open(params_file) as f:
+      original = f.read()
+    wider = _TinyParams()
+    wider.task.num_classes = 5
+    wider.task.model.layers[-1].output_dim = 5
+    renamed = _TinyParams()
+    renamed.task.model.layers[2].name = 'conv2b'
+    cases = [
+        (wider, r'holds a run of _Tiny whose params.txt differs from these '
+         r'Params in task.model.layers\[4\].output_dim, task.num_classes; its '
+         r'variables differ from this model.s: model/model/logits/b: shape '
+         r'\[5\] here, \[4\] in the checkpoint'),
+        (renamed, r'holds a run of _Tiny .*its variables differ from this '
+         r'model.s: .*model/model/conv2b/w \(not in the checkpoint\).*'
+         r'model/model/conv2/bn/beta \(only in the checkpoint\)'),
+    ]
+    for params, message in cases:
+      with self.subTest(message=message[:30]):
+        with self.assertRaisesRegex(
+            checkpoints.IncompatibleCheckpointError, message):
+          self._Trainer(logdir, params=params).Train()
+        with open(params_file) as f:
+          self.assertEqual(f.read(), original)
+        self.assertFalse(os.path.exists(os.path.join(logdir, 'params.4.txt')))
+    self.assertEqual(sorted(os.listdir(os.path.join(logdir, 'checkpoints'))),
+                     sorted(os.listdir(os.path.join(self.base, 'four',
+                                                    'checkpoints'))))
+
+  def testChangedHyperParametersAreLoggedAndKept(self):
+    logdir = self._CopyOfFour()
+    params_file = os.path.join(logdir, trainer_lib.PARAMS_FILE)
+    with open(params_file) as f:
+      original = f.read()
+    changed = _TinyParams(l2_regularizer_weight=0.0)
+    log = []
+    self._Trainer(logdir, params=changed, log=log).Train(max_steps=5)
+    with open(os.path.join(logdir, 'params.4.txt')) as f:
+      self.assertEqual(f.read(), original)
+    with open(params_file) as f:
+      self.assertEqual(f.read(), changed.ToText())
+    diff = [line for line in log if 'kept as params.4.txt' in line]
+    self.assertLen(diff, 1)
+    self.assertIn('task.train.l2_regularizer_weight: 0.001 -> 0.0', diff[0])
+    # An unchanged resume writes no history.
+    self._Trainer(logdir, params=changed).Train(max_steps=5)
+    self.assertEqual(sorted(f for f in os.listdir(logdir) if 'params' in f),
+                     ['params.4.txt', 'params.txt'])
+
+  def testNonFiniteUpdateIsNeverSaved(self):
+    # lr 1e39 is inf in float32: the first update makes every weight NaN/Inf
+    # while the loss before it is finite.
+    inf_lr = lr_schedules.Constant.Params().Set(value=1e39)
+    fresh = os.path.join(tempfile.mkdtemp(dir=self.base), 'run')
+    trainer = self._Trainer(fresh, params=_TinyParams(
+        lr_schedule=inf_lr, save_interval_steps=1))
+    with self.assertRaisesRegex(
+        trainer_lib.NonFiniteError,
+        r'training stopped at step 1: the update made weights or optimizer '
+        r'slots non-finite \(.*\); no checkpoint was saved; lower the '
+        'learning rate'):
+      trainer.Train()
+    self.assertIsNone(tf.train.latest_checkpoint(
+        os.path.join(fresh, 'checkpoints')))
+    # Resumed with the same lr: it stops at step 5; ckpt-4 stays the latest.
+    logdir = self._CopyOfFour()
+    trainer = self._Trainer(logdir, params=_TinyParams(
+        lr_schedule=inf_lr, save_interval_steps=1))
+    with self.assertRaisesRegex(
+        trainer_lib.NonFiniteError,
+        'step 5: .*the newest checkpoint, ckpt-4, is finite and stays the '
+        'latest'):
+      trainer.Train()
+    latest = tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints'))
+    self.assertEqual(os.path.basename(latest), 'ckpt-4')
+    for key, value in _CheckpointValues(latest).items():
+      self.assertTrue(np.all(np.isfinite(value)), key)
+
+  def testEvaluationWithoutCheckpointIsRefused(self):
+    logdir = os.path.join(tempfile.mkdtemp(dir=self.base), 'typo')
+    with self.assertRaisesRegex(checkpoints.NoCheckpointError,
+                                'no checkpoint in .*typo/checkpoints: nothing '
+                                'to evaluate'):
+      self._Trainer(logdir).Evaluate()
+    self.assertFalse(os.path.exists(logdir))  # nothing created or written
+
+  def testEvaluationOfARepeatingInputNeedsEvalSteps(self):
+    p = _TinyParams()
+    p.eval_input.repeat = True
+    trainer = self._Trainer(self._CopyOfFour(), params=p)
+    outcome = []
+
+    def Evaluate():
+      try:
+        outcome.append(trainer.Evaluate(restore=False))
+      except ValueError as e:
+        outcome.append(e)
+    thread = threading.Thread(target=Evaluate, daemon=True)
+    thread.start()
+    thread.join(120)
+    self.assertFalse(thread.is_alive(), 'Evaluate did not end')
+    self.assertIsInstance(outcome[0], ValueError)
+    self.assertRegex(str(outcome[0]), 'repeats forever .* set --eval_steps=N')
+    self.assertEqual(trainer.Evaluate(eval_steps=3, restore=False)[
+        'num_batches'], 3.0)
+
+  def testEvaluationOfAReadOnlyLogdirStillReports(self):
+    logdir = self._CopyOfFour()
+    # Paths that cannot be written, also for root: a file where the summary
+    # folder goes and a folder where the metrics file goes.
+    with open(os.path.join(logdir, 'eval'), 'w') as f:
+      f.write('not a folder')
+    os.makedirs(os.path.join(logdir, trainer_lib.EVAL_FILE))
+    log = []
+    metrics = self._Trainer(logdir, log=log).Evaluate()
+    self.assertEqual(metrics['num_batches'], 2.0)
+    self.assertTrue(any('could not write the eval results' in line
+                        for line in log), log)
+
+  def testInputsThatDoNotFitTheModelFailBeforeTracing(self):
+    key = _TinyParams()
+    key.task.input_key = 'img'
+    micro = _TinyParams()
+    micro.task.model.num_micro_batches = 3
+    eval_micro = _TinyParams()
+    eval_micro.eval_input.batch_size = 5
+    cases = [
+        (key, False, r"task.input_key='img' is not a key of the input "
+         r"batches; they have \['image', 'label'\]"),
+        (micro, False, r'input.batch_size=8 does not fit the pipeline '
+         r'task.model: batch size 8 is not divisible by num_micro_batches=3'),
+        (eval_micro, True, r'eval_input.batch_size=5 does not fit'),
+    ]
+    for p, with_eval, message in cases:
+      with self.subTest(message=message[:30]):
+        logdir = os.path.join(tempfile.mkdtemp(dir=self.base), 'run')
+        trainer = self._Trainer(logdir, params=p)
+        eval_fn = (lambda step: None) if with_eval else None
+        with self.assertRaisesRegex(ValueError, message):
+          trainer.Train(eval_fn=eval_fn)
+        self.assertIsNone(trainer._train_fn)  # nothing traced
+        self.assertFalse(os.path.exists(os.path.join(logdir, 'params.txt')))
+
+  def testFailedCheckpointWriteKeepsTheLatest(self):
+    logdir = self._CopyOfFour()
+    trainer = self._Trainer(logdir)
+
+    def Full(*unused_args, **unused_kwargs):
+      raise tf.errors.ResourceExhaustedError(
+          None, None, 'ckpt-6_temp/part-00000-of-00001.data-00000-of-00001; '
+          'No space left on device')
+    with mock.patch.object(tf.train.CheckpointManager, 'save', Full):
+      with self.assertRaisesRegex(
+          trainer_lib.CheckpointWriteError,
+          r'could not write the checkpoint of step 6 in .*: .*No space left '
+          r'on device; the last checkpoint, ckpt-4, is intact\. Free space'):
+        trainer.Train()
+    self.assertEqual(os.path.basename(tf.train.latest_checkpoint(
+        os.path.join(logdir, 'checkpoints'))), 'ckpt-4')
+
+  def testGradNormClipZeroOrNoneIsOffAndNegativeIsRejected(self):
+    losses = {}
+    for clip in (None, 0, 0.05):
+      trainer = self._Trainer(os.path.join(tempfile.mkdtemp(dir=self.base),
+                                           'run'),
+                              params=_TinyParams(grad_norm_clip=clip))
+      it = iter(trainer.TrainInput().Dataset())
+      values = [trainer.TrainStep(next(it)) for _ in range(3)]
+      losses[clip] = [float(v['loss']) for v in values]
+      norms = [float(v['grad_norm']) for v in values]
+    self.assertEqual(losses[None], losses[0])
+    self.assertGreater(min(norms), 0.05)  # so the 0.05 clip is active
+    self.assertNotEqual(losses[None][1:], losses[0.05][1:])
+    for bad in (-0.01, -1.0, float('inf'), 'x', True):
+      with self.subTest(clip=bad):
+        with self.assertRaisesRegex(ValueError,
+                                    'grad_norm_clip=.* must be a finite '
+                                    'number > 0 .*or 0 / None for no '
+                                    'clipping'):
+          self._Trainer(self.base, params=_TinyParams(grad_norm_clip=bad))
+
+  def testBadEvalAndCheckpointSettingsRaise(self):
+    cases = [
+        (dict(eval_steps=0), r'task.train.eval_steps=0 \(or --eval_steps\) '
+         'must be an int >= 1'),
+        (dict(eval_steps=-1), 'eval_steps=-1'),
+        (dict(max_checkpoints_to_keep=0),
+         'max_checkpoints_to_keep=0 must be an int >= 1 \\(or None'),
+        (dict(eval_interval_steps=-1), 'eval_interval_steps=-1'),
+        (dict(max_steps=True), 'max_steps=True'),
+    ]
+    for train, message in cases:
+      with self.subTest(**train):
+        with self.assertRaisesRegex(ValueError, message):
+          self._Trainer(self.base, params=_TinyParams(**train))
+    trainer = self._Trainer(self._CopyOfFour())
+    with self.assertRaisesRegex(ValueError, 'eval_steps=0 must be an int >= '
+                                '1'):
+      trainer.Evaluate(eval_steps=0)
 
 
 if __name__ == '__main__':

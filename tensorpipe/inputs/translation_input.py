@@ -69,9 +69,14 @@ def _ReadSplit(data_dir: str, split: str) -> List[Dict[str, object]]:
   builder = bible_builder.BibleParallel(data_dir=data_dir)
   ds = builder.as_dataset(split=split, shuffle_files=False)
   out = []
-  for ex in tfds.as_numpy(ds):
-    out.append({k: (v.decode('utf-8') if isinstance(v, bytes) else bool(v))
-                for k, v in ex.items()})
+  try:
+    for ex in tfds.as_numpy(ds):
+      out.append({k: (v.decode('utf-8') if isinstance(v, bytes) else bool(v))
+                  for k, v in ex.items()})
+  except tf.errors.OpError as e:
+    raise tfds_utils.CorruptDataError(tfds_utils.DescribeDamage(
+        DATASET_NAME, data_dir, split, tfds_utils.SplitFiles(builder, split),
+        e, f'`{tfds_utils.REPREPARE_COMMAND}`')) from None
   return out
 
 
@@ -181,11 +186,17 @@ class BibleTranslationInput(base_input.BaseInput):
     return tfds_utils.ResolveDataDir(self.params.data_dir)
 
   def _CheckPrepared(self) -> None:
+    from tensorpipe.inputs import bible_builder  # pylint: disable=g-import-not-at-top
     tfds_utils.CheckPrepared(
         DATASET_NAME, self.data_dir,
         f'run `{tfds_utils.PREPARE_COMMAND}` (installs Debian '
         "'sword-text-kjv sword-text-sparv sword-text-web' and builds it into "
         'data/tfds), or pass data_dir / $TENSORPIPE_DATA_DIR')
+    tfds_utils.CheckFiles(
+        DATASET_NAME, self.data_dir, self.params.split,
+        f'`{tfds_utils.REPREPARE_COMMAND}`',
+        make_builder=lambda: bible_builder.BibleParallel(
+            data_dir=self.data_dir))
 
   @property
   def vocab(self) -> vocab_lib.SentencePieceVocab:

@@ -10,9 +10,11 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -64,8 +66,11 @@ def _Losses(logdir):
 class TrainerSlowTest(unittest.TestCase):
 
   def setUp(self):
-    self.tmp = os.environ.get('TEST_TMPDIR') or '/tmp'
-    self.tmp = os.path.join(self.tmp, f'trainer_slow_{os.getpid()}')
+    # A fresh folder per test, removed afterwards: a reused one would let a
+    # later run resume stale checkpoints.
+    self.tmp = tempfile.mkdtemp(prefix='trainer_slow_',
+                                dir=os.environ.get('TEST_TMPDIR'))
+    self.addCleanup(shutil.rmtree, self.tmp, True)
 
   def testKilledAndRestartedRunEqualsUninterruptedRun(self):
     full = os.path.join(self.tmp, 'full')
@@ -74,6 +79,8 @@ class TrainerSlowTest(unittest.TestCase):
     proc = subprocess.Popen(_TrainerCmd(killed), cwd=_REPO,
                             stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    self.addCleanup(proc.wait, 60)
+    self.addCleanup(lambda: proc.poll() is None and proc.kill())
     ckpt_dir = os.path.join(killed, 'checkpoints')
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
