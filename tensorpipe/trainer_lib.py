@@ -244,7 +244,8 @@ class Trainer:
 
   def __init__(self, params: hyperparams.Params, logdir: str,
                log_fn=None, is_chief: Optional[bool] = None,
-               topology: Optional[distribute.Topology] = None):
+               topology: Optional[distribute.Topology] = None,
+               lock: Optional[logdir_lib.LogdirLock] = None):
     self._params = params.Copy()
     self._logdir = logdir
     self._log = log_fn or logging.info
@@ -256,7 +257,9 @@ class Trainer:
     p = self._params
     tp = p.task.train
     _CheckTrainParams(tp)
-    self._lock = logdir_lib.LogdirLock(logdir, log_fn=self._Warn)
+    # `lock`: the caller's LogdirLock of this logdir, possibly already held
+    # (the trainer binary takes it before building anything).
+    self._lock = lock or logdir_lib.LogdirLock(logdir, log_fn=self._Warn)
 
     # One task and optimizer per local replica, on its device group; the
     # checkpoint holds replica 0's (all replicas hold the same values).

@@ -23,6 +23,7 @@ input data, a checkpoint that could not be written). The newest checkpoint is
 always finite and intact, so after fixing the cause the same command resumes.
 """
 
+import atexit
 import sys
 
 from absl import app
@@ -120,6 +121,7 @@ def _Setup():
   # pylint: disable=g-import-not-at-top
   from tensorpipe import cluster as cluster_lib
   from tensorpipe import distribute
+  from tensorpipe import logdir as logdir_lib
   from tensorpipe import model_registry
   from tensorpipe import trainer_lib
   # pylint: enable=g-import-not-at-top
@@ -157,6 +159,16 @@ def _Setup():
     raise _UserError(str(e)) from None
   if FLAGS.num_replicas < 1:
     raise _UserError(f'--num_replicas={FLAGS.num_replicas} must be >= 1')
+  logdir = paths.UserPath(FLAGS.logdir)
+  lock = logdir_lib.LogdirLock(logdir)
+  if FLAGS.mode != 'eval' and (cluster is None or cluster.is_chief):
+    # First of all, so that a second trainer on this logdir stops at once;
+    # held until exit (the kernel drops it if the process is killed).
+    try:
+      lock.Acquire()
+    except (logdir_lib.LogdirLockedError, OSError) as e:
+      raise _UserError(f'{type(e).__name__}: {_OneLine(e)}') from None
+    atexit.register(lock.Release)  # also when setup fails below
   num_partitions = _NumPartitions(p.task)
   local_replicas = 1 if cluster is not None else FLAGS.num_replicas
   num_devices = (FLAGS.num_cpu_devices if FLAGS.num_cpu_devices is not None
@@ -164,7 +176,6 @@ def _Setup():
   tensorpipe.SetNumLogicalCpuDevices(num_devices)
   if FLAGS.deterministic:
     trainer_lib.EnableDeterminism(FLAGS.seed)
-  logdir = paths.UserPath(FLAGS.logdir)
   setup_errors, _ = _Errors()
   trainer = None
   try:
@@ -178,16 +189,13 @@ def _Setup():
                    topology.num_local_replicas - 1, list(topology.groups),
                    ' (chief)' if topology.is_chief else '')
     trainer = trainer_lib.Trainer(p, logdir, log_fn=logging.info,
-                                  topology=topology)
-    if FLAGS.mode != 'eval':
-      trainer.Lock()  # held until exit; the kernel drops it if killed
+                                  topology=topology, lock=lock)
     # Builds and checks the inputs now, so a missing data set or a batch the
     # model cannot take fails before training (and before any tracing).
     trainer.CheckInputs(train=FLAGS.mode != 'eval',
                         evaluate=FLAGS.mode != 'train')
   except setup_errors as e:
-    if trainer is not None:
-      trainer.Unlock()
+    lock.Release()
     raise _UserError(f'{type(e).__name__}: {_OneLine(e)}') from None
   return trainer
 
