@@ -144,12 +144,12 @@ def _ModelVariables(trainer):
 class TrainerMatchesUnpipelinedModelTest(tf.test.TestCase):
 
   def testStepsEqualThoseOfTheModelWithoutPipeline(self):
-    # Four steps of RMSProp with warm-up, L2 and dropout, K = 1, 2 and the
-    # same layers without a TensorPipeLayer: every loss and, after the
-    # steps, every weight and moving average.
+    # Four steps of RMSProp with warm-up, L2 and dropout, K=2 and the same
+    # layers without a TensorPipeLayer: every loss and, after the steps,
+    # every weight and moving average. (K=1 equals K=2: trainer_lib_test.)
     batches = None
     losses, weights = {}, {}
-    for model in ('plain', 'K1', 'K2'):
+    for model in ('plain', 'K2'):
       trainer = _Trainer(os.path.join(self.get_temp_dir(), model),
                          model=model)
       if batches is None:
@@ -158,17 +158,14 @@ class TrainerMatchesUnpipelinedModelTest(tf.test.TestCase):
                                 for b in batches])
       weights[model] = _ModelVariables(trainer)
     self.assertTrue(any('moving' in name for name in weights['plain']))
-    for model in ('K1', 'K2'):
-      # The pipeline's micro-batch gradients add up in another order than
-      # the tape's sum over the oracle's slices: float32 rounding (eps
-      # 6e-8 relative per operation), grown over four steps of RMSProp,
-      # which divides by the gradient's RMS, stays far below 1e-4.
-      self.assertAllClose(losses[model], losses['plain'], rtol=1e-5, atol=0,
-                          msg=model)
-      self.assertEqual(sorted(weights[model]), sorted(weights['plain']))
-      for name, want in weights['plain'].items():
-        test_utils.AssertAllCloseScaled(self, weights[model][name], want,
-                                        1e-4, msg=f'{model} {name}')
+    # The pipeline's micro-batch gradients may add up in another order than
+    # the tape's sum over the oracle's slices: float32 rounding (eps 6e-8
+    # relative per operation) grown over four steps stays far below these.
+    self.assertAllClose(losses['K2'], losses['plain'], rtol=1e-5, atol=0)
+    self.assertEqual(sorted(weights['K2']), sorted(weights['plain']))
+    for name, want in weights['plain'].items():
+      test_utils.AssertAllCloseScaled(self, weights['K2'][name], want, 1e-4,
+                                      msg=name)
 
 
 class GradientClippingTest(tf.test.TestCase):
