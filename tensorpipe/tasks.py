@@ -25,6 +25,7 @@ from tensorpipe import base_layer
 from tensorpipe import decode_metrics
 from tensorpipe import hyperparams
 from tensorpipe import lr_schedules
+from tensorpipe import microbatch
 from tensorpipe import optimizers
 from tensorpipe import pipeline
 from tensorpipe import py_utils
@@ -64,6 +65,42 @@ def TrainParams() -> hyperparams.Params:
   p.Define('eval_steps', None, 'Eval batches per evaluation (>= 1); None '
            'reads the whole eval split, which must then not repeat.')
   return p
+
+
+def CheckTrainParams(tp: hyperparams.Params) -> None:
+  """One-line ValueErrors for task.train values the training loop cannot use."""
+  if (not isinstance(tp.max_steps, int) or isinstance(tp.max_steps, bool) or
+      tp.max_steps < 0):
+    raise ValueError(f'task.train.max_steps={tp.max_steps!r} must be an '
+                     'int >= 0')
+  for name in ('save_interval_steps', 'summary_interval_steps',
+               'log_interval_steps'):
+    value = getattr(tp, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ValueError(f'task.train.{name}={value!r} must be an int >= 1')
+  keep = tp.max_checkpoints_to_keep
+  if keep is not None and (not isinstance(keep, int) or
+                           isinstance(keep, bool) or keep < 1):
+    raise ValueError(f'task.train.max_checkpoints_to_keep={keep!r} must be '
+                     'an int >= 1 (or None to keep every checkpoint)')
+  if tp.eval_steps is not None and (
+      not isinstance(tp.eval_steps, int) or isinstance(tp.eval_steps, bool)
+      or tp.eval_steps < 1):
+    raise ValueError(f'task.train.eval_steps={tp.eval_steps!r} (or '
+                     '--eval_steps) must be an int >= 1, or None to read the '
+                     'whole eval split')
+  clip = tp.grad_norm_clip
+  if clip is not None and (not isinstance(clip, (int, float)) or
+                           isinstance(clip, bool) or not np.isfinite(clip) or
+                           clip < 0):
+    raise ValueError(f'task.train.grad_norm_clip={clip!r} must be a finite '
+                     'number > 0 (the largest global gradient norm), or 0 / '
+                     'None for no clipping')
+  if (not isinstance(tp.eval_interval_steps, int) or
+      isinstance(tp.eval_interval_steps, bool) or tp.eval_interval_steps < 0):
+    raise ValueError(f'task.train.eval_interval_steps='
+                     f'{tp.eval_interval_steps!r} must be an int >= 0 (0: '
+                     'evaluate only at the end)')
 
 
 class BaseTask(base_layer.BaseLayer):
@@ -113,6 +150,37 @@ class BaseTask(base_layer.BaseLayer):
     if self.params.train.l2_regularizer_weight:
       out.metrics.l2_loss = (reg, one)
     return out
+
+  def CheckInputSpec(self, element_spec, batch_size: int, name: str) -> None:
+    """Checks batches of `element_spec` fit the task, before any tracing.
+
+    Args:
+      element_spec: the input dataset's element_spec.
+      batch_size: the examples this task's model gets per step.
+      name: the input's Params key ('input', 'eval_input') for messages.
+
+    Raises:
+      ValueError: the batches lack the task's input key, or the batch does
+        not split into the pipeline's micro-batches (naming the fix).
+    """
+    keys = sorted(element_spec.keys()) if isinstance(element_spec,
+                                                      dict) else []
+    input_key = getattr(self.params, 'input_key', None)
+    if isinstance(element_spec, dict) and input_key is not None and (
+        input_key not in element_spec):
+      raise ValueError(
+          f'task.input_key={input_key!r} is not a key of the {name} batches; '
+          f'they have {keys}: set task.input_key to one of them')
+    model = self.children.get('model')
+    if isinstance(model, pipeline.TensorPipeLayer):
+      mp = model.params
+      try:
+        microbatch.NumMicroBatches(batch_size, mp.num_micro_batches,
+                                   mp.micro_batch_size)
+      except (ValueError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [''])[0]
+        raise type(e)(f'{name}.batch_size={batch_size} does not fit the '
+                      f'pipeline task.model: {first}') from None
 
   def BatchSize(self, batch: NestedMap) -> tf.Tensor:
     return tf.shape(tf.nest.flatten(batch)[0])[0]

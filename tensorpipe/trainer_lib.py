@@ -13,8 +13,10 @@ runs:
   while step < max_steps:
     batch = next(train iterator)
     with StepSeed(step), DropPathProgress(step / max_steps):
-      loss, grads = task.ComputeLoss(batch), gradients
-    clip grads by global norm; optimizer.Apply(lr_schedule(step), grads)
+      in each of the R replicas (distribute.TrainStep, R = 1 by default):
+        loss, grads of its rows [r N/R, (r+1) N/R) of the batch
+        grads = all-reduce(grads) over the replicas
+        clip grads by global norm; optimizer.Apply(lr_schedule(step), grads)
     stop (NonFiniteError) if the loss or any weight or slot is not finite
     log / write summaries / save a checkpoint at their intervals
   save a checkpoint; evaluate on the eval input
@@ -31,7 +33,6 @@ of an uninterrupted run.
 """
 
 import itertools
-import json
 import os
 import time
 from typing import Any, Dict, List, Optional
@@ -40,8 +41,6 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tensorflow.core.framework import summary_pb2
-
 from tensorpipe import base_input
 from tensorpipe import base_layer
 from tensorpipe import checkpoints
@@ -49,13 +48,14 @@ from tensorpipe import decode_metrics
 from tensorpipe import distribute
 from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
-from tensorpipe import microbatch
-from tensorpipe import pipeline
+from tensorpipe import overrides
 from tensorpipe import py_utils
+from tensorpipe import summaries
+from tensorpipe import tasks
 from tensorpipe.nested_map import NestedMap
 
 PARAMS_FILE = logdir_lib.PARAMS_FILE
-EVAL_FILE = 'eval_metrics.json'
+EVAL_FILE = summaries.EVAL_FILE
 CHECKPOINT_DIR = 'checkpoints'
 # Key of TrainStep's result: True if every weight and slot is finite.
 WEIGHTS_FINITE = 'weights_finite'
@@ -76,94 +76,10 @@ def EnableDeterminism(seed: int) -> None:
   tf.config.experimental.enable_op_determinism()
 
 
-def _SplitOverrideItems(text: str) -> List[str]:
-  """Splits on newlines, and on ';' outside quoted strings.
-
-  A quote opened on a line ends there at the latest (values are one line),
-  so an unterminated string cannot swallow the next line's items; FromText
-  then reports it.
-  """
-  items, current, quote, i = [], [], None, 0
-  while i < len(text):
-    ch = text[i]
-    if ch == '\n' or (ch == ';' and quote is None):
-      items.append(''.join(current))
-      current, quote = [], None
-    else:
-      current.append(ch)
-      if quote is not None and ch == '\\' and i + 1 < len(text):
-        current.append(text[i + 1])  # an escaped character, e.g. \'
-        i += 1
-      elif quote is None and ch in '\'"':
-        quote = ch
-      elif ch == quote:
-        quote = None
-    i += 1
-  items.append(''.join(current))
-  return items
-
-
-def ParseOverrides(text: str) -> str:
-  """Turns override text into FromText lines ('key : value').
-
-  Accepts `key=value` or `key : value` items, separated by ';' or newlines;
-  a ';' inside a quoted value ("task.name='a;b'") is part of the value.
-  Blank items and '#' comments are skipped.
-
-  Raises:
-    ValueError: an item without '=' or ':'.
-  """
-  lines = []
-  for item in _SplitOverrideItems(text or ''):
-    item = item.strip()
-    if not item or item.startswith('#'):
-      continue
-    eq, colon = item.find('='), item.find(':')
-    positions = [i for i in (eq, colon) if i > 0]
-    if not positions:
-      raise ValueError(f'override {item!r} is not of the form key=value or '
-                       "'key : value', e.g. task.train.max_steps=100")
-    i = min(positions)
-    key, value = item[:i].strip(), item[i + 1:].strip()
-    if not value:
-      raise ValueError(f'override {item!r} has no value after the '
-                       f'{item[i]!r}')
-    lines.append(f'{key} : {value}')
-  return '\n'.join(lines)
-
-
-def ApplyOverrides(p: hyperparams.Params, text: str) -> hyperparams.Params:
-  """Applies --model_params_override text to `p` in place; returns p.
-
-  Raises:
-    ValueError: bad syntax, unknown key (with a did-you-mean) or bad value.
-  """
-  lines = ParseOverrides(text)
-  if not lines:
-    return p
-  try:
-    p.FromText(lines)
-  except hyperparams.UnknownParamError as e:
-    raise ValueError(f'--model_params_override: {e}') from None
-  except (ValueError, TypeError) as e:
-    hint = ''
-    if 'cannot parse' in str(e):
-      hint = (" (values are Python literals: quote strings, e.g. "
-              "key='text'; numbers, True/False, None and lists as in Python)")
-    raise ValueError(f'--model_params_override: {e}{hint}') from None
-  return p
-
-
-def WriteScalar(name: str, value: float, step: int) -> None:
-  """Writes a TensorBoard scalar to the default writer.
-
-  Same record as tensorboard's `tf.summary.scalar` (plugin 'scalars'), without
-  needing the tensorboard package installed.
-  """
-  metadata = summary_pb2.SummaryMetadata()
-  metadata.plugin_data.plugin_name = 'scalars'
-  tf.summary.write(name, tf.constant(value, tf.float32), step=step,
-                   metadata=metadata)
+# --model_params_override parsing lives in tensorpipe/overrides.py.
+ParseOverrides = overrides.ParseOverrides
+ApplyOverrides = overrides.ApplyOverrides
+WriteScalar = summaries.WriteScalar
 
 
 def _Scalars(metrics: Dict[str, Any]) -> Dict[str, float]:
@@ -189,42 +105,6 @@ def _NonFiniteNames(variables: List[tf.Variable], limit: int = 3) -> str:
 def _FirstLine(error: BaseException) -> str:
   text = str(error).strip()
   return text.splitlines()[0][:300] if text else type(error).__name__
-
-
-def _CheckTrainParams(tp: hyperparams.Params) -> None:
-  """One-line ValueErrors for task.train values the loop cannot use."""
-  if (not isinstance(tp.max_steps, int) or isinstance(tp.max_steps, bool) or
-      tp.max_steps < 0):
-    raise ValueError(f'task.train.max_steps={tp.max_steps!r} must be an '
-                     'int >= 0')
-  for name in ('save_interval_steps', 'summary_interval_steps',
-               'log_interval_steps'):
-    value = getattr(tp, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise ValueError(f'task.train.{name}={value!r} must be an int >= 1')
-  keep = tp.max_checkpoints_to_keep
-  if keep is not None and (not isinstance(keep, int) or
-                           isinstance(keep, bool) or keep < 1):
-    raise ValueError(f'task.train.max_checkpoints_to_keep={keep!r} must be '
-                     'an int >= 1 (or None to keep every checkpoint)')
-  if tp.eval_steps is not None and (
-      not isinstance(tp.eval_steps, int) or isinstance(tp.eval_steps, bool)
-      or tp.eval_steps < 1):
-    raise ValueError(f'task.train.eval_steps={tp.eval_steps!r} (or '
-                     '--eval_steps) must be an int >= 1, or None to read the '
-                     'whole eval split')
-  clip = tp.grad_norm_clip
-  if clip is not None and (not isinstance(clip, (int, float)) or
-                           isinstance(clip, bool) or not np.isfinite(clip) or
-                           clip < 0):
-    raise ValueError(f'task.train.grad_norm_clip={clip!r} must be a finite '
-                     'number > 0 (the largest global gradient norm), or 0 / '
-                     'None for no clipping')
-  if (not isinstance(tp.eval_interval_steps, int) or
-      isinstance(tp.eval_interval_steps, bool) or tp.eval_interval_steps < 0):
-    raise ValueError(f'task.train.eval_interval_steps='
-                     f'{tp.eval_interval_steps!r} must be an int >= 0 (0: '
-                     'evaluate only at the end)')
 
 
 class Trainer:
@@ -256,7 +136,7 @@ class Trainer:
                           else is_chief)
     p = self._params
     tp = p.task.train
-    _CheckTrainParams(tp)
+    tasks.CheckTrainParams(tp)
     # `lock`: the caller's LogdirLock of this logdir, possibly already held
     # (the trainer binary takes it before building anything).
     self._lock = lock or logdir_lib.LogdirLock(logdir, log_fn=self._Warn)
@@ -395,15 +275,6 @@ class Trainer:
           '(task.train.eval_steps) or eval_input.repeat=False')
 
   def _CheckInput(self, ds: tf.data.Dataset, name: str) -> None:
-    spec = ds.element_spec
-    keys = sorted(spec.keys()) if isinstance(spec, dict) else []
-    input_key = getattr(self.task.params, 'input_key', None)
-    if isinstance(spec, dict) and input_key is not None and (
-        input_key not in spec):
-      raise ValueError(
-          f'task.input_key={input_key!r} is not a key of the {name} batches; '
-          f'they have {keys}: set task.input_key to one of them')
-    model = self.task.children.get('model')
     batch_size = self._params.Get(name).batch_size
     replicas = self.topology.num_replicas
     if name == 'input' and replicas > 1:
@@ -413,14 +284,7 @@ class Trainer:
             f'{replicas} replicas; use a global batch size that is a '
             f'multiple of {replicas}')
       batch_size //= replicas  # what each replica's pipeline splits
-    if isinstance(model, pipeline.TensorPipeLayer):
-      mp = model.params
-      try:
-        microbatch.NumMicroBatches(batch_size, mp.num_micro_batches,
-                                   mp.micro_batch_size)
-      except (ValueError, TypeError) as e:
-        raise type(e)(f'{name}.batch_size={batch_size} does not fit the '
-                      f'pipeline task.model: {_FirstLine(e)}') from None
+    self.task.CheckInputSpec(ds.element_spec, batch_size, name)
 
   def _Checkpoint(self) -> tf.train.Checkpoint:
     """The tf.train.Checkpoint of the training state (built once)."""
@@ -717,7 +581,7 @@ class Trainer:
       if summary_now:
         with writer.as_default():
           for name, value in last.items():
-            WriteScalar(name, value, step)
+            summaries.WriteScalar(name, value, step)
         writer.flush()
       if log_now:
         rate = 1.0 / last['step_time'] if last['step_time'] else 0.0
@@ -825,19 +689,8 @@ class Trainer:
       metrics.update(decoded.Finalize())
     metrics['num_batches'] = float(len(per_batch))
     step = int(self.global_step.numpy())
-    try:
-      writer = tf.summary.create_file_writer(os.path.join(self._logdir,
-                                                          'eval'))
-      with writer.as_default():
-        for name, value in metrics.items():
-          WriteScalar(name, value, step)
-      writer.close()
-      with open(os.path.join(self._logdir, EVAL_FILE), 'w') as f:
-        json.dump(dict(metrics, step=step), f, indent=1, sort_keys=True)
-    except (OSError, tf.errors.OpError) as e:
-      # An evaluation of someone else's (read-only) logdir still reports.
-      self._Warn(f'could not write the eval results into {self._logdir}: '
-                 f'{_FirstLine(e)}')
+    if self._is_chief:  # other workers evaluate the same weights
+      summaries.WriteEvalResults(self._logdir, metrics, step, self._Warn)
     shown = ', '.join(f'{k} {v:.4f}' for k, v in sorted(metrics.items()))
     self._log(f'eval at step {step} ({len(per_batch)} batches, '
               f'{time.perf_counter() - t0:.1f} s): {shown}')

@@ -1,0 +1,88 @@
+"""--model_params_override text: parsing and applying to Params.
+
+Override text is what a user types after --model_params_override: items
+`key=value` or `key : value`, separated by ';' or newlines. It is turned
+into `Params.FromText` lines, which check every line before setting any.
+"""
+
+from typing import List
+
+from tensorpipe import hyperparams
+
+
+def _SplitOverrideItems(text: str) -> List[str]:
+  """Splits on newlines, and on ';' outside quoted strings.
+
+  A quote opened on a line ends there at the latest (values are one line),
+  so an unterminated string cannot swallow the next line's items; FromText
+  then reports it.
+  """
+  items, current, quote, i = [], [], None, 0
+  while i < len(text):
+    ch = text[i]
+    if ch == '\n' or (ch == ';' and quote is None):
+      items.append(''.join(current))
+      current, quote = [], None
+    else:
+      current.append(ch)
+      if quote is not None and ch == '\\' and i + 1 < len(text):
+        current.append(text[i + 1])  # an escaped character, e.g. \'
+        i += 1
+      elif quote is None and ch in '\'"':
+        quote = ch
+      elif ch == quote:
+        quote = None
+    i += 1
+  items.append(''.join(current))
+  return items
+
+
+def ParseOverrides(text: str) -> str:
+  """Turns override text into FromText lines ('key : value').
+
+  Accepts `key=value` or `key : value` items, separated by ';' or newlines;
+  a ';' inside a quoted value ("task.name='a;b'") is part of the value.
+  Blank items and '#' comments are skipped.
+
+  Raises:
+    ValueError: an item without '=' or ':'.
+  """
+  lines = []
+  for item in _SplitOverrideItems(text or ''):
+    item = item.strip()
+    if not item or item.startswith('#'):
+      continue
+    eq, colon = item.find('='), item.find(':')
+    positions = [i for i in (eq, colon) if i > 0]
+    if not positions:
+      raise ValueError(f'override {item!r} is not of the form key=value or '
+                       "'key : value', e.g. task.train.max_steps=100")
+    i = min(positions)
+    key, value = item[:i].strip(), item[i + 1:].strip()
+    if not value:
+      raise ValueError(f'override {item!r} has no value after the '
+                       f'{item[i]!r}')
+    lines.append(f'{key} : {value}')
+  return '\n'.join(lines)
+
+
+def ApplyOverrides(p: hyperparams.Params, text: str) -> hyperparams.Params:
+  """Applies --model_params_override text to `p` in place; returns p.
+
+  Raises:
+    ValueError: bad syntax, unknown key (with a did-you-mean) or bad value.
+  """
+  lines = ParseOverrides(text)
+  if not lines:
+    return p
+  try:
+    p.FromText(lines)
+  except hyperparams.UnknownParamError as e:
+    raise ValueError(f'--model_params_override: {e}') from None
+  except (ValueError, TypeError) as e:
+    hint = ''
+    if 'cannot parse' in str(e):
+      hint = (" (values are Python literals: quote strings, e.g. "
+              "key='text'; numbers, True/False, None and lists as in Python)")
+    raise ValueError(f'--model_params_override: {e}{hint}') from None
+  return p
