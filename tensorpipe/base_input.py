@@ -17,6 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
+from tensorpipe import errors
 from tensorpipe import hyperparams
 from tensorpipe.nested_map import NestedMap
 
@@ -99,11 +100,9 @@ class BaseInput:
     Args:
       error: what iterating the dataset raised (a tf.errors.OpError).
     """
-    text = str(error).strip()
-    first = text.splitlines()[0] if text else type(error).__name__
     return (f'reading the {self._params.name!r} input (split '
             f'{self._params.split!r}) failed: {type(error).__name__}: '
-            f'{first[:300]}')
+            f'{errors.FirstLine(error)}')
 
   def _Repeat(self) -> bool:
     return self.is_training if self._params.repeat is None else bool(

@@ -32,6 +32,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from google.protobuf import message as protobuf_message
 import tensorflow as tf
 
+from tensorpipe import errors
+
 STATE_FILE = 'checkpoint'
 CHECKPOINT_NAME = 'ckpt'  # tf.train.CheckpointManager's default prefix
 
@@ -62,10 +64,7 @@ class IncompatibleCheckpointError(CheckpointError):
   """The checkpoint holds other variables than the model it is restored to."""
 
 
-def _FirstLine(error: BaseException) -> str:
-  text = str(error).strip()
-  line = text.splitlines()[0] if text else type(error).__name__
-  return line[:300]
+_FirstLine = errors.FirstLine
 
 
 def CheckpointNumber(path: str) -> Optional[int]:

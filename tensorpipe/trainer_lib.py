@@ -46,6 +46,7 @@ from tensorpipe import base_layer
 from tensorpipe import checkpoints
 from tensorpipe import decode_metrics
 from tensorpipe import distribute
+from tensorpipe import errors
 from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
 from tensorpipe import overrides
@@ -95,16 +96,16 @@ def _AllFinite(variables: List[tf.Variable]) -> tf.Tensor:
   return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 
-def _NonFiniteNames(variables: List[tf.Variable], limit: int = 3) -> str:
-  bad = [v.name for v in variables
+def _NonFiniteNames(variables: List[tf.Variable], paths: Dict[int, str],
+                    limit: int = 3) -> str:
+  """The non-finite variables, by layer path where `paths` has them."""
+  bad = [paths.get(id(v), v.name) for v in variables
          if not np.all(np.isfinite(v.numpy()))]
   more = f' and {len(bad) - limit} more' if len(bad) > limit else ''
   return ', '.join(bad[:limit]) + more
 
 
-def _FirstLine(error: BaseException) -> str:
-  text = str(error).strip()
-  return text.splitlines()[0][:300] if text else type(error).__name__
+_FirstLine = errors.FirstLine
 
 
 class Trainer:
@@ -478,6 +479,14 @@ class Trainer:
     except tf.errors.OpError as e:
       raise base_input.DataFileError(inp.DescribeReadError(e)) from None
 
+  def _NonFiniteVariables(self) -> str:
+    paths = {id(v): path for path, v in
+             base_layer.VariablesByPath(self.task).items()}
+    for path, slots in getattr(self.optimizer, 'slots', {}).items():
+      for name, v in slots.items():
+        paths[id(v)] = f'{path} ({name} slot)'
+    return _NonFiniteNames(self._CheckedVariables(), paths)
+
   def _CheckFinite(self, values: Dict[str, float], step: int) -> None:
     latest = checkpoints.CheckpointNumber(self._latest or '')
     kept = (f'the newest checkpoint, ckpt-{latest}, is finite and stays the '
@@ -491,7 +500,7 @@ class Trainer:
       raise NonFiniteError(
           f'training stopped at step {step}: the update made weights or '
           'optimizer slots non-finite '
-          f'({_NonFiniteNames(self._CheckedVariables())}); {kept}; {fix}')
+          f'({self._NonFiniteVariables()}); {kept}; {fix}')
 
   # -- loops ------------------------------------------------------------------
 

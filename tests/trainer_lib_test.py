@@ -488,7 +488,7 @@ class TrainerRecoveryTest(tf.test.TestCase):
     with self.assertRaisesRegex(
         trainer_lib.NonFiniteError,
         r'training stopped at step 1: the update made weights or optimizer '
-        r'slots non-finite \(.*\); no checkpoint was saved; lower the '
+        r'slots non-finite \(model/\S+, .*\); no checkpoint was saved; lower the '
         'learning rate'):
       trainer.Train()
     self.assertIsNone(tf.train.latest_checkpoint(

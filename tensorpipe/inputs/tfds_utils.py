@@ -18,6 +18,7 @@ import os
 from typing import Callable, List, Optional, Tuple
 
 from tensorpipe import base_input
+from tensorpipe import errors
 
 # Environment variable that overrides the default data directory.
 DATA_DIR_ENV = 'TENSORPIPE_DATA_DIR'
@@ -151,7 +152,7 @@ def CheckFiles(name: str, data_dir: str, split: str, how: str,
     splits = builder.info.splits
   except Exception as e:  # pylint: disable=broad-except
     # TFDS raises many types for a damaged dataset_info.json / features.json.
-    first = (str(e).strip().splitlines() or [''])[0][:200]
+    first = errors.FirstLine(e, 200)
     raise CorruptDataError(
         f"the prepared data set '{name}' in {data_dir} cannot be opened "
         f'({type(e).__name__}: {first}); {fix}') from None
@@ -160,7 +161,7 @@ def CheckFiles(name: str, data_dir: str, split: str, how: str,
   try:
     files = SplitFiles(builder, split)
   except (KeyError, ValueError) as e:
-    first = (str(e).strip().splitlines() or [''])[0][:200]
+    first = errors.FirstLine(e, 200)
     raise ValueError(f"split={split!r} of '{name}': {first}; its splits are "
                      f'{sorted(splits)}') from None
   for path, count in files:
@@ -190,7 +191,7 @@ def DiagnoseFiles(files: List[Tuple[str, int]]) -> Optional[str]:
       count = int(tf.data.TFRecordDataset(path).reduce(
           tf.constant(0, tf.int64), lambda n, _: n + 1).numpy())
     except tf.errors.OpError as e:
-      first = (str(e).strip().splitlines() or [''])[0][:200]
+      first = errors.FirstLine(e, 200)
       return f'{path} is damaged ({first})'
     if expected and count != expected:
       return (f'{path} holds {count} of its {expected} records '
@@ -214,7 +215,7 @@ def DescribeDamage(name: str, data_dir: str, split: str,
   fix = ReprepareHint(name, data_dir, how)
   found = DiagnoseFiles(files)
   if found is None:
-    first = (str(error).strip().splitlines() or [''])[0][:200]
+    first = errors.FirstLine(error, 200)
     return (f"reading split {split!r} of '{name}' failed "
             f'({type(error).__name__}: {first}); if it persists, {fix}')
   return f"{found} (split {split!r} of '{name}'); {fix}"
