@@ -11,6 +11,7 @@ from unittest import mock
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_config  # pylint: disable=g-direct-tensorflow-import
 
 from tensorpipe import base_experiment
 from tensorpipe import checkpoints
@@ -30,7 +31,17 @@ from tensorpipe.layers import linear
 from tensorpipe.layers import pooling
 
 test_utils.ConfigureTestDevices()
-trainer_lib.EnableDeterminism(1234)
+
+
+def setUpModule():
+  # Op determinism is process-wide and makes tf.timestamp fail: on for this
+  # module's tests only, so that other test files in the same pytest process
+  # (tools/test.sh --all) keep their timelines.
+  trainer_lib.EnableDeterminism(1234)
+
+
+def tearDownModule():
+  tf_config.disable_op_determinism()
 
 
 class _Tiny(base_experiment.BaseExperiment):
