@@ -1,5 +1,6 @@
 """Helpers for TensorPipe tests: logical devices and oracle comparisons."""
 
+import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -261,7 +262,6 @@ def CheckPrepared(test: Any, name: str) -> None:
   $TENSORPIPE_DATA_DIR). With $TENSORPIPE_REQUIRE_DATA=1 (set by
   tools/test.sh) missing data is a failure, not a skip.
   """
-  import os  # pylint: disable=g-import-not-at-top
   from tensorpipe.inputs import tfds_utils  # pylint: disable=g-import-not-at-top
   data_dir = tfds_utils.DefaultDataDir()
   if tfds_utils.IsPrepared(name, data_dir):

@@ -51,8 +51,8 @@ def MeanLoss(out):
   return tf.reduce_mean(tf.nest.flatten(out)[0])
 
 
-class TwoOutputsLayer(base_layer.BaseLayer):
-  """x -> (relu(x @ w), x): two tensors cross the next boundary."""
+class SquareWeightLayer(base_layer.BaseLayer):
+  """Base of the test layers below: a [dim, dim] weight `w`."""
 
   @classmethod
   def Params(cls):
@@ -64,6 +64,10 @@ class TwoOutputsLayer(base_layer.BaseLayer):
     super().__init__(params)
     d = self.params.dim
     self.CreateVariable('w', base_layer.WeightParams([d, d]))
+
+
+class TwoOutputsLayer(SquareWeightLayer):
+  """x -> (relu(x @ w), x): two tensors cross the next boundary."""
 
   def FProp(self, theta, x):
     return tf.nn.relu(tf.matmul(x, theta.w)), x
@@ -98,19 +102,8 @@ class CombineLayer(base_layer.BaseLayer):
         2 * a.num_elements(), (NestedMap(x=a, ids=ids),), p.dim)
 
 
-class UseNestedLayer(base_layer.BaseLayer):
+class UseNestedLayer(SquareWeightLayer):
   """NestedMap(x, ids) -> x * w + ids (an int tensor crossed a boundary)."""
-
-  @classmethod
-  def Params(cls):
-    p = super().Params()
-    p.Define('dim', 4, 'Feature dimension.')
-    return p
-
-  def __init__(self, params):
-    super().__init__(params)
-    d = self.params.dim
-    self.CreateVariable('w', base_layer.WeightParams([d, d]))
 
   def FProp(self, theta, nm):
     return tf.matmul(nm.x, theta.w) + tf.cast(nm.ids, nm.x.dtype)[:, None]
@@ -317,19 +310,8 @@ class BatchNormStatsTest(tf.test.TestCase):
     self.assertAllEqual(bn.vars.moving_mean, [0.0, 0.0])
 
 
-class StaticLeafLayer(base_layer.BaseLayer):
+class StaticLeafLayer(SquareWeightLayer):
   """NestedMap(x, n=None, k=int) -> the same with x = (x @ w) * k."""
-
-  @classmethod
-  def Params(cls):
-    p = super().Params()
-    p.Define('dim', 4, 'Feature dimension.')
-    return p
-
-  def __init__(self, params):
-    super().__init__(params)
-    d = self.params.dim
-    self.CreateVariable('w', base_layer.WeightParams([d, d]))
 
   def FProp(self, theta, nm):
     assert nm.n is None, nm.n
