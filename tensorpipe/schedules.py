@@ -14,8 +14,9 @@ This module is the one definition of the schedule. The index functions
 which micro-batch a partition runs on a tick; the generators list the (t, k)
 cells of each tick and are written with them, and so are the pipeline's
 tf.while_loop bodies (`pipeline.py`), the timeline's decoder (`timeline.py`)
-and the simulator (`simulator.py`). Other schedules (e.g. 1F1B) add their
-functions beside these. Nothing here imports TensorFlow.
+and the simulator (`simulator.py`). 1F1B's index function
+(`OneFOneBCell`) is defined beside them; nothing here imports TensorFlow
+except that function when it is given a tensor clock.
 
 Example (K=3 partitions, T=4 micro-batches), forward:
 
@@ -236,3 +237,111 @@ def GPipeBackwardClockCycles(num_partitions: int,
       yield [(t, k) for t, k in cells if 0 <= t < t_total]
 
   return _Cycles()
+
+
+# -- 1F1B (one forward, one backward; PipeDream-flush) ----------------------
+#
+# The loss is computed inside the pipeline, so a micro-batch's backward pass
+# starts as soon as the last partition has finished its forward pass. With
+# unit-length forward (F) and backward (B) cells on one clock, partition k
+# runs micro-batch t's forward on tick f(t, k) and its backward on b(t, k):
+#
+#   f(t, k) = t + k            for t < K - k   (warm-up, as GPipe)
+#   f(t, k) = 2 t + k          for t >= K - k  (steady state)
+#   b(t, k) = 2 K - 1 - k + 2 t
+#
+# so b(t, K-1) = f(t, K-1) + 1, b(t, k) = b(t, k + 1) + 1, and partition k
+# alternates B(t), F(t + K - k) from tick 2 K - 1 - k on. At most K - k
+# micro-batches are in flight on partition k (forward done, backward not):
+# a stage keeps at most K - k boundary inputs, where GPipe keeps T. The
+# schedule takes 2 (T + K - 1) ticks, GPipe's forward plus backward ticks, so
+# the bubble fraction is the same.
+#
+# Example (K=3, T=4): F<t> / B<t> per partition and tick.
+#
+#   clock  0   1   2   3   4   5   6   7   8   9   10  11
+#   k=0    F0  F1  F2          B0  F3  B1      B2      B3
+#   k=1        F0  F1      B0  F2  B1  F3  B2      B3
+#   k=2            F0  B0  F1  B1  F2  B2  F3  B3
+
+# Operation codes of the 1F1B index function.
+IDLE = 0
+FORWARD = 1
+BACKWARD = 2
+
+
+def OneFOneBCell(clock: Clock, k: int, num_partitions: int,
+                 num_micro_batches: int) -> Tuple[Clock, Clock]:
+  """What partition k does on 1F1B tick `clock`: (op, t).
+
+  `clock` may be a Python int (the generator, the timeline's decoder, the
+  simulator) or a scalar int32 tensor (the clock of the pipeline's
+  tf.while_loop): one definition for both, as for GPipe. On a tensor the
+  result is a pair of scalar int32 tensors built from a handful of integer
+  ops (TensorFlow is imported only then).
+
+  Args:
+    clock: the tick, an int or a scalar int32 tensor.
+    k: the partition, an int in [0, K).
+    num_partitions: K.
+    num_micro_batches: T.
+
+  Returns:
+    (op, t): op is IDLE, FORWARD or BACKWARD (0, 1, 2); t is the micro-batch,
+    in [0, T) when op != IDLE (and 0 when IDLE).
+
+  Raises:
+    TypeError: if k, K or T is not an integer.
+    ValueError: if K or T is < 1 or k is not in [0, K).
+  """
+  k_total = _CheckPositiveInt('num_partitions', num_partitions)
+  t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
+  _CheckPartition(k, k_total)
+  where, both, either = _Ops(clock)
+  # Warm-up: F(clock - k) on ticks [k, K), while t < T.
+  t_warm = clock - k
+  is_warm = both(both(clock >= k, clock < k_total), t_warm < t_total)
+  # Steady state from B(0)'s tick on: d = clock - (2 K - 1 - k); even d
+  # runs B(d / 2), odd d runs F(K - k + (d - 1) / 2).
+  d = clock - (2 * k_total - 1 - k)
+  d_pos = where(d >= 0, d, 0 * d)         # // and % of non-negatives only
+  half = d_pos // 2
+  odd = d_pos % 2
+  t_fwd = (k_total - k) + half
+  is_back = both(both(d >= 0, odd == 0), half < t_total)
+  is_fwd = both(both(d >= 0, odd == 1), t_fwd < t_total)
+  zero = 0 * clock
+  op = where(is_back, zero + BACKWARD,
+             where(either(is_warm, is_fwd), zero + FORWARD, zero + IDLE))
+  t = where(is_back, half,
+            where(is_warm, t_warm, where(is_fwd, t_fwd, zero)))
+  return op, t
+
+
+def _Ops(clock):
+  """(where, and, or) for a Python int clock or a TensorFlow tensor clock."""
+  if isinstance(clock, numbers.Integral):
+    return ((lambda c, a, b: a if c else b), (lambda a, b: bool(a and b)),
+            (lambda a, b: bool(a or b)))
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.where, tf.logical_and, tf.logical_or
+
+
+def OneFOneBNumClockTicks(num_partitions: int, num_micro_batches: int) -> int:
+  """Ticks of one 1F1B step (forward and backward): 2 (T + K - 1)."""
+  k = _CheckPositiveInt('num_partitions', num_partitions)
+  t = _CheckPositiveInt('num_micro_batches', num_micro_batches)
+  return 2 * (t + k - 1)
+
+
+def OneFOneBMaxInFlight(k: int, num_partitions: int,
+                        num_micro_batches: int) -> int:
+  """Most micro-batches partition k holds (forward done, backward not).
+
+  min(K - k, T): the number of boundary inputs the stage must keep with
+  recompute (GPipe keeps T).
+  """
+  k_total = _CheckPositiveInt('num_partitions', num_partitions)
+  t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
+  _CheckPartition(k, k_total)
+  return min(k_total - k, t_total)
