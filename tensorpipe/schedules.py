@@ -15,8 +15,9 @@ which micro-batch a partition runs on a tick; the generators list the (t, k)
 cells of each tick and are written with them, and so are the pipeline's
 tf.while_loop bodies (`pipeline.py`), the timeline's decoder (`timeline.py`)
 and the simulator (`simulator.py`). 1F1B's index function
-(`OneFOneBCell`) is defined beside them; nothing here imports TensorFlow
-except that function when it is given a tensor clock.
+(`OneFOneBCell`) and generator (`OneFOneBClockCycles`) are defined beside
+them; nothing here imports TensorFlow except that function when it is given
+a tensor clock.
 
 Example (K=3 partitions, T=4 micro-batches), forward:
 
@@ -345,3 +346,58 @@ def OneFOneBMaxInFlight(k: int, num_partitions: int,
   t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
   _CheckPartition(k, k_total)
   return min(k_total - k, t_total)
+
+
+# One unit of 1F1B work: (op, micro-batch t, partition k), op FORWARD or
+# BACKWARD.
+OpCell = Tuple[int, int, int]
+
+
+def OneFOneBClockCycles(num_partitions: int,
+                        num_micro_batches: int) -> Iterator[List[OpCell]]:
+  """Yields, tick by tick, the (op, t, k) cells active in one 1F1B step.
+
+  Warm-up (partition k runs forwards of micro-batches 0 .. K-k-1 as GPipe
+  does), steady state (from tick 2K-1-k partition k alternates the backward
+  of its oldest micro-batch in flight with the forward of a new one) and
+  cool-down (the remaining backwards), all from `OneFOneBCell`. The forward
+  and backward of one step share one clock.
+
+  Pseudo-code ((op, t) = OneFOneBCell(clock, k, K, T)):
+
+    for clock in range(2 (T + K - 1)):
+      yield [(op, t, k) for k in range(K) if op != IDLE]
+
+  Example (K=3, T=4), as in the diagram above:
+
+    clock 0: [(F, 0, 0)]
+    clock 1: [(F, 1, 0), (F, 0, 1)]
+    clock 2: [(F, 2, 0), (F, 1, 1), (F, 0, 2)]
+    clock 3: [(B, 0, 2)]
+    clock 4: [(B, 0, 1), (F, 1, 2)]
+    ...
+
+  Args:
+    num_partitions: K, the number of pipeline partitions (devices).
+    num_micro_batches: T, the number of micro-batches per mini-batch.
+
+  Returns:
+    An iterator over 2 (T + K - 1) lists of (op, t, k) triples, each list in
+    increasing k, op FORWARD or BACKWARD. Every (FORWARD, t, k) and
+    (BACKWARD, t, k) with 0 <= t < T, 0 <= k < K appears exactly once.
+
+  Raises:
+    TypeError: if an argument is not an integer.
+    ValueError: if an argument is < 1. Raised by this call, not on the first
+      `next()`.
+  """
+  k_total = _CheckPositiveInt('num_partitions', num_partitions)
+  t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
+
+  def _Cycles() -> Iterator[List[OpCell]]:
+    for clock in range(OneFOneBNumClockTicks(k_total, t_total)):
+      cells = [OneFOneBCell(clock, k, k_total, t_total) + (k,)
+               for k in range(k_total)]
+      yield [cell for cell in cells if cell[0] != IDLE]
+
+  return _Cycles()

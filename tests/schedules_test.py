@@ -252,6 +252,186 @@ class BubbleTest(unittest.TestCase):
     self.assertLess(fractions[-1], 0.05)
 
 
+def _OpTable(k_total, t_total):
+  """Per partition, 'F<t>' / 'B<t>' on each 1F1B tick ('.' where it idles),
+  from the generator."""
+  ticks = schedules.OneFOneBNumClockTicks(k_total, t_total)
+  rows = [['.'] * ticks for _ in range(k_total)]
+  for clock, cells in enumerate(
+      schedules.OneFOneBClockCycles(k_total, t_total)):
+    for op, t, k in cells:
+      rows[k][clock] = ('F' if op == schedules.FORWARD else 'B') + str(t)
+  return [' '.join(f'{c:2s}' for c in row).rstrip() for row in rows]
+
+
+def _OpTicks(k_total, t_total):
+  """Maps each (op, t, k) cell of the 1F1B generator to its tick."""
+  return _Ticks(schedules.OneFOneBClockCycles(k_total, t_total))
+
+
+class OneFOneBClockCyclesTest(unittest.TestCase):
+  F, B = schedules.FORWARD, schedules.BACKWARD
+
+  def testThreePartitionsFourMicroBatches(self):
+    # The diagram in schedules.py.
+    self.assertEqual(_OpTable(3, 4), [
+        # 0  1  2  3  4  5  6  7  8  9  10 11
+        'F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3',  # k=0
+        '.  F0 F1 .  B0 F2 B1 F3 B2 .  B3 .',   # k=1
+        '.  .  F0 B0 F1 B1 F2 B2 F3 B3 .  .',   # k=2
+    ])
+    f, b = self.F, self.B
+    self.assertEqual(list(schedules.OneFOneBClockCycles(3, 4)), [
+        [(f, 0, 0)],
+        [(f, 1, 0), (f, 0, 1)],
+        [(f, 2, 0), (f, 1, 1), (f, 0, 2)],
+        [(b, 0, 2)],
+        [(b, 0, 1), (f, 1, 2)],
+        [(b, 0, 0), (f, 2, 1), (b, 1, 2)],
+        [(f, 3, 0), (b, 1, 1), (f, 2, 2)],
+        [(b, 1, 0), (f, 3, 1), (b, 2, 2)],
+        [(b, 2, 1), (f, 3, 2)],
+        [(b, 2, 0), (b, 3, 2)],
+        [(b, 3, 1)],
+        [(b, 3, 0)],
+    ])
+
+  def testOnePartitionAlternatesForwardAndBackward(self):
+    # K=1: the loss is inside the pipeline, so each micro-batch's backward
+    # follows its forward at once.
+    self.assertEqual(_OpTable(1, 3), ['F0 B0 F1 B1 F2 B2'])
+
+  def testOneMicroBatchWalksDownAndBackUp(self):
+    self.assertEqual(_OpTable(3, 1), [
+        # 0  1  2  3  4  5
+        'F0 .  .  .  .  B0',
+        '.  F0 .  .  B0 .',
+        '.  .  F0 B0 .  .',
+    ])
+
+  def testFewerMicroBatchesThanPartitions(self):
+    # T < K: partition k's warm-up is cut at T micro-batches.
+    self.assertEqual(_OpTable(4, 2), [
+        # 0  1  2  3  4  5  6  7  8  9
+        'F0 F1 .  .  .  .  .  B0 .  B1',
+        '.  F0 F1 .  .  .  B0 .  B1 .',
+        '.  .  F0 F1 .  B0 .  B1 .  .',
+        '.  .  .  F0 B0 F1 B1 .  .  .',
+    ])
+
+  def testEveryCellRunsExactlyOnce(self):
+    for k_total, t_total in _SIZES:
+      cells = list(itertools.chain.from_iterable(
+          schedules.OneFOneBClockCycles(k_total, t_total)))
+      expected = {(op, t, k) for op in (self.F, self.B)
+                  for t in range(t_total) for k in range(k_total)}
+      self.assertEqual(len(cells), len(expected), (k_total, t_total))
+      self.assertEqual(set(cells), expected, (k_total, t_total))
+
+  def testOneCellPerPartitionPerTickInPartitionOrder(self):
+    for k_total, t_total in _SIZES:
+      for cells in schedules.OneFOneBClockCycles(k_total, t_total):
+        ks = [k for _, _, k in cells]
+        self.assertEqual(ks, sorted(set(ks)), (k_total, t_total))
+
+  def testCellsRunAfterTheirDependencies(self):
+    f, b = self.F, self.B
+    for k_total, t_total in _SIZES:
+      ticks = _OpTicks(k_total, t_total)
+      last = k_total - 1
+      for t in range(t_total):
+        for k in range(k_total):
+          if k > 0:
+            # f(t, k) > f(t, k - 1): partition k - 1's output.
+            self.assertGreater(ticks[(f, t, k)], ticks[(f, t, k - 1)])
+          if k < last:
+            # b(t, k) > b(t, k + 1): the gradient from partition k + 1.
+            self.assertGreater(ticks[(b, t, k)], ticks[(b, t, k + 1)])
+          if t > 0:
+            # Each partition runs the forwards and the backwards in order.
+            self.assertGreater(ticks[(f, t, k)], ticks[(f, t - 1, k)])
+            self.assertGreater(ticks[(b, t, k)], ticks[(b, t - 1, k)])
+          self.assertGreater(ticks[(b, t, k)], ticks[(f, t, k)])
+        # The loss: the last partition's backward right after its forward.
+        self.assertEqual(ticks[(b, t, last)], ticks[(f, t, last)] + 1)
+
+  def testTicksMatchTheClosedForm(self):
+    # f(t, k) = t + k for t < K - k, else 2 t + k; b(t, k) = 2K - 1 - k + 2t.
+    f, b = self.F, self.B
+    for k_total, t_total in _SIZES:
+      ticks = _OpTicks(k_total, t_total)
+      for t in range(t_total):
+        for k in range(k_total):
+          want_f = t + k if t < k_total - k else 2 * t + k
+          self.assertEqual(ticks[(f, t, k)], want_f, (k_total, t_total, t, k))
+          self.assertEqual(ticks[(b, t, k)], 2 * k_total - 1 - k + 2 * t)
+
+  def testInFlightBound(self):
+    # Micro-batches whose forward ran on partition k and backward not yet:
+    # at most min(K - k, T) (the boundary inputs a recomputing stage keeps),
+    # where GPipe holds all T before its first backward.
+    for k_total, t_total in _SIZES:
+      held = [0] * k_total
+      peak = [0] * k_total
+      for cells in schedules.OneFOneBClockCycles(k_total, t_total):
+        for op, _, k in cells:
+          held[k] += 1 if op == self.F else -1
+          self.assertGreaterEqual(held[k], 0)
+          peak[k] = max(peak[k], held[k])
+      self.assertEqual(held, [0] * k_total)
+      self.assertEqual(
+          peak, [schedules.OneFOneBMaxInFlight(k, k_total, t_total)
+                 for k in range(k_total)], (k_total, t_total))
+      self.assertEqual(peak, [min(k_total - k, t_total)
+                              for k in range(k_total)])
+
+  def testSameTicksAndBubbleAsGPipeForwardPlusBackward(self):
+    for k_total, t_total in _SIZES:
+      ticks = list(schedules.OneFOneBClockCycles(k_total, t_total))
+      self.assertEqual(len(ticks), 2 * schedules.NumClockTicks(
+          k_total, t_total))
+      self.assertEqual(len(ticks), schedules.OneFOneBNumClockTicks(
+          k_total, t_total))
+      busy = sum(len(cells) for cells in ticks)
+      self.assertAlmostEqual(1 - busy / (len(ticks) * k_total),
+                             schedules.BubbleFraction(k_total, t_total))
+
+  def testIndexFunctionIdlesOutsideTheStep(self):
+    for k_total, t_total in _SIZES:
+      ticks = schedules.OneFOneBNumClockTicks(k_total, t_total)
+      for k in range(k_total):
+        for clock in (-2, -1, ticks, ticks + 1):
+          self.assertEqual(
+              schedules.OneFOneBCell(clock, k, k_total, t_total),
+              (schedules.IDLE, 0), (k_total, t_total, k, clock))
+
+  def testTensorClockInsideATfFunctionGivesTheSameCells(self):
+    # The 1F1B loop calls OneFOneBCell with its clock, a scalar int32 tensor
+    # of a tf.while_loop traced once for all ticks.
+    for k_total, t_total in [(1, 3), (3, 4), (4, 2), (2, 5)]:
+      ticks = schedules.OneFOneBNumClockTicks(k_total, t_total)
+
+      @tf.function
+      def Table(k_total=k_total, t_total=t_total, ticks=ticks):
+        def Body(c, ta):
+          row = tf.stack([tf.stack(schedules.OneFOneBCell(
+              c, k, k_total, t_total)) for k in range(k_total)])
+          return c + 1, ta.write(c, row)
+        _, ta = tf.while_loop(
+            lambda c, _: c < ticks, Body,
+            (tf.constant(0), tf.TensorArray(tf.int32, size=ticks)))
+        return ta.stack()
+
+      table = Table().numpy()
+      self.assertEqual(table.shape, (ticks, k_total, 2))
+      for clock in range(ticks):
+        for k in range(k_total):
+          self.assertEqual(
+              tuple(table[clock, k]),
+              schedules.OneFOneBCell(clock, k, k_total, t_total),
+              (k_total, t_total, clock, k))
+
+
 class ValidationTest(unittest.TestCase):
 
   def testRaisesOnZeroPartitions(self):
@@ -280,6 +460,22 @@ class ValidationTest(unittest.TestCase):
       schedules.BubbleFraction(0, 4)
     with self.assertRaisesRegex(ValueError, r'num_micro_batches=0'):
       schedules.NumClockTicks(2, 0)
+
+  def testOneFOneBFunctionsValidate(self):
+    with self.assertRaisesRegex(ValueError, r'num_partitions=0.*>= 1'):
+      schedules.OneFOneBClockCycles(0, 4)
+    with self.assertRaisesRegex(ValueError, r'num_micro_batches=-1.*>= 1'):
+      schedules.OneFOneBClockCycles(2, -1)
+    with self.assertRaisesRegex(TypeError, r'2\.5.*float'):
+      schedules.OneFOneBClockCycles(2.5, 4)
+    with self.assertRaisesRegex(TypeError, r"'4'.*str"):
+      schedules.OneFOneBNumClockTicks(2, '4')
+    with self.assertRaisesRegex(ValueError, r'k=2 is not in \[0, 2\)'):
+      schedules.OneFOneBCell(0, 2, 2, 4)
+    with self.assertRaisesRegex(ValueError, r'k=-1'):
+      schedules.OneFOneBMaxInFlight(-1, 2, 4)
+    with self.assertRaisesRegex(TypeError, r'True.*bool'):
+      schedules.OneFOneBMaxInFlight(0, True, 4)
 
 
 if __name__ == '__main__':
