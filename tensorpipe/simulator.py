@@ -1,4 +1,4 @@
-"""Predicts GPipe step time, bubble and per-device busy time from stage costs.
+"""Predicts pipeline step time, bubble, busy time and in-flight micro-batches.
 
 GPipe (Huang et al. 2018, section 2.2) runs partition k on device k. With
 per-partition costs f_k (forward of one micro-batch) and b_k (its backward)
@@ -22,10 +22,32 @@ devices behave on a machine with fewer cores.
 For equal costs and no overhead the idle share of each device is the
 schedule's bubble (K - 1) / (T + K - 1) (schedules.BubbleFraction).
 
+`schedule='1f1b'` (one forward, one backward; PipeDream-flush) simulates the
+cells of `schedules.OneFOneBClockCycles` instead: forward and backward share
+one clock of 2 (T + K - 1) ticks, and the loss is inside the pipeline, so
+
+  forward  (t, k) after (t, k - 1)  and the cell before it on device k
+  backward (t, k) after (t, k + 1)  (for k = K - 1: after its own forward)
+                  and the cell before it on device k
+
+where "the cell before it on device k" is the schedule's order on that
+partition (warm-up forwards, then backward / forward alternately, then the
+remaining backwards). As dataflow (`synchronous_ticks=False`) with costs equal
+over partitions the step is (T + K - 1)(f + r + b), GPipe's. With the clock
+barrier a steady-state tick holds a forward and a backward cell, so it lasts
+max(f, r + b) where GPipe's ticks last f or r + b: 1F1B in lock step is only
+as fast as GPipe when f = r + b.
+
+Memory: `SimResult.max_in_flight[k]` is the most micro-batches partition k
+holds (forward started, backward not finished): T for GPipe, min(K - k, T)
+for 1F1B. `ActivationPeak` turns it into bytes.
+
 Usage:
   res = Simulate(forward_costs=[1., 1.], backward_costs=[2., 2.],
                  num_micro_batches=4)
   res.step_time, res.bubble_fraction, res.busy, res.cells
+  res = Simulate([1., 1.], [2., 2.], 4, schedule='1f1b')
+  res.max_in_flight                               # [2, 1]
 
 Pure Python; no TensorFlow.
 """
@@ -34,6 +56,8 @@ import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tensorpipe import schedules
+
+SCHEDULES = ('gpipe', '1f1b')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,12 +77,18 @@ class SimResult:
 
   Attributes:
     step_time: predicted wall time of one step.
-    forward_time: span of the forward pass (first cell start to last end).
-    backward_time: span of the backward pass.
+    forward_time: span of the forward pass (first cell start to last end;
+      for 1F1B, whose passes interleave, the end of the last forward cell).
+    backward_time: span of the backward pass (for 1F1B: from the end of
+      the last forward cell to the end of the last backward cell).
     busy: per device, time spent in stage calls (wall time).
     bubble_fraction: mean over devices of the idle share of the forward plus
       backward spans.
     cells: every simulated cell, in start order.
+    schedule: 'gpipe' or '1f1b'.
+    max_in_flight: per device, the most micro-batches held at once (forward
+      started, backward not ended): their boundary inputs (with recompute)
+      or all their activations (without) are alive together.
   """
   step_time: float
   forward_time: float
@@ -66,6 +96,8 @@ class SimResult:
   busy: List[float]
   bubble_fraction: float
   cells: List[SimCell]
+  schedule: str = 'gpipe'
+  max_in_flight: List[int] = dataclasses.field(default_factory=list)
 
 
 def _CheckCosts(name: str, costs: Sequence[float]) -> List[float]:
@@ -78,16 +110,17 @@ def _CheckCosts(name: str, costs: Sequence[float]) -> List[float]:
   return [float(c) for c in costs]
 
 
-def _RunPhase(ticks: List[List[Tuple[int, int]]], cost: Dict[Tuple[int, int],
+def _RunPhase(ticks: List[List[Tuple[int, ...]]], cost: Dict[Tuple[int, ...],
                                                                float],
               deps, t0: float, tick_overhead: float, synchronous: bool,
-              num_cores: float) -> Dict[Tuple[int, int], Tuple[float, float]]:
+              num_cores: float) -> Dict[Tuple[int, ...], Tuple[float, float]]:
   """Event-driven processor-sharing simulation of one pass.
 
   Args:
-    ticks: the schedule, per tick the (t, k) cells.
+    ticks: the schedule, per tick its cells: (t, k) (GPipe) or (op, t, k)
+      (1F1B); the partition k is always last.
     cost: work of each cell.
-    deps: function (t, k) -> cells it waits for (within this pass).
+    deps: function (*cell) -> cells it waits for (within this pass).
     t0: time the pass may start.
     tick_overhead: delay between a cell's dependencies finishing (or its
       tick's barrier) and its start.
@@ -95,9 +128,15 @@ def _RunPhase(ticks: List[List[Tuple[int, int]]], cost: Dict[Tuple[int, int],
     num_cores: cores shared by the running cells.
 
   Returns:
-    (t, k) -> (start, end).
+    cell -> (start, end).
   """
   tick_of = {cell: c for c, cells in enumerate(ticks) for cell in cells}
+  # The barrier of tick c is the last tick before it that ran a cell.
+  prev_busy, last = [], None
+  for c, cells in enumerate(ticks):
+    prev_busy.append(last)
+    if cells:
+      last = c
   pending = set(tick_of)
   done: Dict[Tuple[int, int], Tuple[float, float]] = {}
   running: Dict[Tuple[int, int], float] = {}     # cell -> remaining work
@@ -111,17 +150,17 @@ def _RunPhase(ticks: List[List[Tuple[int, int]]], cost: Dict[Tuple[int, int],
       if d not in done:
         return None
       ends.append(done[d][1])
-    c = tick_of[cell]
-    if synchronous and c > 0:
-      if tick_end[c - 1] is None:
+    c = prev_busy[tick_of[cell]]
+    if synchronous and c is not None:
+      if tick_end[c] is None:
         return None
-      ends.append(tick_end[c - 1])
+      ends.append(tick_end[c])
     return max([t0] + ends) + tick_overhead
 
   while pending or running:
     # Start every cell whose dependencies are met by `now`.
     next_ready = None
-    for cell in sorted(pending, key=lambda x: (tick_of[x], x[1])):
+    for cell in sorted(pending, key=lambda x: (tick_of[x], x[-1])):
       ready = ReadyTime(cell)
       if ready is None:
         continue
@@ -156,8 +195,9 @@ def Simulate(forward_costs: Sequence[float], backward_costs: Sequence[float],
              num_micro_batches: int, recompute: bool = True,
              tick_overhead: float = 0.0, fixed_overhead: float = 0.0,
              synchronous_ticks: bool = True,
-             num_cores: Optional[float] = None) -> SimResult:
-  """Simulates one GPipe training step.
+             num_cores: Optional[float] = None,
+             schedule: str = 'gpipe') -> SimResult:
+  """Simulates one training step of the GPipe or the 1F1B schedule.
 
   Args:
     forward_costs: f_k, seconds (or any unit) of partition k's forward on one
@@ -170,18 +210,24 @@ def Simulate(forward_costs: Sequence[float], backward_costs: Sequence[float],
     synchronous_ticks: clock barrier between ticks (TensorPipeLayer's loop);
       False gives pure dataflow.
     num_cores: cores shared by the K devices; None means one per device.
+    schedule: 'gpipe' (all forwards, then all backwards: two passes of
+      T + K - 1 ticks) or '1f1b' (one clock of 2 (T + K - 1) ticks,
+      schedules.OneFOneBClockCycles).
 
   Returns:
     A SimResult.
 
   Raises:
-    ValueError: mismatched or negative costs, bad T or num_cores.
+    ValueError: mismatched or negative costs, bad T, num_cores or schedule.
   """
   f = _CheckCosts('forward_costs', forward_costs)
   b = _CheckCosts('backward_costs', backward_costs)
   if len(f) != len(b):
     raise ValueError(f'forward_costs has {len(f)} entries but backward_costs '
                      f'{len(b)}; give one of each per partition')
+  if schedule not in SCHEDULES:
+    raise ValueError(f'schedule={schedule!r} is not one of {SCHEDULES}; use '
+                     "schedule='gpipe' or schedule='1f1b'")
   kk = len(f)
   tt = num_micro_batches
   schedules.NumClockTicks(kk, tt)   # checks T
@@ -193,9 +239,39 @@ def Simulate(forward_costs: Sequence[float], backward_costs: Sequence[float],
     if v < 0:
       raise ValueError(f'{name}={v!r} must be >= 0')
 
+  rc = [fk if recompute else 0.0 for fk in f]
+  if schedule == '1f1b':
+    cells = _OneFOneBCells(f, b, rc, tt, tick_overhead, synchronous_ticks,
+                           cores)
+  else:
+    cells = _GPipeCells(f, b, rc, tt, tick_overhead, synchronous_ticks,
+                        cores)
+  cells.sort(key=lambda c: (c.start, c.k))
+  fwd_end = max(c.end for c in cells if c.phase == 'forward')
+  bwd_end = max(c.end for c in cells)
+  busy = [0.0] * kk
+  for c in cells:
+    busy[c.k] += c.end - c.start
+  span = bwd_end
+  bubble = (sum(1.0 - bk / span for bk in busy) / kk) if span > 0 else 0.0
+  return SimResult(step_time=bwd_end + fixed_overhead, forward_time=fwd_end,
+                   backward_time=bwd_end - fwd_end, busy=busy,
+                   bubble_fraction=bubble, cells=cells, schedule=schedule,
+                   max_in_flight=_MaxInFlight(cells, kk))
+
+
+def _BackwardCell(t, k, start, end, recompute_cost, cost) -> SimCell:
+  share = recompute_cost / cost if cost else 0.0
+  return SimCell('backward', t, k, start, end,
+                 recompute=(end - start) * share)
+
+
+def _GPipeCells(f, b, rc, tt, tick_overhead, synchronous, cores
+                ) -> List[SimCell]:
+  """GPipe: the forward pass, then the backward pass after all of it."""
+  kk = len(f)
   fwd_ticks = list(schedules.GPipeClockCycles(kk, tt))
   bwd_ticks = list(schedules.GPipeBackwardClockCycles(kk, tt))
-  rc = [fk if recompute else 0.0 for fk in f]
   fwd_cost = {(t, k): f[k] for t in range(tt) for k in range(kk)}
   bwd_cost = {(t, k): rc[k] + b[k] for t in range(tt) for k in range(kk)}
 
@@ -206,24 +282,104 @@ def Simulate(forward_costs: Sequence[float], backward_costs: Sequence[float],
     return [c for c in ((t, k + 1), (t + 1, k)) if c[0] < tt and c[1] < kk]
 
   fwd = _RunPhase(fwd_ticks, fwd_cost, FwdDeps, 0.0, tick_overhead,
-                  synchronous_ticks, cores)
+                  synchronous, cores)
   fwd_end = max(e for _, e in fwd.values())
   bwd = _RunPhase(bwd_ticks, bwd_cost, BwdDeps, fwd_end, tick_overhead,
-                  synchronous_ticks, cores)
-  bwd_end = max(e for _, e in bwd.values())
+                  synchronous, cores)
   cells = [SimCell('forward', t, k, s, e) for (t, k), (s, e) in fwd.items()]
-  for (t, k), (s, e) in bwd.items():
-    share = rc[k] / bwd_cost[(t, k)] if bwd_cost[(t, k)] else 0.0
-    cells.append(SimCell('backward', t, k, s, e, recompute=(e - s) * share))
-  cells.sort(key=lambda c: (c.start, c.k))
-  busy = [0.0] * kk
-  for c in cells:
-    busy[c.k] += c.end - c.start
-  span = bwd_end
-  bubble = (sum(1.0 - bk / span for bk in busy) / kk) if span > 0 else 0.0
-  return SimResult(step_time=bwd_end + fixed_overhead, forward_time=fwd_end,
-                   backward_time=bwd_end - fwd_end, busy=busy,
-                   bubble_fraction=bubble, cells=cells)
+  cells += [_BackwardCell(t, k, s, e, rc[k], bwd_cost[(t, k)])
+            for (t, k), (s, e) in bwd.items()]
+  return cells
+
+
+def _OneFOneBCells(f, b, rc, tt, tick_overhead, synchronous, cores
+                   ) -> List[SimCell]:
+  """1F1B: one clock; each device runs its cells in the schedule's order."""
+  kk = len(f)
+  ticks = list(schedules.OneFOneBClockCycles(kk, tt))
+  fwd_op, bwd_op = schedules.FORWARD, schedules.BACKWARD
+  cost = {}
+  before = {}                       # cell -> the previous cell on its device
+  last_on = [None] * kk
+  for cells in ticks:
+    for cell in cells:
+      op, _, k = cell
+      cost[cell] = f[k] if op == fwd_op else rc[k] + b[k]
+      before[cell] = last_on[k]
+      last_on[k] = cell
+
+  def Deps(op, t, k):
+    if op == fwd_op:
+      data = (fwd_op, t, k - 1) if k > 0 else None
+    else:
+      data = (bwd_op, t, k + 1) if k < kk - 1 else (fwd_op, t, k)
+    return [c for c in (data, before[(op, t, k)]) if c is not None]
+
+  done = _RunPhase(ticks, cost, Deps, 0.0, tick_overhead, synchronous, cores)
+  out = []
+  for (op, t, k), (s, e) in done.items():
+    if op == fwd_op:
+      out.append(SimCell('forward', t, k, s, e))
+    else:
+      out.append(_BackwardCell(t, k, s, e, rc[k], cost[(op, t, k)]))
+  return out
+
+
+def _MaxInFlight(cells: Sequence[SimCell], num_partitions: int) -> List[int]:
+  """Per device, the most micro-batches whose forward has started and whose
+  backward has not ended (a cell ending frees before one starting at the
+  same time takes)."""
+  peak = []
+  for k in range(num_partitions):
+    events = sorted(
+        [(c.start, 1) for c in cells if c.k == k and c.phase == 'forward'] +
+        [(c.end, -1) for c in cells if c.k == k and c.phase == 'backward'])
+    held = top = 0
+    for _, delta in events:
+      held += delta
+      top = max(top, held)
+    peak.append(top)
+  return peak
+
+
+def ActivationPeak(max_in_flight: Sequence[int],
+                   boundary_bytes: Sequence[float],
+                   internal_bytes: Sequence[float],
+                   recompute: bool) -> List[float]:
+  """Per device, its peak activation memory from its in-flight micro-batches.
+
+  With recompute a stage keeps only its input (the boundary activation) of
+  every micro-batch in flight, plus the activations of the one micro-batch
+  it recomputes and back-propagates; without, all activations of every
+  micro-batch in flight:
+
+    recompute:     n_k x boundary_k + internal_k
+    no recompute:  n_k x (boundary_k + internal_k)
+
+  with n_k = `max_in_flight[k]` (T for GPipe, min(K - k, T) for 1F1B:
+  `SimResult.max_in_flight`).
+
+  Args:
+    max_in_flight: n_k per device.
+    boundary_bytes: per device, its input for ONE micro-batch.
+    internal_bytes: per device, its layers' outputs for ONE micro-batch.
+    recompute: whether the backward recomputes the forward.
+
+  Returns:
+    Bytes per device.
+
+  Raises:
+    ValueError: lists of different lengths or negative sizes.
+  """
+  bnd = _CheckCosts('boundary_bytes', boundary_bytes)
+  internal = _CheckCosts('internal_bytes', internal_bytes)
+  if not len(bnd) == len(internal) == len(max_in_flight):
+    raise ValueError(f'max_in_flight, boundary_bytes and internal_bytes have '
+                     f'{len(max_in_flight)}, {len(bnd)} and {len(internal)} '
+                     'entries; give one of each per partition')
+  if recompute:
+    return [n * x + a for n, x, a in zip(max_in_flight, bnd, internal)]
+  return [n * (x + a) for n, x, a in zip(max_in_flight, bnd, internal)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,7 +517,8 @@ def SimulateDataParallel(forward_costs: Sequence[float],
                          tick_overhead: float = 0.0,
                          fixed_overhead: float = 0.0,
                          synchronous_ticks: bool = True,
-                         num_cores: Optional[float] = None
+                         num_cores: Optional[float] = None,
+                         schedule: str = 'gpipe'
                          ) -> DataParallelResult:
   """Simulates one step of R data-parallel replicas of a K-stage pipeline.
 
@@ -388,8 +545,8 @@ def SimulateDataParallel(forward_costs: Sequence[float],
 
   Args:
     forward_costs, backward_costs, num_micro_batches, recompute,
-      tick_overhead, synchronous_ticks, num_cores: as in `Simulate`, in
-      seconds.
+      tick_overhead, synchronous_ticks, num_cores, schedule: as in
+      `Simulate`, in seconds.
     grad_bytes: per stage, bytes of its weight gradients.
     num_replicas: R.
     bytes_per_second: each link's bandwidth.
@@ -406,7 +563,7 @@ def SimulateDataParallel(forward_costs: Sequence[float],
   pipe = Simulate(forward_costs, backward_costs, num_micro_batches,
                   recompute=recompute, tick_overhead=tick_overhead,
                   fixed_overhead=0.0, synchronous_ticks=synchronous_ticks,
-                  num_cores=num_cores)
+                  num_cores=num_cores, schedule=schedule)
   gb = _CheckCosts('grad_bytes', grad_bytes)
   if len(gb) != len(pipe.busy):
     raise ValueError(f'grad_bytes has {len(gb)} entries for {len(pipe.busy)} '

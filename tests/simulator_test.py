@@ -97,6 +97,144 @@ class SimulateTest(unittest.TestCase):
       simulator.Simulate([1], [1], 0)
 
 
+class OneFOneBTest(unittest.TestCase):
+  """schedule='1f1b': literal cases and its relation to GPipe."""
+
+  def testTwoPartitionsTwoMicroBatchesAsDataflowByHand(self):
+    # f = 1, b = 2, no recompute, no clock barrier. Device order (schedule):
+    # k=0: F0 F1 B0 B1; k=1: F0 B0 F1 B1.
+    #   time   0   1   2   3   4   5   6   7   8   9
+    #   k=0    F0  F1          B0......    B1......
+    #   k=1        F0  B0......F1  B1......
+    res = simulator.Simulate([1, 1], [2, 2], 2, recompute=False,
+                             synchronous_ticks=False, schedule='1f1b')
+    self.assertEqual(_Cells(res, 'forward'), {
+        (0, 0): (0, 1), (1, 0): (1, 2), (0, 1): (1, 2), (1, 1): (4, 5)})
+    self.assertEqual(_Cells(res, 'backward'), {
+        (0, 1): (2, 4), (0, 0): (4, 6), (1, 1): (5, 7), (1, 0): (7, 9)})
+    self.assertEqual(res.step_time, 9)   # = GPipe's (T + K - 1)(f + b)
+    self.assertEqual(res.schedule, '1f1b')
+    self.assertEqual(res.forward_time, 5)
+    self.assertEqual(res.backward_time, 4)
+
+  def testTwoPartitionsTwoMicroBatchesInLockStepByHand(self):
+    # With the clock barrier tick 3 runs B0 on k=0 and F1 on k=1 and lasts
+    # max(f, b) = 2:
+    #   tick   0    1    2     3     4     5
+    #   time   0-1  1-2  2-4   4-6   6-8   8-10
+    #   k=0    F0   F1         B0          B1
+    #   k=1         F0   B0    F1    B1
+    res = simulator.Simulate([1, 1], [2, 2], 2, recompute=False,
+                             schedule='1f1b')
+    self.assertEqual(_Cells(res, 'forward'), {
+        (0, 0): (0, 1), (1, 0): (1, 2), (0, 1): (1, 2), (1, 1): (4, 5)})
+    self.assertEqual(_Cells(res, 'backward'), {
+        (0, 1): (2, 4), (0, 0): (4, 6), (1, 1): (6, 8), (1, 0): (8, 10)})
+    self.assertEqual(res.step_time, 10)
+    self.assertGreater(res.step_time, simulator.Simulate(
+        [1, 1], [2, 2], 2, recompute=False).step_time)
+
+  def testUniformCellCostsGiveGPipeMakespanInTheTickModel(self):
+    # Every cell costs the same (f = r + b): both schedules take their
+    # 2 (T + K - 1) ticks of one cell each, with or without recompute.
+    for k in (1, 2, 3, 4):
+      for t in (1, 2, 4, 8):
+        for rc, b in ((False, 1.0), (True, 0.0)):
+          gpipe = simulator.Simulate([1.0] * k, [b] * k, t, recompute=rc)
+          ofob = simulator.Simulate([1.0] * k, [b] * k, t, recompute=rc,
+                                    schedule='1f1b')
+          self.assertEqual(ofob.step_time, 2 * (t + k - 1), (k, t, rc))
+          self.assertEqual(ofob.step_time, gpipe.step_time)
+          self.assertAlmostEqual(ofob.bubble_fraction,
+                                 schedules.BubbleFraction(k, t))
+          self.assertEqual(len(ofob.cells), 2 * k * t)
+
+  def testEqualStagesAsDataflowGiveGPipeMakespan(self):
+    # Without the barrier, equal stages and any f, b: (T + K - 1)(f + r + b).
+    for k in (1, 2, 3, 4):
+      for t in (1, 2, 4, 8):
+        for rc in (True, False):
+          ofob = simulator.Simulate([1.0] * k, [2.0] * k, t, recompute=rc,
+                                    synchronous_ticks=False, schedule='1f1b')
+          self.assertEqual(ofob.step_time,
+                           (t + k - 1) * (1.0 + (3.0 if rc else 2.0)),
+                           (k, t, rc))
+
+  def testOnePartitionCostsItsCellsPlusTickOverheads(self):
+    # K=1, T=2: F0 B0 F1 B1, each cell delayed by the tick overhead, as the
+    # K=1 GPipe calibration assumes (2 T overheads per step).
+    res = simulator.Simulate([1], [1], 2, recompute=True, tick_overhead=0.25,
+                             fixed_overhead=1.0, schedule='1f1b')
+    self.assertEqual(_Cells(res, 'forward'), {(0, 0): (0.25, 1.25),
+                                              (1, 0): (3.75, 4.75)})
+    self.assertEqual(_Cells(res, 'backward'), {(0, 0): (1.5, 3.5),
+                                               (1, 0): (5.0, 7.0)})
+    self.assertEqual(res.step_time, 8.0)
+    self.assertEqual(res.step_time, simulator.Simulate(
+        [1], [1], 2, recompute=True, tick_overhead=0.25,
+        fixed_overhead=1.0).step_time)
+    self.assertEqual([c.recompute for c in res.cells
+                      if c.phase == 'backward'], [1.0, 1.0])
+
+  def testCellsRespectTheScheduleDependencies(self):
+    res = simulator.Simulate([1.0, 3.0, 2.0], [2.0, 1.0, 4.0], 5,
+                             synchronous_ticks=False, num_cores=2,
+                             schedule='1f1b')
+    fwd, bwd = _Cells(res, 'forward'), _Cells(res, 'backward')
+    self.assertEqual(len(fwd) + len(bwd), 2 * 3 * 5)
+    for (t, k), (start, _) in fwd.items():
+      if k > 0:
+        self.assertGreaterEqual(start, fwd[(t, k - 1)][1])
+    for (t, k), (start, _) in bwd.items():
+      dep = bwd[(t, k + 1)] if k < 2 else fwd[(t, k)]
+      self.assertGreaterEqual(start, dep[1])
+    # Cells of one device never overlap and follow the schedule's order.
+    order = {}
+    for clock, cells in enumerate(schedules.OneFOneBClockCycles(3, 5)):
+      for op, t, k in cells:
+        order[(op, t, k)] = clock
+    for k in range(3):
+      mine = sorted((c for c in res.cells if c.k == k),
+                    key=lambda c: c.start)
+      for a, b in zip(mine, mine[1:]):
+        self.assertGreaterEqual(b.start, a.end)
+      ops = [(schedules.FORWARD if c.phase == 'forward' else
+              schedules.BACKWARD, c.t, k) for c in mine]
+      self.assertEqual(ops, sorted(ops, key=order.get))
+
+  def testInFlightMicroBatchesKVersusT(self):
+    for k in (1, 2, 3, 4):
+      for t in (1, 2, 4, 8):
+        for sync in (True, False):
+          gpipe = simulator.Simulate([1.0] * k, [2.0] * k, t,
+                                     synchronous_ticks=sync)
+          ofob = simulator.Simulate([1.0] * k, [2.0] * k, t,
+                                    synchronous_ticks=sync, schedule='1f1b')
+          self.assertEqual(gpipe.max_in_flight, [t] * k)
+          self.assertEqual(ofob.max_in_flight,
+                           [schedules.OneFOneBMaxInFlight(j, k, t)
+                            for j in range(k)], (k, t, sync))
+          self.assertEqual(ofob.max_in_flight,
+                           [min(k - j, t) for j in range(k)])
+
+  def testActivationPeakOfKVersusTMicroBatches(self):
+    # K=2, T=8; per micro-batch: boundary input 4 B, layer outputs 10 B.
+    gpipe = simulator.Simulate([1, 1], [2, 2], 8).max_in_flight     # [8, 8]
+    ofob = simulator.Simulate([1, 1], [2, 2], 8,
+                              schedule='1f1b').max_in_flight        # [2, 1]
+    peak = lambda n, rc: simulator.ActivationPeak(n, [4, 4], [10, 10], rc)
+    self.assertEqual(peak(gpipe, True), [8 * 4 + 10, 8 * 4 + 10])
+    self.assertEqual(peak(ofob, True), [2 * 4 + 10, 1 * 4 + 10])
+    self.assertEqual(peak(gpipe, False), [8 * 14, 8 * 14])
+    self.assertEqual(peak(ofob, False), [2 * 14, 1 * 14])
+    with self.assertRaisesRegex(ValueError, 'one of each per partition'):
+      simulator.ActivationPeak([1, 1], [4], [10, 10], True)
+
+  def testRejectsAnUnknownSchedule(self):
+    with self.assertRaisesRegex(ValueError, r"schedule='pipedream'.*'1f1b'"):
+      simulator.Simulate([1], [1], 2, schedule='pipedream')
+
+
 class CalibrateTest(unittest.TestCase):
 
   def testRecoversOverheadsOfTheModel(self):
