@@ -108,6 +108,43 @@ class _ForwardResult(NamedTuple):
   saved: Optional[List[List[tf.Tensor]]]  # per stage, inputs [T, ...]
 
 
+def _GradientOnDevice(fn, device: str):
+  """`fn` (flat tensors -> flat tensors) whose gradient is built on `device`.
+
+  TF's autodiff of a tf.while_loop builds the gradient loop's body outside
+  the forward body's tf.device blocks, so the placer put every gradient op
+  of an unrecomputed (or tf.recompute_grad) pipeline on the default device,
+  CPU:0 or GPU:0: the backward pass of all K partitions on one device. A
+  tf.custom_gradient whose gradient function runs the tape's backprop of the
+  call inside tf.device(device) places those ops on the partition's device.
+  The tape only records at trace time (no runtime cost); the activations
+  its gradient needs are those autodiff would keep anyway.
+  """
+  @tf.custom_gradient
+  def Wrapped(*args):
+    floats = [a for a in args if a.dtype.is_floating]
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+      tape.watch(floats)
+      outs = fn(*args)
+
+    def Grad(*dys, variables=None):
+      ys, out_grads = [], []
+      for y, dy in zip(outs, dys):
+        if y.dtype.is_floating:
+          ys.append(y)
+          out_grads.append(tf.zeros_like(y) if dy is None else dy)
+      with tf.device(device):
+        grads = iter(tape.gradient(
+            ys, floats, output_gradients=out_grads,
+            unconnected_gradients=tf.UnconnectedGradients.ZERO))
+      d_args = [next(grads) if a.dtype.is_floating else None for a in args]
+      if variables:
+        return d_args, [None] * len(variables)
+      return d_args
+    return outs, Grad
+  return Wrapped
+
+
 def _CellSpecs(spec: pipeline_stage.StageSpecs) -> _Cell:
   """The structure of a forward `_Cell` (without stamps), as specs."""
   return _Cell(list(spec.out_specs), spec.StatsSpecs(), [])
@@ -362,7 +399,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     else:
       result = self._ForwardLoop(
           specs, flat_stacked, thetas, num_mb, mb_size, probe,
-          save_inputs=False, wrap_recompute_grad=training and p.recompute)
+          save_inputs=False, wrap_recompute_grad=training and p.recompute,
+          place_gradients=training)
     if training:
       self._ReportStats(specs, result.stats)
     with tf.device(self._stages[-1].device):
@@ -422,7 +460,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
           py_utils.AddBatchStats(layer, py_utils.BatchStats.Pack(flat))
 
   def _ForwardLoop(self, specs, flat_stacked, thetas, num_mb, mb_size, probe,
-                   save_inputs, wrap_recompute_grad=False) -> _ForwardResult:
+                   save_inputs, wrap_recompute_grad=False,
+                   place_gradients=False) -> _ForwardResult:
     """The forward clock-cycle loop (the first loop of the pseudo-code).
 
     Args:
@@ -434,6 +473,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
       probe: the `timeline.Probe` of this call.
       save_inputs: whether to return every stage's inputs (for a recompute).
       wrap_recompute_grad: wrap each stage call in tf.recompute_grad.
+      place_gradients: the loop will be differentiated by TF's autodiff:
+        build each stage call's gradient on its device (`_GradientOnDevice`).
 
     Returns:
       A `_ForwardResult`; its `saved` is None unless `save_inputs`.
@@ -457,6 +498,11 @@ class TensorPipeLayer(base_layer.BaseLayer):
                                           mb_size)
         return tf.nest.flatten(_Cell(outputs, stats, []))
       rc = tf.recompute_grad(Call) if wrap_recompute_grad else None
+      if place_gradients:
+        if rc:
+          rc = _GradientOnDevice(rc, stage.device)
+        else:
+          Call = _GradientOnDevice(Call, stage.device)  # pylint: disable=invalid-name
 
       def Cell(flat_in, t):
         start = probe.Stamp(flat_in)

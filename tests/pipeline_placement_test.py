@@ -130,17 +130,16 @@ class PlacementTest(tf.test.TestCase):
   def testRecomputingPipelineRunsEveryOpOnItsPartitionsDevice(self):
     self._AssertOpsOnTheirPartitionsDevice('explicit')
 
-  # KNOWN BUG (open): with recompute=False, and with the comparison-only
-  # recompute_impl='tf_recompute_grad', the backward ops are built by TF's
-  # autodiff of the forward tf.while_loop, outside the partitions' tf.device
-  # blocks, and the placer puts them on CPU:0. The default (explicit
-  # recompute) backward loop places every op. These fail today; remove the
-  # decorator when the pipeline places those gradients too.
-  @unittest.expectedFailure
+  # Without explicit recompute (recompute=False, or the comparison-only
+  # recompute_impl='tf_recompute_grad'), TF's autodiff of the forward
+  # tf.while_loop builds the backward ops outside the partitions' tf.device
+  # blocks; each stage call's gradient is built on its device by
+  # pipeline._GradientOnDevice. (Still on the default device there: the
+  # while loop's own accumulation of the loop-invariant weights' gradients
+  # over ticks, one AddN per weight, which TF builds without a device.)
   def testPipelineWithoutRecomputeRunsGradientsOnThePartitionsDevice(self):
     self._AssertOpsOnTheirPartitionsDevice('norecompute')
 
-  @unittest.expectedFailure
   def testTfRecomputeGradRunsRecomputeAndGradientsOnThePartitionsDevice(self):
     self._AssertOpsOnTheirPartitionsDevice('tfrecompute')
 
