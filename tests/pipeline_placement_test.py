@@ -18,7 +18,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import unittest
 
 import tensorflow as tf
 
