@@ -23,6 +23,14 @@ is off. Timestamps are wall-clock seconds (float64); cells whose tick was a
 bubble carry -1 and are dropped. A row's tick is turned into its micro-batch
 by the schedule's index functions (`schedules.py`), as in the loops.
 
+The 1F1B schedule runs forward and backward cells on one clock: its loop
+hands each partition's [2 (T + K - 1), 3] log to `Probe.Add('1f1b', ...)`,
+and row c is decoded with `schedules.OneFOneBCell(c, k, K, T)`: a forward
+row is (start, -, end); a backward row is (start, mid, end), recompute then
+backward, or (start, -1, end) when the cell recomputed nothing; a
+[ticks, 2] log (start, end) is read the same way without a recompute split.
+`Breakdown` sees that the passes interleave and splits the step accordingly.
+
 Nothing here runs TensorFlow ops at import.
 """
 
@@ -49,9 +57,14 @@ class Event:
   tick: int = -1   # clock tick of its pass's loop (-1: not recorded)
 
 
+# What a Recorder entry's log holds: the cells of a GPipe forward loop, of a
+# GPipe backward loop, or of a 1F1B loop (forward and backward on one clock).
+DIRECTIONS = ('forward', 'backward', '1f1b')
+
+
 @dataclasses.dataclass
 class _Entry:
-  direction: str   # 'forward' (start, end) or 'backward' (start, mid, end)
+  direction: str   # one of DIRECTIONS
   k: int
   num_partitions: int
   num_micro_batches: int
@@ -67,8 +80,15 @@ class Recorder:
 
   def Add(self, direction: str, k: int, num_partitions: int,
           num_micro_batches: int, tensor: tf.Tensor) -> None:
-    """Registers a [ticks, 2] (forward) or [ticks, 3] (backward) tensor."""
-    assert direction in ('forward', 'backward'), direction
+    """Registers a [ticks, 2] (forward) or [ticks, 3] (backward, 1f1b) log.
+
+    Raises:
+      ValueError: `direction` is not one of DIRECTIONS.
+    """
+    if direction not in DIRECTIONS:
+      raise ValueError(f'timeline log direction {direction!r} is not one of '
+                       f'{DIRECTIONS}; use \'forward\' / \'backward\' for '
+                       "GPipe's loops and '1f1b' for the 1F1B loop")
     self._entries.append(_Entry(direction, k, num_partitions,
                                 num_micro_batches, tensor))
 
@@ -99,6 +119,9 @@ class Recorder:
       rows = values[f'cells_{i}']
       rows = rows.numpy() if hasattr(rows, 'numpy') else rows
       kk, tt = e.num_partitions, e.num_micro_batches
+      if e.direction == '1f1b':
+        events.extend(OneFOneBEvents(rows, e.k, kk, tt))
+        continue
       for c, row in enumerate(rows):
         if row[0] < 0:
           continue
@@ -117,6 +140,56 @@ class Recorder:
                       for phase, start, end in spans)
     events.sort(key=lambda ev: (ev.start, ev.k))
     return events
+
+
+def OneFOneBEvents(rows: Any, k: int, num_partitions: int,
+                   num_micro_batches: int) -> List[Event]:
+  """Decodes partition k's 1F1B log: row c is 1F1B tick c.
+
+  What ran on tick c is `schedules.OneFOneBCell(c, k, K, T)`, as in the
+  loop. Rows whose first stamp is < 0 did not run (idle ticks).
+
+  Args:
+    rows: [2 (T + K - 1), 3] (start, mid, end) or [.., 2] (start, end)
+      stamps, seconds.
+    k: the partition.
+    num_partitions: K.
+    num_micro_batches: T.
+
+  Returns:
+    The events, in tick order: 'forward' for forward rows; 'recompute'
+    [start, mid] and 'backward' [mid, end] for backward rows with mid >= 0,
+    else one 'backward' [start, end].
+
+  Raises:
+    ValueError: a row ran on a tick where the schedule idles, or the log
+      has another number of rows than the schedule has ticks (a log of
+      another schedule or of another K, T).
+  """
+  ticks = schedules.OneFOneBNumClockTicks(num_partitions, num_micro_batches)
+  if len(rows) != ticks:
+    raise ValueError(
+        f'1F1B log of partition {k} has {len(rows)} rows, but K='
+        f'{num_partitions}, T={num_micro_batches} has {ticks} ticks; record '
+        'one row per tick of schedules.OneFOneBNumClockTicks(K, T)')
+  events = []
+  for c, row in enumerate(rows):
+    if row[0] < 0:
+      continue
+    op, t = schedules.OneFOneBCell(c, k, num_partitions, num_micro_batches)
+    start, end = float(row[0]), float(row[-1])
+    if op == schedules.FORWARD:
+      spans = [('forward', start, end)]
+    elif op == schedules.BACKWARD:
+      mid = float(row[1]) if len(row) == 3 else -1.0
+      spans = ([('recompute', start, mid), ('backward', mid, end)]
+               if mid >= 0 else [('backward', start, end)])
+    else:
+      raise ValueError(f'1F1B log of partition {k} has a cell on tick {c}, '
+                       'where the schedule idles; record -1 there '
+                       '(Probe.Missing)')
+    events.extend(Event(phase, k, t, s, e, c) for phase, s, e in spans)
+  return events
 
 
 @contextlib.contextmanager
@@ -283,6 +356,11 @@ def Breakdown(events: Sequence[Event], num_partitions: int,
     weight_update: from the last stage call to the step end (gradient
       summation outside the loop and the optimizer update); named
       backward_and_weight_update when no backward cells were recorded.
+
+  For 1F1B, whose forward and backward cells interleave on one clock (a
+  backward cell starts before the last forward cell ends), the loop span is
+  first cell start to last cell end and setup is only the time before the
+  first cell.
   """
   kk = num_partitions
   busy = {ph: [0.0] * kk for ph in PHASES}
@@ -297,6 +375,9 @@ def Breakdown(events: Sequence[Event], num_partitions: int,
               if bwd else 0.0)
   gap = (min(ev.start for ev in bwd) - max(ev.end for ev in fwd)
          if bwd else 0.0)
+  if gap < 0:
+    # Interleaved passes (1F1B): one loop from the first cell to the last.
+    fwd_span, bwd_span, gap = last - first, 0.0, 0.0
   total_busy = [sum(busy[ph][k] for ph in PHASES) for k in range(kk)]
   mean = lambda xs: sum(xs) / len(xs)
   imbalance = mean([max(total_busy) - b for b in total_busy])

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import tensorpipe
 from tensorpipe import schedules
+from tensorpipe import simulator
 from tensorpipe import test_utils
 from tensorpipe import timeline
 from tensorpipe.layers import linear
@@ -186,6 +187,135 @@ class TimelineTest(tf.test.TestCase):
         ctrl = [i for i in node.input if i.startswith('^')]
         self.assertEqual(ctrl, [], f'{fname}/{node.name} is ordered after '
                          f'{ctrl}')
+
+
+# K=2, T=2, a 1F1B step by hand (seconds). The schedule:
+#   tick   0   1   2   3   4   5
+#   k=0    F0  F1      B0      B1
+#   k=1        F0  B0  F1  B1
+_M = -1.0
+_LOGS_1F1B = [
+    [[0.0, _M, 1.0], [1.0, _M, 2.0], [_M, _M, _M], [5.0, 6.0, 8.0],
+     [_M, _M, _M], [9.0, 10.0, 12.0]],
+    [[_M, _M, _M], [1.0, _M, 2.0], [2.5, 3.5, 5.0], [5.0, _M, 7.0],
+     [7.0, 8.0, 9.0], [_M, _M, _M]],
+]
+
+
+def _Decode1F1B(logs, k_total, t_total):
+  rec = timeline.Recorder()
+  for k, log in enumerate(logs):
+    rec.Add('1f1b', k, k_total, t_total, tf.constant(log, tf.float64))
+  return rec.Events(rec.Tensors())
+
+
+class OneFOneBTimelineTest(tf.test.TestCase):
+  """Decoding and breakdown of 1F1B logs (one clock, interleaved passes)."""
+
+  def testHandWrittenLogDecodesWithTheSchedule(self):
+    ev = timeline.Event
+    self.assertEqual(_Decode1F1B(_LOGS_1F1B, 2, 2), [
+        ev('forward', 0, 0, 0.0, 1.0, tick=0),
+        ev('forward', 0, 1, 1.0, 2.0, tick=1),
+        ev('forward', 1, 0, 1.0, 2.0, tick=1),
+        ev('recompute', 1, 0, 2.5, 3.5, tick=2),
+        ev('backward', 1, 0, 3.5, 5.0, tick=2),
+        ev('recompute', 0, 0, 5.0, 6.0, tick=3),
+        ev('forward', 1, 1, 5.0, 7.0, tick=3),
+        ev('backward', 0, 0, 6.0, 8.0, tick=3),
+        ev('recompute', 1, 1, 7.0, 8.0, tick=4),
+        ev('backward', 1, 1, 8.0, 9.0, tick=4),
+        ev('recompute', 0, 1, 9.0, 10.0, tick=5),
+        ev('backward', 0, 1, 10.0, 12.0, tick=5)])
+
+  def testBreakdownOfAnInterleavedStep(self):
+    events = _Decode1F1B(_LOGS_1F1B, 2, 2)
+    parts = timeline.Breakdown(events, 2, step_start=-0.5, step_end=13.0)
+    # busy k0 = 2 + 2 + 4 = 8, k1 = 3 + 2 + 2.5 = 7.5; one loop from 0 to 12.
+    self.assertEqual(parts, {
+        'forward': (2 + 3) / 2,
+        'recompute': (2 + 2) / 2,
+        'backward': (4 + 2.5) / 2,
+        'load_imbalance': (0 + 0.5) / 2,
+        'bubble': 12 - 7.75 - 0.25,
+        'setup': 0.5,
+        'weight_update': 1.0,
+        'step': 13.5})
+
+  def testLogsOfASimulatedStepRoundTrip(self):
+    # Write the simulator's 1F1B cells into per-partition logs at their
+    # schedule ticks, as the loop does; decoding gives the cells back.
+    k_total, t_total = 3, 5
+    for rc in (True, False):
+      res = simulator.Simulate([1.0, 3.0, 2.0], [2.0, 1.0, 4.0], t_total,
+                               recompute=rc, schedule='1f1b')
+      tick = {}
+      for clock, cells in enumerate(
+          schedules.OneFOneBClockCycles(k_total, t_total)):
+        for op, t, k in cells:
+          tick[('forward' if op == schedules.FORWARD else 'backward',
+                t, k)] = clock
+      ticks = schedules.OneFOneBNumClockTicks(k_total, t_total)
+      logs = [[[_M] * 3 for _ in range(ticks)] for _ in range(k_total)]
+      for c in res.cells:
+        mid = c.start + c.recompute if c.recompute else _M
+        logs[c.k][tick[(c.phase, c.t, c.k)]] = [c.start, mid, c.end]
+      events = _Decode1F1B(logs, k_total, t_total)
+      want = []
+      for c in res.cells:
+        if c.recompute:
+          want += [('recompute', c.k, c.t, c.start, c.start + c.recompute),
+                   ('backward', c.k, c.t, c.start + c.recompute, c.end)]
+        else:
+          want.append((c.phase, c.k, c.t, c.start, c.end))
+      self.assertCountEqual(
+          [(e.phase, e.k, e.t, e.start, e.end) for e in events], want)
+      self.assertLen(events, (3 if rc else 2) * k_total * t_total)
+      # The breakdown's busy time is the simulator's.
+      parts = timeline.Breakdown(events, k_total, 0.0, res.step_time)
+      self.assertAllClose(
+          parts['forward'] + parts['recompute'] + parts['backward'],
+          sum(res.busy) / k_total)
+      self.assertAllClose(sum(v for n, v in parts.items() if n != 'step'),
+                          res.step_time)
+      trace = timeline.ChromeTrace(events, ['/CPU:0', '/CPU:1', '/CPU:2'])
+      self.assertLen([e for e in trace['traceEvents'] if e['ph'] == 'X'],
+                     len(events))
+
+  def testTwoColumnLogHasNoRecomputeSplit(self):
+    logs = [[row[0], row[2]] for row in _LOGS_1F1B[1]]
+    events = _Decode1F1B([[[_M, _M]] * 6, logs], 2, 2)
+    self.assertEqual([(e.phase, e.t, e.start, e.end) for e in events], [
+        ('forward', 0, 1.0, 2.0), ('backward', 0, 2.5, 5.0),
+        ('forward', 1, 5.0, 7.0), ('backward', 1, 7.0, 9.0)])
+
+  def testProbeLogsOfALoopDecode(self):
+    # What the 1F1B loop does: Probe.NewLog / Log per tick, Add('1f1b').
+    rec = timeline.Recorder()
+    probe = timeline.Probe(rec)
+    log = probe.NewLog(schedules.OneFOneBNumClockTicks(1, 2), 3)
+    for clock, stamps in ((0, [1.0, _M, 2.0]), (1, [2.0, 3.0, 4.0]),
+                          (2, [4.0, _M, 5.0]), (3, [5.0, 6.0, 7.0])):
+      log = probe.Log(log, tf.constant(clock),
+                      [tf.constant(v, tf.float64) for v in stamps])
+    probe.Add('1f1b', 0, 1, 2, log)
+    self.assertEqual(
+        [(e.phase, e.t, e.start, e.end, e.tick)
+         for e in rec.Events(rec.Tensors())],
+        [('forward', 0, 1.0, 2.0, 0), ('recompute', 0, 2.0, 3.0, 1),
+         ('backward', 0, 3.0, 4.0, 1), ('forward', 1, 4.0, 5.0, 2),
+         ('recompute', 1, 5.0, 6.0, 3), ('backward', 1, 6.0, 7.0, 3)])
+
+  def testRejectsLogsThatDoNotFitTheSchedule(self):
+    with self.assertRaisesRegex(ValueError, r'5 rows.*K=2, T=2 has 6 ticks'):
+      _Decode1F1B([_LOGS_1F1B[0][:5], _LOGS_1F1B[1]], 2, 2)
+    idle_ran = [list(r) for r in _LOGS_1F1B[0]]
+    idle_ran[2] = [2.0, _M, 3.0]
+    with self.assertRaisesRegex(ValueError, 'tick 2, where the schedule '
+                                'idles'):
+      _Decode1F1B([idle_ran, _LOGS_1F1B[1]], 2, 2)
+    with self.assertRaisesRegex(ValueError, r"'pipedream' is not one of"):
+      timeline.Recorder().Add('pipedream', 0, 1, 1, tf.zeros([2, 2]))
 
 
 class ProbeTest(tf.test.TestCase):
