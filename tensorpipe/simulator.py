@@ -11,7 +11,8 @@ the step is a dependency graph of cells (phase, t, k):
 A backward cell costs r_k + b_k where r_k = f_k with recompute (the forward is
 rematerialised first) and 0 without. `synchronous_ticks=True` adds the clock
 barrier of TensorPipeLayer's tf.while_loop (parallel_iterations=1): every
-cell of tick c waits for all cells of tick c - 1. A per-tick overhead (loop
+cell of tick c waits for all cells of tick c - 1. `ticks_in_flight=n`
+models parallel_iterations=n: tick c waits for all of tick c - n only. A per-tick overhead (loop
 bookkeeping, op dispatch, copies) delays each tick's start, and a fixed
 overhead (input split, loss, output merge, weight update) is added once.
 
@@ -36,7 +37,8 @@ remaining backwards). As dataflow (`synchronous_ticks=False`) with costs equal
 over partitions the step is (T + K - 1)(f + r + b), GPipe's. With the clock
 barrier a steady-state tick holds a forward and a backward cell, so it lasts
 max(f, r + b) where GPipe's ticks last f or r + b: 1F1B in lock step is only
-as fast as GPipe when f = r + b.
+as fast as GPipe when f = r + b. The 1F1B loop (pipeline_1f1b.py) therefore
+runs two ticks in flight (`ticks_in_flight=2`).
 
 Memory: `SimResult.max_in_flight[k]` is the most micro-batches partition k
 holds (forward started, backward not finished): T for GPipe, min(K - k, T)
@@ -113,7 +115,8 @@ def _CheckCosts(name: str, costs: Sequence[float]) -> List[float]:
 def _RunPhase(ticks: List[List[Tuple[int, ...]]], cost: Dict[Tuple[int, ...],
                                                                float],
               deps, t0: float, tick_overhead: float, synchronous: bool,
-              num_cores: float) -> Dict[Tuple[int, ...], Tuple[float, float]]:
+              num_cores: float, ticks_in_flight: int = 1
+              ) -> Dict[Tuple[int, ...], Tuple[float, float]]:
   """Event-driven processor-sharing simulation of one pass.
 
   Args:
@@ -124,19 +127,23 @@ def _RunPhase(ticks: List[List[Tuple[int, ...]]], cost: Dict[Tuple[int, ...],
     t0: time the pass may start.
     tick_overhead: delay between a cell's dependencies finishing (or its
       tick's barrier) and its start.
-    synchronous: whether tick c waits for all of tick c - 1.
+    synchronous: whether tick c waits for all of tick c - ticks_in_flight.
     num_cores: cores shared by the running cells.
+    ticks_in_flight: see `synchronous`.
 
   Returns:
     cell -> (start, end).
   """
   tick_of = {cell: c for c, cells in enumerate(ticks) for cell in cells}
-  # The barrier of tick c is the last tick before it that ran a cell.
-  prev_busy, last = [], None
+  # The barrier of tick c is the last tick <= c - ticks_in_flight that ran
+  # a cell.
+  last_busy, last = [], None
   for c, cells in enumerate(ticks):
-    prev_busy.append(last)
     if cells:
       last = c
+    last_busy.append(last)
+  prev_busy = [last_busy[c - ticks_in_flight] if c >= ticks_in_flight
+               else None for c in range(len(ticks))]
   pending = set(tick_of)
   done: Dict[Tuple[int, int], Tuple[float, float]] = {}
   running: Dict[Tuple[int, int], float] = {}     # cell -> remaining work
@@ -196,7 +203,7 @@ def Simulate(forward_costs: Sequence[float], backward_costs: Sequence[float],
              tick_overhead: float = 0.0, fixed_overhead: float = 0.0,
              synchronous_ticks: bool = True,
              num_cores: Optional[float] = None,
-             schedule: str = 'gpipe') -> SimResult:
+             schedule: str = 'gpipe', ticks_in_flight: int = 1) -> SimResult:
   """Simulates one training step of the GPipe or the 1F1B schedule.
 
   Args:
@@ -213,6 +220,8 @@ def Simulate(forward_costs: Sequence[float], backward_costs: Sequence[float],
     schedule: 'gpipe' (all forwards, then all backwards: two passes of
       T + K - 1 ticks) or '1f1b' (one clock of 2 (T + K - 1) ticks,
       schedules.OneFOneBClockCycles).
+    ticks_in_flight: with `synchronous_ticks`, tick c waits for all cells of
+      tick c - ticks_in_flight (the loop's parallel_iterations).
 
   Returns:
     A SimResult.
@@ -234,18 +243,22 @@ def Simulate(forward_costs: Sequence[float], backward_costs: Sequence[float],
   cores = float(kk if num_cores is None else num_cores)
   if cores <= 0:
     raise ValueError(f'num_cores={num_cores!r} must be > 0')
+  if isinstance(ticks_in_flight, bool) or not isinstance(
+      ticks_in_flight, int) or ticks_in_flight < 1:
+    raise ValueError(f'ticks_in_flight={ticks_in_flight!r} must be an int '
+                     '>= 1 (a loop\'s parallel_iterations)')
   for name, v in (('tick_overhead', tick_overhead),
                   ('fixed_overhead', fixed_overhead)):
     if v < 0:
       raise ValueError(f'{name}={v!r} must be >= 0')
 
   rc = [fk if recompute else 0.0 for fk in f]
+  run = dict(tick_overhead=tick_overhead, synchronous=synchronous_ticks,
+             num_cores=cores, ticks_in_flight=ticks_in_flight)
   if schedule == '1f1b':
-    cells = _OneFOneBCells(f, b, rc, tt, tick_overhead, synchronous_ticks,
-                           cores)
+    cells = _OneFOneBCells(f, b, rc, tt, run)
   else:
-    cells = _GPipeCells(f, b, rc, tt, tick_overhead, synchronous_ticks,
-                        cores)
+    cells = _GPipeCells(f, b, rc, tt, run)
   cells.sort(key=lambda c: (c.start, c.k))
   fwd_end = max(c.end for c in cells if c.phase == 'forward')
   bwd_end = max(c.end for c in cells)
@@ -266,8 +279,7 @@ def _BackwardCell(t, k, start, end, recompute_cost, cost) -> SimCell:
                  recompute=(end - start) * share)
 
 
-def _GPipeCells(f, b, rc, tt, tick_overhead, synchronous, cores
-                ) -> List[SimCell]:
+def _GPipeCells(f, b, rc, tt, run) -> List[SimCell]:
   """GPipe: the forward pass, then the backward pass after all of it."""
   kk = len(f)
   fwd_ticks = list(schedules.GPipeClockCycles(kk, tt))
@@ -281,19 +293,16 @@ def _GPipeCells(f, b, rc, tt, tick_overhead, synchronous, cores
   def BwdDeps(t, k):
     return [c for c in ((t, k + 1), (t + 1, k)) if c[0] < tt and c[1] < kk]
 
-  fwd = _RunPhase(fwd_ticks, fwd_cost, FwdDeps, 0.0, tick_overhead,
-                  synchronous, cores)
+  fwd = _RunPhase(fwd_ticks, fwd_cost, FwdDeps, t0=0.0, **run)
   fwd_end = max(e for _, e in fwd.values())
-  bwd = _RunPhase(bwd_ticks, bwd_cost, BwdDeps, fwd_end, tick_overhead,
-                  synchronous, cores)
+  bwd = _RunPhase(bwd_ticks, bwd_cost, BwdDeps, t0=fwd_end, **run)
   cells = [SimCell('forward', t, k, s, e) for (t, k), (s, e) in fwd.items()]
   cells += [_BackwardCell(t, k, s, e, rc[k], bwd_cost[(t, k)])
             for (t, k), (s, e) in bwd.items()]
   return cells
 
 
-def _OneFOneBCells(f, b, rc, tt, tick_overhead, synchronous, cores
-                   ) -> List[SimCell]:
+def _OneFOneBCells(f, b, rc, tt, run) -> List[SimCell]:
   """1F1B: one clock; each device runs its cells in the schedule's order."""
   kk = len(f)
   ticks = list(schedules.OneFOneBClockCycles(kk, tt))
@@ -315,7 +324,7 @@ def _OneFOneBCells(f, b, rc, tt, tick_overhead, synchronous, cores
       data = (bwd_op, t, k + 1) if k < kk - 1 else (fwd_op, t, k)
     return [c for c in (data, before[(op, t, k)]) if c is not None]
 
-  done = _RunPhase(ticks, cost, Deps, 0.0, tick_overhead, synchronous, cores)
+  done = _RunPhase(ticks, cost, Deps, t0=0.0, **run)
   out = []
   for (op, t, k), (s, e) in done.items():
     if op == fwd_op:
@@ -518,7 +527,7 @@ def SimulateDataParallel(forward_costs: Sequence[float],
                          fixed_overhead: float = 0.0,
                          synchronous_ticks: bool = True,
                          num_cores: Optional[float] = None,
-                         schedule: str = 'gpipe'
+                         schedule: str = 'gpipe', ticks_in_flight: int = 1
                          ) -> DataParallelResult:
   """Simulates one step of R data-parallel replicas of a K-stage pipeline.
 
@@ -545,8 +554,8 @@ def SimulateDataParallel(forward_costs: Sequence[float],
 
   Args:
     forward_costs, backward_costs, num_micro_batches, recompute,
-      tick_overhead, synchronous_ticks, num_cores, schedule: as in
-      `Simulate`, in seconds.
+      tick_overhead, synchronous_ticks, num_cores, schedule,
+      ticks_in_flight: as in `Simulate`, in seconds.
     grad_bytes: per stage, bytes of its weight gradients.
     num_replicas: R.
     bytes_per_second: each link's bandwidth.
@@ -563,7 +572,8 @@ def SimulateDataParallel(forward_costs: Sequence[float],
   pipe = Simulate(forward_costs, backward_costs, num_micro_batches,
                   recompute=recompute, tick_overhead=tick_overhead,
                   fixed_overhead=0.0, synchronous_ticks=synchronous_ticks,
-                  num_cores=num_cores, schedule=schedule)
+                  num_cores=num_cores, schedule=schedule,
+                  ticks_in_flight=ticks_in_flight)
   gb = _CheckCosts('grad_bytes', grad_bytes)
   if len(gb) != len(pipe.busy):
     raise ValueError(f'grad_bytes has {len(gb)} entries for {len(pipe.busy)} '

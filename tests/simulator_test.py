@@ -134,6 +134,24 @@ class OneFOneBTest(unittest.TestCase):
     self.assertGreater(res.step_time, simulator.Simulate(
         [1, 1], [2, 2], 2, recompute=False).step_time)
 
+  def testTwoTicksInFlightLetCellsOverlapTheBarrier(self):
+    # parallel_iterations=2: tick c waits only for all of tick c - 2. In the
+    # case above tick 4 (B1 on k=1) no longer waits for B0 on k=0 (tick 3):
+    # the step takes the dataflow 9 instead of the lock-step 10.
+    res = simulator.Simulate([1, 1], [2, 2], 2, recompute=False,
+                             schedule='1f1b', ticks_in_flight=2)
+    flow = simulator.Simulate([1, 1], [2, 2], 2, recompute=False,
+                              schedule='1f1b', synchronous_ticks=False)
+    self.assertEqual(res.step_time, 9)
+    self.assertEqual(res.cells, flow.cells)
+    # GPipe with one tick in flight is unchanged by the parameter's default.
+    self.assertEqual(
+        simulator.Simulate([1, 2], [0, 0], 3, recompute=False).cells,
+        simulator.Simulate([1, 2], [0, 0], 3, recompute=False,
+                           ticks_in_flight=1).cells)
+    with self.assertRaisesRegex(ValueError, 'ticks_in_flight=0'):
+      simulator.Simulate([1], [1], 2, ticks_in_flight=0)
+
   def testUniformCellCostsGiveGPipeMakespanInTheTickModel(self):
     # Every cell costs the same (f = r + b): both schedules take their
     # 2 (T + K - 1) ticks of one cell each, with or without recompute.
