@@ -65,6 +65,7 @@ from tensorpipe import devices as devices_lib
 from tensorpipe import hyperparams
 from tensorpipe import microbatch
 from tensorpipe import partitioning
+from tensorpipe import pipeline_1f1b
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
 from tensorpipe import schedules
@@ -199,6 +200,13 @@ class TensorPipeLayer(base_layer.BaseLayer):
     p.Define('recompute_impl', 'explicit', "How recompute is done: 'explicit' "
              "(a backward tf.while_loop with per-partition vjp; fast) or "
              "'tf_recompute_grad' (tf.recompute_grad in the forward loop).")
+    p.Define('schedule', 'gpipe', "Training schedule: 'gpipe' (all forwards, "
+             "then all backwards; FProp + any tape) or '1f1b' (one forward, "
+             'one backward: the loss is computed inside the pipeline and '
+             'each partition keeps at most min(K - k, T) boundary inputs; '
+             'train through FPropLoss / FPropLossAndGrads, needs '
+             'recompute=True; FProp is then for inference). See '
+             'pipeline_1f1b.py.')
     return p
 
   def __init__(self, params):
@@ -213,6 +221,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
                        f'{_RECOMPUTE_IMPLS}')
     if not isinstance(p.batch_dim, int) or p.batch_dim < 0:
       raise ValueError(f'batch_dim={p.batch_dim!r} must be an int >= 0')
+    pipeline_1f1b.CheckScheduleParams(p)
     stages = []
     for k, layer_ps in enumerate(stage_params):
       with tf.device(self._devices[k]):
@@ -370,10 +379,76 @@ class TensorPipeLayer(base_layer.BaseLayer):
     with py_utils.BatchAxis(self.params.batch_dim):
       return self._FPropOnBatchAxis(theta, *inputs)
 
+  def FPropLoss(self, theta: NestedMap, inputs: Tuple[Any, ...], targets: Any,
+                loss_fn: pipeline_1f1b.LossFn, normalizer: Any) -> NestedMap:
+    """Training with schedule='1f1b': the loss, differentiable by a tape.
+
+    Runs the whole 1F1B step (forward, loss and backward of every
+    micro-batch) and returns the loss under a tf.custom_gradient whose
+    gradient is upstream x the weight gradients computed there, so a
+    task's loss built on it trains with `tape.gradient` unchanged.
+
+    Args:
+      theta: this layer's weights.
+      inputs: the first layer's inputs, a tuple (FProp's *inputs; a single
+        tensor or NestedMap is taken as the one input), batch on batch_dim.
+      targets: a structure of tensors with the batch on batch_dim, split
+        into micro-batches with the inputs and passed to loss_fn; or None.
+      loss_fn: (outputs of micro-batch t, its targets) -> the micro-batch's
+        loss SUM (a scalar float tensor), or NestedMap(loss=scalar sum,
+        metrics=NestedMap(name=(value sum, weight))). Runs on the last
+        partition's device, twice per micro-batch (forward, recompute).
+      normalizer: a scalar (e.g. the examples or real tokens of the batch)
+        dividing the summed loss; known before the pipeline starts.
+
+    Returns:
+      NestedMap(loss=sum of loss sums / normalizer, metrics=name -> (sum of
+      value sums, sum of weights)); the metrics get no gradient.
+    """
+    return pipeline_1f1b.FPropLoss(
+        self, theta, self._Check1F1BInputs(inputs), targets, loss_fn,
+        normalizer)
+
+  def FPropLossAndGrads(self, theta: NestedMap, inputs: Tuple[Any, ...],
+                        targets: Any, loss_fn: pipeline_1f1b.LossFn,
+                        normalizer: Any) -> NestedMap:
+    """As `FPropLoss`, but also returns the gradients (no tape needed).
+
+    Returns:
+      NestedMap(loss, metrics, grads): grads holds d loss / d theta in
+      theta's structure (theta.partition_<k>).
+    """
+    return pipeline_1f1b.FPropLossAndGrads(
+        self, theta, self._Check1F1BInputs(inputs), targets, loss_fn,
+        normalizer)
+
+  def _Check1F1BInputs(self, inputs) -> Tuple[Any, ...]:
+    p = self.params
+    if p.schedule != '1f1b':
+      raise ValueError(f'TensorPipeLayer {p.name!r}: FPropLoss / '
+                       'FPropLossAndGrads run the 1F1B schedule, but schedule='
+                       f"{p.schedule!r}; set schedule='1f1b', or train with "
+                       'FProp and a tape')
+    if not isinstance(inputs, tuple):
+      inputs = (inputs,)
+    if not inputs:
+      raise ValueError('TensorPipeLayer.FPropLoss needs at least one input')
+    batch = microbatch.BatchSize(inputs, p.batch_dim)
+    num_mb = microbatch.NumMicroBatches(batch, p.num_micro_batches,
+                                        p.micro_batch_size)
+    self._CheckInputShapes(inputs, num_mb)
+    return inputs
+
   def _FPropOnBatchAxis(self, theta: NestedMap, *inputs):
     p = self.params
     if not inputs:
       raise ValueError('TensorPipeLayer.FProp needs at least one input')
+    if p.schedule == '1f1b' and py_utils.IsTraining():
+      raise ValueError(
+          f"TensorPipeLayer {p.name!r} has schedule='1f1b', which trains "
+          'with the loss inside the pipeline: call FPropLoss / '
+          'FPropLossAndGrads (tasks do), run FProp in eval mode '
+          "(py_utils.EvalMode()), or use schedule='gpipe'")
     batch = microbatch.BatchSize(inputs, p.batch_dim)
     num_mb = microbatch.NumMicroBatches(batch, p.num_micro_batches,
                                         p.micro_batch_size)

@@ -271,3 +271,84 @@ def CheckPrepared(test: Any, name: str) -> None:
   if os.environ.get(REQUIRE_DATA_ENV) == '1':
     test.fail(f'{message} ({REQUIRE_DATA_ENV}=1: missing data is a failure)')
   test.skipTest(message)
+
+
+def _LossOf(result: Any) -> tf.Tensor:
+  return result['loss'] if isinstance(result, dict) else result
+
+
+def AssertOneFOneBMatchesOracle(test: tf.test.TestCase,
+                                layer_params: Sequence[Any],
+                                num_partitions: int, num_micro_batches: int,
+                                inputs: Sequence[Any], targets: Any,
+                                loss_fn: Callable[[Any, Any], Any],
+                                normalizer: float,
+                                rtol: Optional[float] = None,
+                                dtype=tf.float64, step_seed: int = 3,
+                                **pipeline_params) -> Any:
+  """Asserts a schedule='1f1b' TensorPipeLayer equals MicroBatchOracle.
+
+  `loss_fn(outputs, targets)` returns a loss SUM over the examples it is
+  given (or NestedMap(loss=..., metrics=...)), so the oracle's loss is
+  loss_fn(all outputs, all targets) / normalizer. Both training entry points
+  are checked against the oracle's loss and every gradient (matched by layer
+  names): `FPropLossAndGrads`, and `FPropLoss` differentiated by a tape (its
+  custom gradient). Float inputs and targets are cast to `dtype` as in
+  `AssertPipelineMatchesOracle`; both run in training mode with the same
+  step seed (dropout masks). Returns the pipeline layer.
+  """
+  from tensorpipe import pipeline  # pylint: disable=g-import-not-at-top
+  from tensorpipe.layers import composite  # pylint: disable=g-import-not-at-top
+  layer_params = _WithDtype(layer_params, dtype)
+  inputs = _CastInputs(inputs, dtype)
+  targets = None if targets is None else _CastInputs([targets], dtype)[0]
+  if rtol is None:
+    rtol = DEFAULT_RTOL[tf.as_dtype(dtype or tf.float32)]
+  batch_dim = pipeline_params.get('batch_dim', 0)
+  ref = composite.SequentialLayer.Params().Set(
+      name='Sequential', sub=list(layer_params)).Instantiate()
+  with py_utils.TrainingMode(True), py_utils.StepSeed(step_seed):
+    _, ref_loss, ref_grads = MicroBatchOracle(
+        ref, num_micro_batches,
+        lambda out: _LossOf(loss_fn(out, targets)) / normalizer, *inputs,
+        batch_dim=batch_dim)
+  pipe = pipeline.TensorPipeLayer.Params().Set(
+      name='TensorPipe', layers=list(layer_params),
+      num_partitions=num_partitions, num_micro_batches=num_micro_batches,
+      input_shapes=[tf.nest.map_structure(lambda x: x.shape.as_list(), x)
+                    for x in inputs], schedule='1f1b',
+      **pipeline_params).Instantiate()
+  test.assertLen(pipe.PartitionLayers(), num_partitions)
+  variables = pipe.trainable_variables
+
+  @tf.function(autograph=False)
+  def Step(xs, tgt):
+    res = pipe.FPropLossAndGrads(pipe.theta, tuple(xs), tgt, loss_fn,
+                                 normalizer)
+    by_var = {id(v): g for v, g in zip(tf.nest.flatten(pipe.theta),
+                                       tf.nest.flatten(res.grads))}
+    with tf.GradientTape() as tape:
+      taped = pipe.FPropLoss(pipe.theta, tuple(xs), tgt, loss_fn, normalizer)
+    return (res.loss, [by_var[id(v)] for v in variables], taped.loss,
+            tape.gradient(taped.loss, variables))
+
+  with py_utils.TrainingMode(True), py_utils.StepSeed(step_seed):
+    loss, grads, taped_loss, taped_grads = Step(list(inputs), targets)
+  ref_vars, pipe_vars = VariablesByName(ref), VariablesByName(pipe)
+  test.assertEqual(sorted(ref_vars), sorted(pipe_vars))
+  ref_g = {v.ref(): g for v, g in zip(ref.trainable_variables, ref_grads)}
+  grad_scale = MaxAbs(ref_grads)
+  test.assertGreater(grad_scale, 0.0)
+  for how, l, gs in (('FPropLossAndGrads', loss, grads),
+                     ('FPropLoss + tape', taped_loss, taped_grads)):
+    AssertAllCloseScaled(test, l, ref_loss, rtol, msg=f'{how}: loss')
+    pipe_g = {v.ref(): g for v, g in zip(variables, gs)}
+    checked = 0
+    for name, var in ref_vars.items():
+      if var.trainable:
+        AssertAllCloseScaled(test, pipe_g[pipe_vars[name].ref()],
+                             ref_g[var.ref()], rtol, msg=f'{how}: {name}',
+                             scale=grad_scale)
+        checked += 1
+    test.assertGreater(checked, 0)
+  return pipe
