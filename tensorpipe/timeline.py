@@ -218,7 +218,7 @@ def Stamp(deps: Sequence[Any] = ()) -> tf.Tensor:
 
 
 def Unordered(fn: Callable[[], Any]) -> Any:
-  """Calls `fn` (which builds a tf.cond) and keeps its conds unordered.
+  """Calls `fn` (which builds a tf.cond or tf.switch_case) unordered.
 
   tf.timestamp is stateful, so a tf.cond whose branch records one becomes a
   stateful `If`, and tf.function's automatic control dependencies then run
@@ -237,7 +237,7 @@ def Unordered(fn: Callable[[], Any]) -> Any:
   acd = getattr(graph, 'experimental_acd_manager', None)
   if acd is not None:
     for op in graph.get_operations()[before:]:
-      if op.type in ('If', 'StatelessIf'):
+      if op.type in ('If', 'StatelessIf', 'Case', 'StatelessCase'):
         acd.run_independently(op)
   return out
 
@@ -283,6 +283,14 @@ class Probe:
     if not self._rec:
       return tf.cond(pred, true_fn, false_fn)
     return Unordered(lambda: tf.cond(pred, true_fn, false_fn))
+
+  def SwitchCase(self, branch_index: tf.Tensor,
+                 branch_fns: Sequence[Callable[[], Any]]) -> Any:
+    """tf.switch_case; when recording, one left unordered (the 1F1B loop's
+    idle / forward / backward cell of a partition)."""
+    if not self._rec:
+      return tf.switch_case(branch_index, branch_fns)
+    return Unordered(lambda: tf.switch_case(branch_index, branch_fns))
 
   def NewLog(self, num_ticks: int, width: int) -> Any:
     """A [num_ticks, width] float64 log of -1 (no cell ran), or ()."""

@@ -306,6 +306,34 @@ class OneFOneBTimelineTest(tf.test.TestCase):
          ('backward', 0, 3.0, 4.0, 1), ('forward', 1, 4.0, 5.0, 2),
          ('recompute', 1, 5.0, 6.0, 3), ('backward', 1, 6.0, 7.0, 3)])
 
+  def testRecordedSwitchCasesOfATickStayConcurrent(self):
+    # The 1F1B loop picks idle / forward / backward per partition with a
+    # tf.switch_case; recording stamps make it stateful, and without
+    # Probe.SwitchCase the partitions' cases would be chained in order.
+    probe = timeline.Probe(timeline.Recorder())
+
+    def Fn(op, x):
+      outs = []
+      for k in range(2):
+        outs.append(probe.SwitchCase(op, [
+            lambda: x + 0.0,
+            lambda k=k: x * float(k + 2) + tf.cast(
+                probe.Stamp([x])[0], tf.float32) * 0.0,
+            lambda: x - 1.0]))
+      return outs
+    fn = tf.function(Fn).get_concrete_function(
+        tf.TensorSpec([], tf.int32), tf.TensorSpec([]))
+    cases = [n for n in fn.graph.as_graph_def().node
+             if n.op in ('Case', 'StatelessCase')]
+    self.assertLen(cases, 2)
+    for node in cases:
+      self.assertEqual([i for i in node.input if i.startswith('^')], [],
+                       node.name)
+    self.assertAllEqual(fn(tf.constant(1), tf.constant(3.0)), [6.0, 9.0])
+    off = timeline.Probe(None)
+    self.assertEqual(float(off.SwitchCase(
+        tf.constant(2), [lambda: 0.0, lambda: 1.0, lambda: 2.0])), 2.0)
+
   def testRejectsLogsThatDoNotFitTheSchedule(self):
     with self.assertRaisesRegex(ValueError, r'5 rows.*K=2, T=2 has 6 ticks'):
       _Decode1F1B([_LOGS_1F1B[0][:5], _LOGS_1F1B[1]], 2, 2)
