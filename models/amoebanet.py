@@ -41,11 +41,14 @@ progress the schedule uses).
 
 from typing import Any, Dict, List, Union
 
-from models import amoebanet_cells as cells
 from tensorpipe import checks
 from tensorpipe import hyperparams
 from tensorpipe import pipeline
 from tensorpipe.layers import conv
+
+# Relative: the zoo is `models` in the clone and `tensorpipe.models` when
+# installed (pyproject.toml).
+from . import amoebanet_cells as cells
 
 AUX_LOSS_WEIGHT = 0.4
 

@@ -7,7 +7,10 @@
 #      Python cannot create it. Uses sudo when not root.
 #   2. .venv: created with $PYTHON (default python3.11) if missing or broken.
 #   3. pip install -r requirements.txt, only when requirements.txt changed
-#      since the last successful install (sha256 stamp in .venv/).
+#      since the last successful install (sha256 stamp in .venv/); then the
+#      clone itself, editable (`pip install -e .`, pyproject.toml), so that
+#      `import tensorpipe` works with .venv's python from any directory
+#      (again only when pyproject.toml or the clone's path changed).
 #   4. third_party/py_toolchain/BUILD, generated from BUILD.tpl: Bazel's Python
 #      toolchain pointing at this clone's .venv/bin/python3 by absolute path
 #      (not committed; see .gitignore).
@@ -22,6 +25,7 @@ ROOT="$(pwd -P)"
 PYTHON="${PYTHON:-python3.11}"
 VENV_PY="$ROOT/.venv/bin/python3"
 STAMP=".venv/.requirements.sha256"
+PKG_STAMP=".venv/.editable.sha256"
 TOOLCHAIN_TPL="third_party/py_toolchain/BUILD.tpl"
 TOOLCHAIN_BUILD="third_party/py_toolchain/BUILD"
 
@@ -78,6 +82,26 @@ if [ "$want" != "$have" ]; then
   printf '%s\n' "$want" > "$STAMP"
 else
   log "Python packages up to date (.venv)"
+fi
+# The clone, editable: no dependencies (the pins above are the ones) and no
+# build isolation (.venv's setuptools builds it, nothing is fetched; a venv
+# of Python >= 3.12 comes without setuptools, then it is installed once).
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $ROOT"
+have="$(cat "$PKG_STAMP" 2>/dev/null || true)"
+if [ "$want" != "$have" ] || ! .venv/bin/python3 -c \
+    'import importlib.metadata as m; m.distribution("tensorpipe")' 2>/dev/null; then
+  log "pip install -e . (the clone, editable; a few seconds)"
+  .venv/bin/python3 -c 'import setuptools, sys
+sys.exit(int(setuptools.__version__.split(".")[0]) < 64)' 2>/dev/null \
+    || .venv/bin/python3 -m pip install -q --disable-pip-version-check \
+         --no-input --progress-bar off 'setuptools>=64'
+  pip_e=(.venv/bin/python3 -m pip install -q --disable-pip-version-check
+         --no-input --progress-bar off --no-deps -e .)
+  "${pip_e[@]}" --no-build-isolation || {
+    log "retrying with pip's build isolation (fetches setuptools)"
+    "${pip_e[@]}"
+  }
+  printf '%s\n' "$want" > "$PKG_STAMP"
 fi
 
 # 4. Bazel Python toolchain for this clone (rewritten only when it changes).
