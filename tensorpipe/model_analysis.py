@@ -27,6 +27,17 @@ into T micro-batches of N/T):
                   the partition's input for all T micro-batches
                   + the outputs of all its layers for ALL T micro-batches
 
+With the 1F1B schedule (one forward, one backward; schedules.py) partition k
+holds at most n_k = min(K - k, T) micro-batches between their forward and
+backward passes instead of GPipe's T, so the "all T" above become n_k:
+
+  1F1B, recompute     n_k x (input of one micro-batch) + its layer outputs
+                      for one micro-batch
+  1F1B, no recompute  n_k x (input + layer outputs of one micro-batch)
+
+(simulator.ActivationPeak; TensorPipe's 1F1B loop runs with recompute only,
+the other figure says what a non-recomputing 1F1B would hold).
+
 Activation sizes are the layers' output shapes (layer granularity: tensors
 that live only inside a layer, e.g. attention probabilities, are not counted,
 so the figures are lower bounds), all at bytes(activation_dtype). Partition
@@ -49,6 +60,7 @@ import tensorflow as tf
 from tensorpipe import base_layer
 from tensorpipe import checks
 from tensorpipe import partitioning
+from tensorpipe import schedules
 from tensorpipe import simulator
 from tensorpipe.nested_map import NestedMap
 
@@ -192,6 +204,9 @@ class PartitionRow:
   internal_bytes_per_micro_batch: int
   activation_bytes_recompute: int
   activation_bytes_no_recompute: int
+  max_in_flight_1f1b: int = 0
+  activation_bytes_1f1b_recompute: int = 0
+  activation_bytes_1f1b_no_recompute: int = 0
 
   @property
   def total_bytes_recompute(self) -> int:
@@ -297,8 +312,32 @@ class Report:
                  '+ its layer outputs for one micro-batch; no recompute = '
                  'input + layer outputs for all T (layer outputs only: lower '
                  'bounds).')
+    lines.append('')
+    lines += self.ScheduleMemoryText()
     lines += self.notes
     return '\n'.join(lines)
+
+  def ScheduleMemoryText(self) -> List[str]:
+    """The per-partition activation memory of GPipe next to 1F1B's."""
+    k, t = self.num_partitions, self.num_micro_batches
+    lines = [f'Activation memory per partition, GPipe vs 1F1B (K={k}, T={t}; '
+             'in flight = micro-batches held between forward and backward)']
+    header = ['partition', 'in flight GPipe', 'in flight 1F1B',
+              'GPipe recompute',
+              '1F1B recompute', 'GPipe no recompute', '1F1B no recompute']
+    rows = [[str(r.index), str(t), str(r.max_in_flight_1f1b),
+             _Bytes(r.activation_bytes_recompute),
+             _Bytes(r.activation_bytes_1f1b_recompute),
+             _Bytes(r.activation_bytes_no_recompute),
+             _Bytes(r.activation_bytes_1f1b_no_recompute)]
+            for r in self.partitions]
+    lines += _Table(header, rows, right=set(range(len(header))))
+    lines.append('1F1B holds min(K-k, T) micro-batches on partition k: with '
+                 'recompute their inputs, without all their layer outputs. '
+                 "TensorPipe's 1F1B loop recomputes (schedule='1f1b' needs "
+                 'recompute=True); the no-recompute column is for '
+                 'comparison.')
+    return lines
 
 
 def _Table(header: List[str], rows: List[List[str]], right=()) -> List[str]:
@@ -466,6 +505,12 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
     boundary = input_elements[start] * a_bytes        # all T micro-batches
     internal_all = sum(r.activation_bytes for r in part)
     internal_one = int(math.ceil(internal_all / t))
+    boundary_one = int(math.ceil(boundary / t))
+    in_flight = schedules.OneFOneBMaxInFlight(k, num_partitions, t)
+    ofob_rc, ofob_norc = (
+        int(simulator.ActivationPeak([in_flight], [boundary_one],
+                                     [internal_one], rc)[0])
+        for rc in (True, False))
     partitions.append(PartitionRow(
         index=k, start=start, end=end, layer_names=[r.name for r in part],
         flops=plan.partition_costs[k],
@@ -476,7 +521,10 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
         optimizer_bytes=sum(opt_elements[start:end]) * p_bytes,
         boundary_bytes=boundary, internal_bytes_per_micro_batch=internal_one,
         activation_bytes_recompute=boundary + internal_one,
-        activation_bytes_no_recompute=boundary + internal_all))
+        activation_bytes_no_recompute=boundary + internal_all,
+        max_in_flight_1f1b=in_flight,
+        activation_bytes_1f1b_recompute=ofob_rc,
+        activation_bytes_1f1b_no_recompute=ofob_norc))
   return Report(
       layers=rows, partitions=partitions, input_shapes=shapes,
       batch_size=batch, num_partitions=num_partitions,
