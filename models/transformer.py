@@ -22,9 +22,19 @@ NestedMap(per_example_loss, per_example_tokens, per_example_correct), each
 Shared embeddings share the source and target tables. The softmax has its own
 weights: tying it to the embedding would put one variable in the first and
 the last partition (on different devices).
+
+Attention width. By default each of the A heads has model_dim / A dimensions
+(width D, Vaswani et al.); `head_dim` decouples the two (width A x head_dim,
+as Lingvo's GPipe Transformer does with its `atten_hidden_dim`). The paper's
+sizes (`PAPER_TRANSFORMERS`, `PaperTransformerLayers`) use 64-dimensional
+heads at D = 1024 with a 64k vocabulary, shared source / target embedding and
+a separate softmax: only that reading reproduces the paper's table (400M,
+1.3B, 1.3B, 6B); with width D, T(12, 16384, 32) would have 1.09B parameters
+and T(64, 16384, 32) 5.24B.
 """
 
-from typing import List, Optional
+import dataclasses
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
@@ -37,13 +47,19 @@ from tensorpipe.layers import transformer
 MeanTokenLoss = transformer.MeanTokenLoss
 
 
-def _CheckArgs(num_layers, hidden_dim, num_heads, model_dim, vocab_size):
+def _CheckArgs(num_layers, hidden_dim, num_heads, model_dim, vocab_size,
+               head_dim=None):
   checks.CheckPositiveInts('', num_layers=num_layers, hidden_dim=hidden_dim,
                            num_heads=num_heads, model_dim=model_dim,
                            vocab_size=vocab_size)
-  if model_dim % num_heads:
+  if head_dim is not None:
+    if not checks.IsPositiveInt(head_dim):
+      raise ValueError(f'head_dim={head_dim!r} must be a positive int, or '
+                       'None for model_dim / num_heads')
+  elif model_dim % num_heads:
     raise ValueError(f'model_dim={model_dim} is not divisible by num_heads='
-                     f'{num_heads}; choose num_heads dividing model_dim')
+                     f'{num_heads}; choose num_heads dividing model_dim, or '
+                     'set head_dim')
 
 
 def _Stack(prefix, cls, num_layers, pre_layer_norm, **kwargs):
@@ -67,14 +83,15 @@ def TransformerLayers(num_layers: int = 6,
                       dropout: float = 0.1,
                       atten_dropout: float = 0.0,
                       relu_dropout: float = 0.0,
-                      src_vocab_size: Optional[int] = None
+                      src_vocab_size: Optional[int] = None,
+                      head_dim: Optional[int] = None
                       ) -> List[hyperparams.Params]:
   """Layer Params of T(L=num_layers, H=hidden_dim, A=num_heads).
 
   Args:
     num_layers: L, encoder layers (and as many decoder layers).
     hidden_dim: H, feed-forward hidden size.
-    num_heads: A, attention heads (must divide model_dim).
+    num_heads: A, attention heads (must divide model_dim unless head_dim).
     model_dim: D, model dimension (1024 for Transformer-Big).
     vocab_size: target vocabulary (and source unless src_vocab_size).
     max_len: longest source / target sequence.
@@ -87,13 +104,17 @@ def TransformerLayers(num_layers: int = 6,
     relu_dropout: dropout rate inside the feed-forward blocks.
     src_vocab_size: source vocabulary for separate embeddings; None means
       vocab_size.
+    head_dim: dimension of each attention head (attention width num_heads *
+      head_dim); None means model_dim / num_heads.
 
   Returns:
     2 * num_layers + 2 layer Params (see the module docstring).
   """
-  _CheckArgs(num_layers, hidden_dim, num_heads, model_dim, vocab_size)
+  _CheckArgs(num_layers, hidden_dim, num_heads, model_dim, vocab_size,
+             head_dim)
   common = dict(model_dim=model_dim, hidden_dim=hidden_dim,
-                num_heads=num_heads, residual_dropout_prob=dropout,
+                num_heads=num_heads, head_dim=head_dim,
+                residual_dropout_prob=dropout,
                 atten_dropout_prob=atten_dropout,
                 relu_dropout_prob=relu_dropout)
   layers = [embedding.TransformerEmbeddingLayer.Params().Set(
@@ -121,28 +142,94 @@ def TransformerLmLayers(num_layers: int = 6,
                         label_smoothing: float = 0.0,
                         dropout: float = 0.1,
                         atten_dropout: float = 0.0,
-                        relu_dropout: float = 0.0
+                        relu_dropout: float = 0.0,
+                        head_dim: Optional[int] = None
                         ) -> List[hyperparams.Params]:
   """Layer Params of a decoder-only language model.
 
   Input NestedMap: ids [b, L], labels [b, L], paddings [b, L]; output as for
   TransformerLayers. Layers: embedding, num_layers decoder layers without
-  cross-attention, softmax (num_layers + 2 in all).
+  cross-attention, softmax (num_layers + 2 in all). head_dim as for
+  TransformerLayers.
   """
-  _CheckArgs(num_layers, hidden_dim, num_heads, model_dim, vocab_size)
+  _CheckArgs(num_layers, hidden_dim, num_heads, model_dim, vocab_size,
+             head_dim)
   layers = [embedding.TransformerEmbeddingLayer.Params().Set(
       name='emb', vocab_size=vocab_size, model_dim=model_dim, mode='lm',
       max_len=max_len, dropout_prob=dropout)]
   layers += _Stack('dec', transformer.TransformerDecoderLayer, num_layers,
                    pre_layer_norm, has_cross_attention=False,
                    model_dim=model_dim, hidden_dim=hidden_dim,
-                   num_heads=num_heads, residual_dropout_prob=dropout,
+                   num_heads=num_heads, head_dim=head_dim,
+                   residual_dropout_prob=dropout,
                    atten_dropout_prob=atten_dropout,
                    relu_dropout_prob=relu_dropout)
   layers.append(transformer.SequenceSoftmaxLayer.Params().Set(
       name='softmax', input_dim=model_dim, vocab_size=vocab_size,
       label_smoothing=label_smoothing))
   return layers
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperTransformer:
+  """One row of the paper's Transformer table (Huang et al. 2018, section 5).
+
+  T(L, H, A) at model dimension 1024 and a 64k wordpiece vocabulary;
+  `paper_params` is the count the paper gives (rounded there).
+  """
+  num_layers: int      # L
+  hidden_dim: int      # H
+  num_heads: int       # A
+  paper_params: float
+
+  @property
+  def name(self) -> str:
+    return f'T({self.num_layers}, {self.hidden_dim}, {self.num_heads})'
+
+
+# The paper's sizes, keyed by name. T(12, 16384, 32) and T(24, 8192, 16) are
+# both "1.3B" there; with 64-dimensional heads they are equal here too.
+PAPER_TRANSFORMERS: Dict[str, PaperTransformer] = {
+    t.name: t for t in (
+        PaperTransformer(6, 8192, 16, 400e6),
+        PaperTransformer(12, 16384, 32, 1.3e9),
+        PaperTransformer(24, 8192, 16, 1.3e9),
+        PaperTransformer(64, 16384, 32, 6e9),
+    )
+}
+PAPER_MODEL_DIM = 1024
+PAPER_VOCAB_SIZE = 64000
+PAPER_HEAD_DIM = 64
+
+
+def PaperTransformerLayers(name: str,
+                           head_dim: Optional[int] = PAPER_HEAD_DIM,
+                           shared_embeddings: bool = True,
+                           model_dim: int = PAPER_MODEL_DIM,
+                           vocab_size: int = PAPER_VOCAB_SIZE,
+                           **kwargs) -> List[hyperparams.Params]:
+  """TransformerLayers of the paper's T(L, H, A) named `name`.
+
+  Args:
+    name: a key of PAPER_TRANSFORMERS, e.g. 'T(64, 16384, 32)'.
+    head_dim: dimension of each head (64: width 64 x A, which reproduces the
+      paper's counts); None gives model_dim = num_heads x head_dim.
+    shared_embeddings: one source / target embedding table (the softmax
+      has its own weights either way).
+    model_dim, vocab_size: D and the vocabulary (the paper's 1024 and 64k).
+    **kwargs: other TransformerLayers arguments (max_len, dropout, ...).
+
+  Raises:
+    ValueError: an unknown name (the message lists the known ones).
+  """
+  if name not in PAPER_TRANSFORMERS:
+    raise ValueError(f'unknown Transformer preset {name!r}; use one of '
+                     f'{sorted(PAPER_TRANSFORMERS)}')
+  t = PAPER_TRANSFORMERS[name]
+  return TransformerLayers(t.num_layers, t.hidden_dim, t.num_heads,
+                           model_dim=model_dim, vocab_size=vocab_size,
+                           shared_embeddings=shared_embeddings,
+                           head_dim=head_dim, **kwargs)
 
 
 def TranslationInputShapes(batch_size: int, src_len: int, tgt_len: int):

@@ -27,6 +27,9 @@ class TransformerExperiment(base_experiment.BaseExperiment):
   MODEL_DIM = 256
   HIDDEN_DIM = 1024        # H
   NUM_HEADS = 4            # A
+  HEAD_DIM = None          # per-head dimension; None: MODEL_DIM / NUM_HEADS
+                           # (the paper-size presets use 64)
+  SHARED_EMBEDDINGS = True  # translation: one source / target table
   DROPOUT = 0.1
   NUM_PARTITIONS = 4
   NUM_MICRO_BATCHES = 8

@@ -283,6 +283,31 @@ class ToolTest(tf.test.TestCase):
         transformer.TranslationInputShapes(4, 8, 8))
     self.assertIn(f'({report.num_params:,};', text)
 
+  def testPaperTransformersTable(self):
+    text = self._Run('--model=paper_transformers')
+    self.assertIn('attention width 64 x A', text)
+    counts = model_analysis_tool.PaperTransformerCounts()
+    self.assertEqual([n for n, _, _ in counts],
+                     list(transformer.PAPER_TRANSFORMERS))
+    for name, ours, paper in counts:
+      self.assertIn(f'{name:<18} {ours:>15,}', text)
+      self.assertLessEqual(abs(ours / paper - 1), 0.05, msg=name)
+    # --head_dim=0: width D, the reading that misses the table.
+    wide = self._Run('--model=paper_transformers', '--head_dim=0')
+    self.assertIn('attention width D = 1024', wide)
+    self.assertIn('-16.3%', wide)
+
+  def testTransformerHeadDimFlag(self):
+    text = self._Run('--model=transformer', '--L=1', '--H=64', '--A=4',
+                     '--D=32', '--vocab=100', '--seq_len=8', '--batch_size=4',
+                     '--head_dim=16')
+    self.assertIn('attention width 64', text)
+    report = model_analysis.AnalyzeLayers(
+        transformer.TransformerLayers(1, 64, 4, 32, 100, max_len=8,
+                                      head_dim=16),
+        transformer.TranslationInputShapes(4, 8, 8))
+    self.assertIn(f'({report.num_params:,};', text)
+
   def testUnknownModelRaises(self):
     with self.assertRaisesRegex(ValueError, "unknown model 'vgg'"):
       model_analysis_tool.ModelSpec('vgg')

@@ -6,7 +6,8 @@ variable is created, so billion-parameter models are analysed in seconds.
   python -m tools.model_analysis --model=amoebanet_d --L=6 --F=208 \
       --num_partitions=4 --num_micro_batches=16
   python -m tools.model_analysis --model=transformer --L=64 --H=16384 --A=32 \
-      --vocab=64000 --num_partitions=8 --num_micro_batches=32
+      --vocab=64000 --head_dim=64 --num_partitions=8 --num_micro_batches=32
+  python -m tools.model_analysis --model=paper_transformers   # the table
   bazel run //tools:model_analysis -- --model=resnet101 --num_partitions=4
   python -m tools.model_analysis --model=amoebanet_d --L=6 --F=208 \
       --num_partitions=4 --num_micro_batches=16 --num_replicas=2,8 \
@@ -19,9 +20,12 @@ unless --shared_link), devices achieving --device_tflops: step time, the
 all-reduce time it adds, throughput and scaling efficiency for each R
 (tensorpipe/simulator.py's SimulateDataParallel).
 
-Models: transformer (T(L, H, A) translation, model dim --D), transformer_lm
-(decoder-only), amoebanet_d / amoebanet_b (AmoebaNet(L, F)), resnet50 /
-resnet101 / resnet152, consistency (the paper's 3x3 conv stack, --L convs).
+Models: transformer (T(L, H, A) translation, model dim --D, heads of
+--head_dim), transformer_lm (decoder-only), paper_transformers (the paper's
+four T(L, H, A) sizes at D 1024 and a 64k vocabulary: our parameter counts
+next to the paper's, with --head_dim, default 64, and --shared_embeddings),
+amoebanet_d / amoebanet_b (AmoebaNet(L, F)), resnet50 / resnet101 /
+resnet152, consistency (the paper's 3x3 conv stack, --L convs).
 """
 
 from typing import Any, List, Optional, Tuple
@@ -35,8 +39,9 @@ from models import resnet
 from models import transformer
 from tensorpipe import model_analysis
 
-MODELS = ('transformer', 'transformer_lm', 'amoebanet_d', 'amoebanet_b',
-          'resnet50', 'resnet101', 'resnet152', 'consistency')
+MODELS = ('transformer', 'transformer_lm', 'paper_transformers',
+          'amoebanet_d', 'amoebanet_b', 'resnet50', 'resnet101', 'resnet152',
+          'consistency')
 
 # Defaults that depend on the model (used where a flag is left unset).
 _DEFAULT_L = {'transformer': 6, 'transformer_lm': 6, 'amoebanet_d': 6,
@@ -60,6 +65,9 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        flag_values=fv)
   flags.DEFINE_integer('D', 1024, 'Transformer model dimension (1024 = '
                        'Transformer-Big).', flag_values=fv)
+  flags.DEFINE_integer('head_dim', None, 'Transformer: dimension of each '
+                       'attention head (width A x head_dim); unset: D / A, '
+                       'except for paper_transformers (64).', flag_values=fv)
   flags.DEFINE_integer('vocab', 32000, 'Transformer vocabulary size.',
                        flag_values=fv)
   flags.DEFINE_integer('seq_len', 256, 'Transformer source and target (or LM) '
@@ -116,14 +124,18 @@ def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
               pre_layer_norm: bool = False, F: int = 208,
               image_size: Optional[int] = None, num_classes: int = 1000,
               small_stem: bool = False,
-              batch_size: int = 64) -> Tuple[List[Any], List[Any], str]:
+              batch_size: int = 64,
+              head_dim: Optional[int] = None
+              ) -> Tuple[List[Any], List[Any], str]:
   """Layer Params, input shapes and a title of a built-in model.
 
   Raises:
     ValueError: for an unknown model name.
   """
-  if model not in MODELS:
-    raise ValueError(f'unknown model {model!r}; use one of {MODELS}')
+  if model not in MODELS or model == 'paper_transformers':
+    raise ValueError(f'unknown model {model!r}; use one of '
+                     f'{[m for m in MODELS if m != "paper_transformers"]} '
+                     '(paper_transformers is a table: PaperTransformerTable)')
   if L is None:
     L = _DEFAULT_L.get(model)
   if image_size is None:
@@ -132,14 +144,17 @@ def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
   if model == 'transformer':
     layers = transformer.TransformerLayers(
         L, H, A, model_dim=D, vocab_size=vocab, max_len=seq_len,
-        pre_layer_norm=pre_layer_norm, shared_embeddings=shared_embeddings)
+        pre_layer_norm=pre_layer_norm, shared_embeddings=shared_embeddings,
+        head_dim=head_dim)
+    width = A * head_dim if head_dim else D
     return (layers, transformer.TranslationInputShapes(batch_size, seq_len,
                                                        seq_len),
-            f'Transformer T({L}, {H}, {A}), model dim {D}, vocabulary {vocab}')
+            f'Transformer T({L}, {H}, {A}), model dim {D}, attention width '
+            f'{width}, vocabulary {vocab}')
   if model == 'transformer_lm':
     layers = transformer.TransformerLmLayers(
         L, H, A, model_dim=D, vocab_size=vocab, max_len=seq_len,
-        pre_layer_norm=pre_layer_norm)
+        pre_layer_norm=pre_layer_norm, head_dim=head_dim)
     return (layers, transformer.LmInputShapes(batch_size, seq_len),
             f'Transformer LM ({L} decoder layers, H={H}, A={A}), model dim '
             f'{D}, vocabulary {vocab}')
@@ -162,14 +177,55 @@ def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
           f'consistency CNN: {L} Conv2DLayers 3x3x1x1')
 
 
+def PaperTransformerCounts(head_dim: Optional[int] = transformer.PAPER_HEAD_DIM,
+                           shared_embeddings: bool = True
+                           ) -> List[Tuple[str, int, float]]:
+  """[(name, our parameter count, the paper's)] of the paper's Transformers.
+
+  Counted from Params with FPropMeta (no variable is created).
+  """
+  rows = []
+  for name, t in transformer.PAPER_TRANSFORMERS.items():
+    layers = transformer.PaperTransformerLayers(
+        name, head_dim=head_dim, shared_embeddings=shared_embeddings,
+        max_len=256)
+    report = model_analysis.AnalyzeLayers(
+        layers, transformer.TranslationInputShapes(1, 256, 256),
+        exact_optimizer_state=False)
+    rows.append((name, report.num_params, t.paper_params))
+  return rows
+
+
+def PaperTransformerTable(head_dim: Optional[int] = transformer.PAPER_HEAD_DIM,
+                          shared_embeddings: bool = True) -> str:
+  """The printed table of PaperTransformerCounts."""
+  width = '64 x A' if head_dim == 64 else (
+      f'{head_dim} x A' if head_dim else 'D = 1024')
+  lines = [f"The paper's Transformers: model dim {transformer.PAPER_MODEL_DIM},"
+           f' vocabulary {transformer.PAPER_VOCAB_SIZE}, attention width '
+           f'{width}, {"shared" if shared_embeddings else "separate"} '
+           'source / target embedding, separate softmax',
+           f'{"model":<18} {"ours":>15} {"paper":>8} {"ours/paper":>11}']
+  for name, ours, paper in PaperTransformerCounts(head_dim, shared_embeddings):
+    paper_text = (f'{paper / 1e9:g}B' if paper >= 1e9 else
+                  f'{paper / 1e6:g}M')
+    lines.append(f'{name:<18} {ours:>15,} {paper_text:>8} '
+                 f'{ours / paper - 1:>+10.1%}')
+  return '\n'.join(lines)
+
+
 def Run(fv: flags.FlagValues) -> str:
   """Builds the model named by the flags and returns the printed report."""
+  if fv.model == 'paper_transformers':
+    head_dim = transformer.PAPER_HEAD_DIM if fv.head_dim is None else (
+        fv.head_dim or None)
+    return PaperTransformerTable(head_dim, fv.shared_embeddings)
   layers, input_shapes, title = ModelSpec(
       fv.model, L=fv.L, H=fv.H, A=fv.A, D=fv.D, vocab=fv.vocab,
       seq_len=fv.seq_len, shared_embeddings=fv.shared_embeddings,
       pre_layer_norm=fv.pre_layer_norm, F=fv.F, image_size=fv.image_size,
       num_classes=fv.num_classes, small_stem=fv.small_stem,
-      batch_size=fv.batch_size)
+      batch_size=fv.batch_size, head_dim=fv.head_dim)
   report = model_analysis.AnalyzeLayers(
       layers, input_shapes, num_partitions=fv.num_partitions,
       num_micro_batches=fv.num_micro_batches, optimizer=fv.optimizer,

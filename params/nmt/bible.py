@@ -35,7 +35,8 @@ class _BibleBase(base_transformer.TransformerExperiment):
         self.NUM_PARTITIONS, self.NUM_MICRO_BATCHES, self.BATCH_SIZE,
         self.MAX_LEN, self.MAX_LEN, num_layers=self.NUM_LAYERS,
         hidden_dim=self.HIDDEN_DIM, num_heads=self.NUM_HEADS,
-        model_dim=self.MODEL_DIM, vocab_size=self.VOCAB_SIZE,
+        model_dim=self.MODEL_DIM, head_dim=self.HEAD_DIM,
+        shared_embeddings=self.SHARED_EMBEDDINGS, vocab_size=self.VOCAB_SIZE,
         max_len=self.MAX_LEN, label_smoothing=self.LABEL_SMOOTHING,
         dropout=self.DROPOUT)
 

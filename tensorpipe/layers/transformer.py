@@ -102,6 +102,9 @@ class TransformerAttentionBlock(_ResidualBlock):
   def Params(cls):
     p = super().Params()
     p.Define('num_heads', None, 'Number of attention heads A; required.')
+    p.Define('head_dim', None, 'Dimension of each head: the q / k / v width '
+             'is num_heads * head_dim. None means model_dim / num_heads '
+             '(width model_dim).')
     p.Define('causal', False, 'Mask future positions (decoder self-attention).')
     p.Define('atten_dropout_prob', 0.0, 'Dropout rate on attention '
              'probabilities.')
@@ -109,9 +112,15 @@ class TransformerAttentionBlock(_ResidualBlock):
 
   @classmethod
   def _AttenParams(cls, p):
+    if p.head_dim is not None and not checks.IsPositiveInt(p.head_dim):
+      raise ValueError(f'{cls.__name__} {p.name!r}: head_dim={p.head_dim!r} '
+                       'must be a positive int, or None for model_dim / '
+                       'num_heads')
+    width = None if p.head_dim is None else p.num_heads * p.head_dim
     return attention.MultiHeadedAttention.Params().Set(
         name='atten', input_dim=p.model_dim, num_heads=p.num_heads,
-        causal=p.causal, atten_dropout_prob=p.atten_dropout_prob)
+        hidden_dim=width, causal=p.causal,
+        atten_dropout_prob=p.atten_dropout_prob)
 
   def __init__(self, params):
     super().__init__(params)
@@ -208,7 +217,10 @@ class _TransformerLayerBase(base_layer.BaseLayer):
     p = super().Params()
     p.Define('model_dim', None, 'Model dimension D; required.')
     p.Define('hidden_dim', None, 'Feed-forward hidden size H; required.')
-    p.Define('num_heads', None, 'Attention heads A; must divide model_dim.')
+    p.Define('num_heads', None, 'Attention heads A; must divide model_dim '
+             'unless head_dim is set.')
+    p.Define('head_dim', None, 'Dimension of each attention head (width '
+             'num_heads * head_dim); None means model_dim / num_heads.')
     p.Define('pre_layer_norm', False, 'Pre-LN residual order (see the module '
              'docstring); False is the original post-LN.')
     p.Define('final_layer_norm', False, 'Apply a LayerNorm to the output '
@@ -228,11 +240,12 @@ class _TransformerLayerBase(base_layer.BaseLayer):
                   residual_dropout_prob=p.residual_dropout_prob)
     atten = TransformerAttentionBlock.Params
     blocks = [('self_atten', atten().Set(
-        name='self_atten', num_heads=p.num_heads, causal=causal_self,
+        name='self_atten', num_heads=p.num_heads, head_dim=p.head_dim,
+        causal=causal_self,
         atten_dropout_prob=p.atten_dropout_prob, **common))]
     if cross:
       blocks.append(('cross_atten', atten().Set(
-          name='cross_atten', num_heads=p.num_heads,
+          name='cross_atten', num_heads=p.num_heads, head_dim=p.head_dim,
           atten_dropout_prob=p.atten_dropout_prob, **common)))
     blocks.append(('ff', TransformerFeedForwardBlock.Params().Set(
         name='ff', hidden_dim=p.hidden_dim,
