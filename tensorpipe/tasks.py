@@ -213,6 +213,18 @@ class BaseTask(base_layer.BaseLayer):
     return None
 
 
+def _TrainsWith1F1B(model: base_layer.BaseLayer) -> bool:
+  """Whether `model` trains with the loss inside it (schedule='1f1b')."""
+  return (isinstance(model, pipeline.TensorPipeLayer) and
+          model.params.schedule == '1f1b' and py_utils.IsTraining())
+
+
+def _MeanMetrics(sums: NestedMap) -> NestedMap:
+  """(value sum, weight sum) pairs -> (weighted mean, weight sum) pairs."""
+  return NestedMap({name: (value / tf.maximum(weight, 1.0), weight)
+                    for name, (value, weight) in sums.items()})
+
+
 class ClassificationTask(BaseTask):
   """Image classification: softmax loss, top-1 / top-5 accuracy.
 
@@ -243,6 +255,8 @@ class ClassificationTask(BaseTask):
 
   def FProp(self, theta, batch):
     p = self.params
+    if _TrainsWith1F1B(self.children.model):
+      return self._FPropLossInPipeline(theta, batch)
     out = self.children.model.FProp(theta.model, batch[p.input_key])
     aux = None
     if isinstance(out, dict):
@@ -265,6 +279,36 @@ class ClassificationTask(BaseTask):
       loss += p.aux_loss_weight * aux_xent
       metrics.aux_loss = (aux_xent, n)
     return NestedMap(loss=loss, metrics=metrics, logits=logits)
+
+  def _FPropLossInPipeline(self, theta, batch):
+    """Training with schedule='1f1b': the same loss, per micro-batch sums."""
+    p = self.params
+
+    def LossSums(out, labels):
+      logits = out['logits'] if isinstance(out, dict) else out
+      logits = tf.cast(logits, tf.float32)
+      m = tf.cast(tf.shape(logits)[0], tf.float32)
+      xent = tf.reduce_sum(losses.SoftmaxCrossEntropyLoss(
+          logits, labels, p.label_smoothing, p.num_classes))
+      metrics = NestedMap(
+          loss=(xent, m),
+          accuracy=(losses.TopKAccuracy(logits, labels, 1) * m, m),
+          acc5=(losses.TopKAccuracy(logits, labels, min(5, p.num_classes)) *
+                m, m))
+      loss = xent
+      if isinstance(out, dict) and out.get('aux_logits') is not None:
+        aux_xent = tf.reduce_sum(losses.SoftmaxCrossEntropyLoss(
+            tf.cast(out['aux_logits'], tf.float32), labels,
+            p.label_smoothing, p.num_classes))
+        loss += p.aux_loss_weight * aux_xent
+        metrics.aux_loss = (aux_xent, m)
+      return NestedMap(loss=loss, metrics=metrics)
+
+    images = batch[p.input_key]
+    n = float(images.shape[self.children.model.params.batch_dim])
+    out = self.children.model.FPropLoss(theta.model, (images,), batch.label,
+                                        LossSums, n)
+    return NestedMap(loss=out.loss, metrics=_MeanMetrics(out.metrics))
 
 
 class SequenceTask(BaseTask):
@@ -328,6 +372,8 @@ class SequenceTask(BaseTask):
             tf.reduce_sum(correct * weights))
 
   def FProp(self, theta, batch):
+    if _TrainsWith1F1B(self.children.model):
+      return self._FPropLossInPipeline(theta, batch)
     out = self.children.model.FProp(theta.model, batch)
     loss_sum, plain_sum, tokens, correct = self._TokenSums(out, batch)
     num_tokens = tf.maximum(tokens, 1.0)
@@ -337,6 +383,29 @@ class SequenceTask(BaseTask):
                         token_accuracy=(correct / num_tokens, num_tokens),
                         num_tokens=(tokens, tf.constant(1.0)))
     return NestedMap(loss=loss, metrics=metrics)
+
+  def _FPropLossInPipeline(self, theta, batch):
+    """Training with schedule='1f1b': token sums per micro-batch, divided
+    by the batch's real tokens (from its paddings, known up front)."""
+    keys = (('tgt_labels', 'tgt_paddings') if 'tgt_labels' in batch else
+            ('labels', 'paddings'))
+    targets = NestedMap({k: batch[k] for k in keys})
+    _, weights = self._LabelsAndWeights(batch)
+    tokens = tf.reduce_sum(weights)
+    num_tokens = tf.maximum(tokens, 1.0)
+
+    def LossSums(out, tgt):
+      loss_sum, plain_sum, n, correct = self._TokenSums(out, tgt)
+      return NestedMap(loss=loss_sum, metrics=NestedMap(
+          loss=(loss_sum, n), log_pplx=(plain_sum, n),
+          token_accuracy=(correct, n)))
+
+    out = self.children.model.FPropLoss(theta.model, (batch,), targets,
+                                        LossSums, num_tokens)
+    metrics = NestedMap({name: (value / num_tokens, num_tokens)
+                         for name, (value, _) in out.metrics.items()})
+    metrics.num_tokens = (tokens, tf.constant(1.0))
+    return NestedMap(loss=out.loss, metrics=metrics)
 
   def PostProcessEvalMetrics(self, metrics):
     metrics = dict(metrics)

@@ -1,0 +1,372 @@
+"""Tests of the 1F1B schedule (tensorpipe/pipeline_1f1b.py), default tier.
+
+- Transparency: loss and every gradient of both training entry points
+  (FPropLossAndGrads; FPropLoss under a tape) equal the micro-batch oracle
+  (float64), with batch norm and dropout, on a conv model and the
+  consistency CNN; the full K x T grid on the consistency CNN, a tiny
+  AmoebaNet and a tiny Transformer is in pipeline_1f1b_slow_test.py.
+- Batch-norm moving averages after two steps equal GPipe's.
+- Partition k keeps min(K - k, T) boundary inputs (the TensorArrays built).
+- Tasks train through the 1F1B entry point: a ClassificationTask in
+  distribute.TrainStep with R=2 replicas and a SequenceTask give GPipe's
+  losses, gradients and weights.
+- Bad settings and bad loss functions: one clear error each.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from models import consistency_cnn
+from models import transformer as transformer_models
+from tensorpipe import base_layer
+from tensorpipe import distribute
+from tensorpipe import optimizers
+from tensorpipe import pipeline
+from tensorpipe import pipeline_1f1b
+from tensorpipe import py_utils
+from tensorpipe import tasks
+from tensorpipe import test_utils
+from tensorpipe.layers import conv
+from tensorpipe.layers import dropout
+from tensorpipe.layers import linear
+from tensorpipe.layers import normalization
+from tensorpipe.nested_map import NestedMap
+from tests.models import transformer_testlib
+
+test_utils.ConfigureTestDevices()
+
+BATCH = 8
+CLASSES = 5
+
+
+def _ConvModel():
+  """Conv+BN, dropout, strided conv, flatten, FC: [8, 8, 8, 2] -> [8, 5]."""
+  c = conv.Conv2DLayer.Params
+  return [
+      c().Set(name='stem', filter_shape=(3, 3, 2, 4), batch_norm=True),
+      dropout.DropoutLayer.Params().Set(name='drop1', keep_prob=0.7),
+      c().Set(name='conv2', filter_shape=(3, 3, 4, 4), filter_stride=(2, 2),
+              bias=True),
+      linear.FlattenLayer.Params().Set(name='flat'),
+      linear.FCLayer.Params().Set(name='fc', input_dim=64, output_dim=CLASSES,
+                                  activation='NONE'),
+  ]
+
+
+def _XentSum(logits, labels):
+  """Softmax cross-entropy summed over the examples given."""
+  return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=labels, logits=logits))
+
+
+def _SquareSinSum(out, unused_targets):
+  # Not a plain mean: the gradient differs from example to example.
+  return 0.5 * tf.reduce_sum(tf.square(out)) + tf.reduce_sum(tf.sin(out))
+
+
+def _Images(seed=5, shape=(BATCH, 8, 8, 2)):
+  return tf.random.stateless_normal(list(shape), seed=[seed, 6])
+
+
+def _Labels():
+  return tf.range(BATCH) % CLASSES
+
+
+class TransparencyTest(tf.test.TestCase):
+
+  def testConvModelWithBatchNormAndDropoutMatchesOracle(self):
+    for k, t in [(1, 1), (2, 4), (4, 8)]:
+      with self.subTest(k=k, t=t):
+        test_utils.AssertOneFOneBMatchesOracle(
+            self, _ConvModel(), k, t, [_Images()], _Labels(), _XentSum,
+            normalizer=float(BATCH))
+
+  def testConsistencyCnnMatchesOracle(self):
+    x = tf.random.stateless_normal([BATCH, 8, 8, 1], seed=[3, 1])
+    test_utils.AssertOneFOneBMatchesOracle(
+        self, consistency_cnn.ConsistencyLayers(8), 4, 4, [x], None,
+        _SquareSinSum, normalizer=1.0)
+
+  def testMetricsAreSummedOverMicroBatches(self):
+    pipe = pipeline.TensorPipeLayer.Params().Set(
+        name='TensorPipe', layers=_ConvModel(), num_partitions=2,
+        num_micro_batches=4, input_shapes=[[BATCH, 8, 8, 2]],
+        schedule='1f1b').Instantiate()
+
+    def LossFn(logits, labels):
+      n = tf.cast(tf.shape(logits)[0], tf.float32)
+      hits = tf.reduce_sum(tf.cast(tf.equal(
+          tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
+      return NestedMap(loss=_XentSum(logits, labels),
+                       metrics=NestedMap(correct=(hits, n)))
+
+    @tf.function(autograph=False)
+    def Run(x, labels):
+      with py_utils.TrainingMode(True), py_utils.StepSeed(2):
+        res = pipe.FPropLossAndGrads(pipe.theta, (x,), labels, LossFn, 8.0)
+      with py_utils.EvalMode():
+        logits = pipe.FPropDefaultTheta(x)
+      return res.metrics.correct, res.loss, logits
+    (hits, n), loss, _ = Run(_Images(), _Labels())
+    self.assertEqual(float(n), BATCH)
+    self.assertBetween(float(hits), 0.0, BATCH)
+    self.assertGreater(float(loss), 0.0)
+
+
+class MovingAveragesTest(tf.test.TestCase):
+
+  def testMovingAveragesAndGradientsEqualGPipe(self):
+    layer_ps = [
+        linear.FCLayer.Params().Set(name='fc0', input_dim=3, output_dim=4,
+                                    activation='NONE'),
+        normalization.BatchNormLayer.Params().Set(name='bn0', dim=4,
+                                                  decay=0.9),
+        linear.FCLayer.Params().Set(name='fc1', input_dim=4, output_dim=4,
+                                    activation='RELU'),
+        normalization.BatchNormLayer.Params().Set(name='bn1', dim=4,
+                                                  decay=0.9),
+    ]
+
+    def Build(schedule):
+      return pipeline.TensorPipeLayer.Params().Set(
+          name='TensorPipe', partitions=[layer_ps[:1], layer_ps[1:3],
+                                         layer_ps[3:]],
+          num_micro_batches=6, schedule=schedule).Instantiate()
+    gpipe, ofob = Build('gpipe'), Build('1f1b')
+    for a, b in zip(gpipe.variables, ofob.variables):
+      self.assertAllEqual(a, b)
+
+    def Loss(out, unused_targets=None):
+      return _SquareSinSum(out, None)
+
+    @tf.function(autograph=False)
+    def GPipeStep(x):
+      with tf.GradientTape() as tape:
+        loss = Loss(gpipe.FPropDefaultTheta(x))
+      return tape.gradient(loss, gpipe.trainable_variables)
+
+    @tf.function(autograph=False)
+    def OneFOneBStep(x):
+      res = ofob.FPropLossAndGrads(ofob.theta, (x,), None, Loss, 1.0)
+      by_var = {id(v): g for v, g in zip(tf.nest.flatten(ofob.theta),
+                                         tf.nest.flatten(res.grads))}
+      return [by_var[id(v)] for v in ofob.trainable_variables]
+
+    for step in range(2):  # Two steps: the averages accumulate.
+      x = tf.random.stateless_normal([24, 3], seed=[step, 2]) * 3.0 + 1.0
+      with py_utils.TrainingMode(True):
+        want = GPipeStep(x)
+        got = OneFOneBStep(x)
+      scale = test_utils.MaxAbs(want)
+      test_utils.AssertAllCloseScaled(self, got, want, 1e-5, scale=scale)
+    moving = [v for v in gpipe.variables if not v.trainable]
+    self.assertLen(moving, 4)  # moving mean and variance of bn0, bn1
+    for a, b in zip(moving, [v for v in ofob.variables if not v.trainable]):
+      self.assertNotAllClose(a, tf.zeros_like(a) + (
+          0.0 if 'mean' in a.name else 1.0))
+      # The same float32 sums over the same micro-batches in the same order.
+      self.assertAllClose(b, a, rtol=1e-6, atol=1e-6, msg=a.name)
+
+
+def _SlotListsByWidth(k_total, t_total):
+  """{input width of partition k: sizes of the TensorArrays of that shape}."""
+  widths = [5, 6, 7, 8, 3]
+  layer_ps = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=widths[i],
+                                          output_dim=widths[i + 1])
+              for i in range(4)]
+  pipe = pipeline.TensorPipeLayer.Params().Set(
+      name='TensorPipe', partitions=[[lp] for lp in layer_ps[:k_total - 1]]
+      + [layer_ps[k_total - 1:]], num_micro_batches=t_total,
+      schedule='1f1b').Instantiate()
+  batch = 2 * t_total
+
+  @tf.function(autograph=False)
+  def Step(x):
+    return pipe.FPropLossAndGrads(pipe.theta, (x,), None, _SquareSinSum,
+                                  1.0).loss
+  graph = Step.get_concrete_function(
+      tf.TensorSpec([batch, widths[0]])).graph
+  sizes = {}
+  for op in graph.get_operations():
+    if op.type == 'TensorListReserve':
+      shape = tf.get_static_value(op.inputs[0])
+      sizes.setdefault(int(shape[-1]), []).append(
+          int(tf.get_static_value(op.inputs[1])))
+  return sizes
+
+
+class SlotBoundTest(tf.test.TestCase):
+
+  def testPartitionKKeepsMinOfKMinusKAndTBoundaryInputs(self):
+    # Partition k's input has width 5 + k; partition 0 reads the mini-batch
+    # and keeps nothing. GPipe would keep T (+1) per partition.
+    self.assertEqual(_SlotListsByWidth(4, 8), {6: [3], 7: [2], 8: [1]})
+    self.assertEqual(_SlotListsByWidth(4, 2), {6: [2], 7: [2], 8: [1]})
+    self.assertEqual([pipeline_1f1b.NumSlots(k, 4, 8) for k in range(4)],
+                     [0, 3, 2, 1])
+
+
+def _TaskParams(schedule, num_micro_batches=2):
+  pipe = pipeline.TensorPipeLayer.Params().Set(
+      name='TensorPipe', layers=[
+          linear.FCLayer.Params().Set(name='fc0', input_dim=5, output_dim=6),
+          normalization.BatchNormLayer.Params().Set(name='bn', dim=6,
+                                                    decay=0.5),
+          dropout.DropoutLayer.Params().Set(name='drop', keep_prob=0.6),
+          linear.FCLayer.Params().Set(name='fc1', input_dim=6,
+                                      output_dim=3, activation='NONE'),
+      ], num_partitions=2, num_micro_batches=num_micro_batches,
+      input_shapes=[[8, 5]], schedule=schedule)
+  return tasks.ClassificationTask.Params().Set(
+      name='task', model=pipe, num_classes=3, input_key='image',
+      label_smoothing=0.1, dtype=tf.float64)
+
+
+class ReplicatedTaskTest(tf.test.TestCase):
+
+  def testTrainStepWithTwoReplicasEqualsGPipe(self):
+    """distribute.TrainStep, R=2 x K=2: 1F1B's steps are GPipe's."""
+
+    def Run(schedule):
+      topology = distribute.LocalTopology([['/CPU:0', '/CPU:1'],
+                                           ['/CPU:2', '/CPU:3']])
+      replicas = distribute.BuildReplicas(_TaskParams(schedule), topology)
+      opts = []
+      for task in replicas:
+        opt = optimizers.SGD.Params().Set(momentum=0.9).Instantiate()
+        opt.Build(base_layer.VariablesByPath(task, trainable_only=True))
+        opts.append(opt)
+
+      @tf.function(autograph=False)
+      def Step(batch, step):
+        with py_utils.TrainingMode(True), py_utils.StepSeed(step):
+          return distribute.TrainStep(topology, replicas, opts, batch,
+                                      tf.constant(0.1, tf.float32))
+      history = []
+      for step in range(2):
+        batch = NestedMap(
+            image=tf.random.stateless_normal([16, 5], seed=[step, 1],
+                                             dtype=tf.float64),
+            label=tf.random.stateless_uniform([16], seed=[step, 2], maxval=3,
+                                              dtype=tf.int32))
+        history.append(Step(batch, tf.constant(step, tf.int64)))
+      return history, replicas
+
+    want, want_replicas = Run('gpipe')
+    got, got_replicas = Run('1f1b')
+    # The model runs in float64, but the task's loss casts the logits to
+    # float32 (tasks.py): its softmax kernels round differently for a
+    # micro-batch [2, 3] than for a replica's batch [8, 3], so the loss
+    # gradients differ by a few float32 ulps (eps32 = 1.2e-7) of their
+    # scale; 1e-6 bounds that, while a wrong micro-batch or mask changes
+    # values by O(1e-2) of their scale.
+    rtol = 1e-6
+    for step, (g, w) in enumerate(zip(got, want)):
+      for key in ('loss', 'total_loss', 'grad_norm', 'accuracy'):
+        test_utils.AssertAllCloseScaled(self, g[key], w[key], rtol,
+                                        msg=f'step {step} {key}')
+    for g_task, w_task in zip(got_replicas, want_replicas):
+      g_vars = base_layer.VariablesByPath(g_task)
+      w_vars = base_layer.VariablesByPath(w_task)
+      self.assertEqual(sorted(g_vars), sorted(w_vars))
+      for path, var in w_vars.items():
+        # Moving statistics are summed in float32 as well (normalization.py).
+        test_utils.AssertAllCloseScaled(self, g_vars[path], var, rtol,
+                                        msg=path)
+
+
+class SequenceTaskTest(tf.test.TestCase):
+
+  def testLmTaskLossMetricsAndGradientsEqualGPipe(self):
+    layers = transformer_models.TransformerLmLayers(
+        dropout=0.2, atten_dropout=0.1, **transformer_testlib.TINY)
+    batch = transformer_testlib.LmBatch(seed=2)
+
+    def Run(schedule):
+      pipe = pipeline.TensorPipeLayer.Params().Set(
+          name='TensorPipe', layers=layers, num_partitions=2,
+          num_micro_batches=4, schedule=schedule,
+          input_shapes=transformer_models.LmInputShapes(
+              transformer_testlib.BATCH, transformer_testlib.TGT_LEN))
+      task = tasks.SequenceTask.Params().Set(
+          name='task', model=pipe,
+          vocab_size=transformer_testlib.TINY['vocab_size']).Instantiate()
+
+      @tf.function(autograph=False)
+      def Step(batch):
+        with py_utils.TrainingMode(True), py_utils.StepSeed(4):
+          with tf.GradientTape() as tape:
+            out = task.ComputeLoss(batch)
+        return out.metrics, tape.gradient(out.loss, task.trainable_variables)
+      return Step(batch)
+
+    want_metrics, want_grads = Run('gpipe')
+    got_metrics, got_grads = Run('1f1b')
+    self.assertEqual(sorted(got_metrics), sorted(want_metrics))
+    for name in want_metrics:
+      test_utils.AssertAllCloseScaled(self, got_metrics[name],
+                                      want_metrics[name], 1e-5, msg=name)
+    scale = test_utils.MaxAbs(want_grads)
+    test_utils.AssertAllCloseScaled(self, got_grads, want_grads, 1e-5,
+                                    scale=scale)
+
+
+class BadInputTest(tf.test.TestCase):
+
+  def _Pipe(self, **kwargs):
+    settings = dict(name='TensorPipe', layers=_ConvModel(), num_partitions=2,
+                    num_micro_batches=2, input_shapes=[[BATCH, 8, 8, 2]],
+                    schedule='1f1b')
+    settings.update(kwargs)
+    return pipeline.TensorPipeLayer.Params().Set(**settings).Instantiate()
+
+  def testUnknownScheduleRaises(self):
+    with self.assertRaisesRegex(ValueError, r"schedule='pipedream' is not "
+                                r"one of \('gpipe', '1f1b'\)"):
+      self._Pipe(schedule='pipedream')
+
+  def testOneFOneBWithoutRecomputeRaises(self):
+    with self.assertRaisesRegex(ValueError, "schedule='1f1b' needs "
+                                'recompute=True'):
+      self._Pipe(recompute=False)
+    with self.assertRaisesRegex(ValueError, "recompute_impl="
+                                "'tf_recompute_grad' does not apply"):
+      self._Pipe(recompute_impl='tf_recompute_grad')
+
+  def testTrainingFPropRaisesAndEvalFPropMatchesGPipe(self):
+    pipe = self._Pipe()
+    with self.assertRaisesRegex(ValueError, 'call FPropLoss'):
+      with py_utils.TrainingMode(True):
+        pipe.FPropDefaultTheta(_Images())
+    gpipe = self._Pipe(schedule='gpipe')
+    with py_utils.EvalMode():
+      self.assertAllEqual(pipe.FPropDefaultTheta(_Images()),
+                          gpipe.FPropDefaultTheta(_Images()))
+
+  def testFPropLossOnGPipeRaises(self):
+    pipe = self._Pipe(schedule='gpipe')
+    with self.assertRaisesRegex(ValueError, "set schedule='1f1b'"):
+      pipe.FPropLoss(pipe.theta, (_Images(),), _Labels(), _XentSum, 8.0)
+
+  def testBadLossFunctionsRaise(self):
+    pipe = self._Pipe()
+    bad = [
+        (lambda out, y: tf.reduce_sum(out, 0), 'shape \\(5,\\) as the loss'),
+        (lambda out, y: NestedMap(loss=_XentSum(out, y), logits=out),
+         r"keys \['logits', 'loss'\]"),
+        (lambda out, y: NestedMap(loss=_XentSum(out, y),
+                                  metrics=NestedMap(acc=1.0)),
+         r"metrics\['acc'\]=1.0, not a \(value sum, weight\) pair"),
+        (lambda out, y: 3.0, 'float 3.0 as the loss'),
+    ]
+    for fn, message in bad:
+      with self.subTest(message=message):
+        with self.assertRaisesRegex(ValueError, message):
+          pipe.FPropLossAndGrads(pipe.theta, (_Images(),), _Labels(), fn,
+                                 8.0)
+    with self.assertRaisesRegex(TypeError, 'loss_fn=3 is not callable'):
+      pipe.FPropLoss(pipe.theta, (_Images(),), _Labels(), 3, 8.0)
+
+
+if __name__ == '__main__':
+  tf.test.main()
