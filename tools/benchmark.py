@@ -1,7 +1,9 @@
 """Benchmarks TensorPipeLayer: throughput, memory, timeline and simulator.
 
 For each model and each setting (see tools/benchmark_lib/settings.py: plain,
-plain-T<t>, naive-K, naive-K-serial, K<k>-T<t>-rc / -norc / -rcg) a fresh
+plain-T<t>, naive-K, naive-K-serial, K<k>-T<t>-rc / -norc / -rcg, and the
+1F1B schedule's K<k>-T<t>-1f1b-rc / -norc, paired with GPipe's K<k>-T<t>-rc
+in the same process) a fresh
 process builds the model, measures its memory over the warm-up steps, then
 times --steps training steps (forward + backward + SGD update) with one
 intra-op thread and K inter-op threads (one core per device). With --pair
@@ -25,6 +27,9 @@ the first model (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
       --steps=5 --timeline=K2-T8-rc
   bazel run //tools:benchmark -- --models=tiny --settings=plain,K2-T2-rc
   python -m tools.benchmark --report_from=benchmarks/results/grid/results.json
+  python -m tools.benchmark --models=conv16 \
+      --settings=K2-T32-1f1b-rc,K2-T32-1f1b-norc \
+      --memory_settings=K2-T32-rc,K2-T32-1f1b-rc --timeline=
 """
 
 import json
@@ -111,7 +116,7 @@ def _Run(argv):
   out = _OutDir()
   load = _WaitForQuiet() if FLAGS.wait_for_load > 0 else os.getloadavg()[0]
   started = time.time()
-  results = []
+  results, not_run = [], []
   runs = [(m, s, FLAGS.pair) for m in FLAGS.models for s in settings]
   # Memory runs hold one model each, so the peaks are the setting's own.
   runs += [(FLAGS.memory_model, s, False) for s in FLAGS.memory_settings]
@@ -123,6 +128,8 @@ def _Run(argv):
           pair_with=settings_lib.PairedBaselines(setting) if pair else [])
     except (RuntimeError, subprocess.TimeoutExpired) as e:
       print(f'SKIPPED {model} {setting}: {e}', file=sys.stderr, flush=True)
+      not_run.append({'model': model, 'setting': setting,
+                      'reason': spawn.FailureReason(e)})
       continue
     paired = ', '.join(f'{b} {p.step_time_s * 1e3:.1f}'
                        for b, p in r.paired.items())
@@ -131,9 +138,15 @@ def _Run(argv):
     results.append(r)
   timelines = []
   for setting in FLAGS.timeline:
-    r = spawn.RunSettingSubprocess(
-        FLAGS.models[0], setting, steps=1, warmup=FLAGS.warmup,
-        partition_costs=False, timeline_dir=out)
+    try:
+      r = spawn.RunSettingSubprocess(
+          FLAGS.models[0], setting, steps=1, warmup=FLAGS.warmup,
+          partition_costs=False, timeline_dir=out)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+      not_run.append({'model': FLAGS.models[0],
+                      'setting': f'{setting} (timeline)',
+                      'reason': spawn.FailureReason(e)})
+      continue
     timelines.append(r)
   analysis.AddSpeedups(results, FLAGS.baseline)
   calib = analysis.AddPredictions(results)
@@ -152,7 +165,7 @@ def _Run(argv):
       load_average_at_start=load, cpu_count=os.cpu_count(),
       wall_time_s=time.time() - started, results=results, calibration=calib,
       targets=targets.EvaluateTargets(results), plots=pngs,
-      timelines=timelines)
+      timelines=timelines, not_run=not_run)
   with open(os.path.join(out, 'results.json'), 'w') as f:
     json.dump(report.ToJson(), f, indent=1)
   text = report_lib.ReportText(report)

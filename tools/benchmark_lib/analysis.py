@@ -16,6 +16,10 @@ from tools.benchmark_lib import results as results_lib
 
 Result = results_lib.Result
 _SOURCES = ('pipeline', 'isolated')
+# Ticks in flight of each schedule's loops (tf.while_loop's
+# parallel_iterations): pipeline._PARALLEL_ITERATIONS and
+# pipeline_1f1b.PARALLEL_ITERATIONS (benchmark_1f1b_test checks both).
+TICKS_IN_FLIGHT = {'gpipe': 1, '1f1b': 2}
 
 
 def AddSpeedups(results: Sequence[Result], baseline: str) -> None:
@@ -86,7 +90,7 @@ def _Calibrate(results: Sequence[Result]) -> Dict[str, simulator.Calibration]:
           costs = StageCostsOf(r, source) if r.pipelined else None
           if (costs and r.model == model and s.num_partitions == 1 and
               s.num_micro_batches > 1 and s.recompute == rc and
-              s.recompute_impl == 'explicit'):
+              s.recompute_impl == 'explicit' and s.schedule == 'gpipe'):
             runs.append((s.num_micro_batches, costs[0][0], costs[1][0],
                          MeasuredStep(r, source)))
         if runs:
@@ -116,7 +120,8 @@ def _Predict(r: Result, calib: Dict[str, simulator.Calibration],
       c, uncalibrated = _NO_OVERHEAD, True
     kwargs = dict(num_micro_batches=t, recompute=s.recompute and not fast,
                   tick_overhead=0.0 if fast else c.tick_overhead,
-                  fixed_overhead=c.fixed_overhead)
+                  fixed_overhead=c.fixed_overhead, schedule=s.schedule,
+                  ticks_in_flight=TICKS_IN_FLIGHT[s.schedule])
     shared = k > cores
     if source == 'pipeline' and shared:
       # More devices than cores: the cells' work (their quickest quartile)
@@ -133,7 +138,7 @@ def _Predict(r: Result, calib: Dict[str, simulator.Calibration],
   source = next((src for src in _SOURCES if src in predicted), None)
   isolated = predicted.get('isolated')
   return results_lib.Prediction(
-      calibration_run=k == 1 and t > 1,
+      calibration_run=k == 1 and t > 1 and s.schedule == 'gpipe',
       step_s=predicted.get(source), source=source,
       error=(predicted[source] / MeasuredStep(r, source) - 1.0
              if source else None),
@@ -163,8 +168,11 @@ def AddPredictions(results: Sequence[Result],
       devices share `num_cores` cores (processor sharing).
   Calibration per model, recompute mode and source: the per-tick overhead
   o and the fixed per-step overhead F are fitted by least squares to the
-  K=1 runs with loops (T > 1) (simulator.CalibrateFromK1); K=1, T=1 (the
-  loop-free fast path: f + b + F) and every K > 1 run are out-of-sample.
+  K=1 GPipe runs with loops (T > 1) (simulator.CalibrateFromK1); K=1, T=1
+  (the loop-free fast path: f + b + F) and every K > 1 run are
+  out-of-sample. 1F1B settings are simulated with schedule='1f1b' from
+  their GPipe twin's recorded cells (runner.RunSetting) and the GPipe
+  calibration, and compared with their own step time: out of sample too.
 
   Returns:
     The calibrations, keyed 'model/rc/source' (e.g. 'dense16/rc/pipeline').

@@ -105,6 +105,10 @@ def ReportText(report: results_lib.Report) -> str:
                f"{tl.breakdown_s['step'] * 1e3:.1f} ms): "
                f'{_RepoRelative(tl.png)}, {_RepoRelative(tl.chrome_trace)}')
     out.append(BreakdownTable(tl.breakdown_s))
+  if report.not_run:
+    out.append('\nNot run (the child failed; its last error line):')
+    out += [f"- {n['model']} {n['setting']}: {n['reason']}"
+            for n in report.not_run]
   out.append(f'\nMachine: {report.cpu_count} cores; load average at start '
              f'{report.load_average_at_start:.2f}; wall time '
              f'{report.wall_time_s:.0f} s.')

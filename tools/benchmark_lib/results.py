@@ -380,6 +380,9 @@ class Report:
     targets: the targets table.
     plots: PNG paths.
     timelines: the --timeline runs (their `timeline` is set).
+    not_run: settings whose child failed, each {'model', 'setting',
+      'reason'} (the child's last error line, e.g. the engine's ValueError
+      for a mode it does not build).
   """
   load_average_at_start: float
   cpu_count: int
@@ -390,9 +393,10 @@ class Report:
   targets: List[TargetRow] = dataclasses.field(default_factory=list)
   plots: List[str] = dataclasses.field(default_factory=list)
   timelines: List[Result] = dataclasses.field(default_factory=list)
+  not_run: List[Dict[str, str]] = dataclasses.field(default_factory=list)
 
   def ToJson(self) -> Dict[str, Any]:
-    return {
+    out = {
         'load_average_at_start': self.load_average_at_start,
         'cpu_count': self.cpu_count, 'wall_time_s': self.wall_time_s,
         'results': [r.ToJson() for r in self.results],
@@ -401,6 +405,9 @@ class Report:
         'targets': [t.ToJson() for t in self.targets],
         'plots': self.plots,
         'timelines': [t.ToJson() for t in self.timelines]}
+    if self.not_run:
+      out['not_run'] = self.not_run
+    return out
 
   @classmethod
   def FromJson(cls, d: Dict[str, Any]) -> 'Report':
@@ -417,4 +424,5 @@ class Report:
                      for key, c in d.get('calibration', {}).items()},
         targets=[TargetRow.FromJson(t) for t in d.get('targets', [])],
         plots=d.get('plots', []),
-        timelines=[Result.FromJson(t) for t in d.get('timelines', [])])
+        timelines=[Result.FromJson(t) for t in d.get('timelines', [])],
+        not_run=d.get('not_run', []))

@@ -143,7 +143,8 @@ def BuildLayer(setting: settings.Setting, layer_ps: Sequence[Any],
       num_partitions=setting.num_partitions,
       num_micro_batches=setting.num_micro_batches,
       input_shapes=[list(input_shape)], recompute=setting.recompute,
-      recompute_impl=setting.recompute_impl).Instantiate()
+      recompute_impl=setting.recompute_impl,
+      schedule=setting.schedule).Instantiate()
 
 
 # -- measurements --------------------------------------------------------------
@@ -242,6 +243,23 @@ def PartitionCosts(layer: pipeline.TensorPipeLayer, x: tf.Tensor,
   return results_lib.PhaseCosts(fwd, bwd)
 
 
+def _MeanLoss(layer: Any, x: tf.Tensor) -> tf.Tensor:
+  """The benchmark's loss: the mean of the first output.
+
+  A 1F1B pipeline computes it inside its loop (FPropLoss): per micro-batch
+  the output sum over elements per example, divided by the batch size.
+  """
+  if not (isinstance(layer, pipeline.TensorPipeLayer) and
+          layer.params.schedule == '1f1b'):
+    return tf.reduce_mean(tf.nest.flatten(layer.FPropDefaultTheta(x))[0])
+
+  def LossFn(outputs, unused_targets):
+    y = tf.nest.flatten(outputs)[0]
+    return tf.reduce_sum(y) / float(y.shape[1:].num_elements())
+  return layer.FPropLoss(layer.theta, (x,), None, LossFn,
+                         tf.cast(tf.shape(x)[0], tf.float32)).loss
+
+
 def _StepFn(layer: Any, x: tf.Tensor, learning_rate: float):
   """The training step (forward, backward, SGD update) as a concrete
   function of x returning (loss, the timeline's raw tensors or {})."""
@@ -252,7 +270,7 @@ def _StepFn(layer: Any, x: tf.Tensor, learning_rate: float):
     start = rec.Mark('step_start', [x]) if rec else None
     with tf.control_dependencies([start] if rec else []):
       with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.nest.flatten(layer.FPropDefaultTheta(x))[0])
+        loss = _MeanLoss(layer, x)
     grads = tape.gradient(loss, variables)
     updates = [v.assign_sub(learning_rate * g)
                for v, g in zip(variables, grads)]
@@ -354,15 +372,20 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   # within minutes). Without recompute the backward pass is autodiff of the
   # forward loop and records no cells: the recorded step is then the
   # recompute twin's (same layers, K and T), whose backward cells (without
-  # their recompute part) stand for the autodiff backward.
+  # their recompute part) stand for the autodiff backward. A 1F1B setting
+  # records its GPipe twin with recompute: the same stage calls (forward,
+  # recompute + backward) on the same micro-batches, so the simulator
+  # predicts the 1F1B step from cells measured under GPipe (out of sample).
   recorded, rec_events = None, []
   want_cells = (partition_costs and setting.kind == 'pipe' and
                 setting.recompute_impl == 'explicit' and
                 (setting.num_partitions > 1 or setting.num_micro_batches > 1)
                 and not timeline_dir)
   if want_cells:
-    rec_layer = layer if setting.recompute else BuildLayer(
-        dataclasses.replace(setting, recompute=True), layer_ps, input_shape)
+    rec_layer = layer if (setting.recompute and
+                          setting.schedule == 'gpipe') else BuildLayer(
+        dataclasses.replace(setting, recompute=True, schedule='gpipe'),
+        layer_ps, input_shape)
     with timeline.Record() as recorded:
       fns['timeline'] = _StepFn(rec_layer, x, learning_rate)
     for _ in range(max(1, warmup)):
@@ -401,7 +424,7 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   if want_cells:
     result.stage_costs_s = results_lib.StageCosts.FromEvents(
         [e for events in rec_events for e in events], setting.num_partitions)
-    if setting.recompute:
+    if setting.recompute and setting.schedule == 'gpipe':
       result.recorded_step_time_s = statistics.median(times['timeline'])
   return result
 

@@ -20,11 +20,18 @@ A setting names one way of running a model's layers:
   K2-T8-rc       TensorPipeLayer with K=2, T=8 and recompute;
   K2-T8-norc     the same without recompute;
   K2-T8-rcg      recompute with recompute_impl='tf_recompute_grad'.
+  K2-T8-1f1b-rc  TensorPipeLayer with schedule='1f1b' (one forward, one
+                 backward; the loss inside the pipeline, trained through
+                 FPropLoss) and recompute; paired with its GPipe twin
+                 K2-T8-rc in the same process;
+  K2-T8-1f1b-norc  the same without recompute (reported as not run with the
+                 engine's reason where the engine does not build it).
 
 Usage:
   s = ParseSetting('K4-T8-rc')     # Setting(kind='pipe', 4, 8, True, ...)
   s.threads                        # (1, 4): intra-op, inter-op threads
   PairedBaselines('K4-T8-rc')      # ['plain', 'naive-4']
+  PairedBaselines('K4-T8-1f1b-rc') # ['plain', 'naive-4', 'K4-T8-rc']
 """
 
 import dataclasses
@@ -90,6 +97,7 @@ class Setting:
     recompute: whether the pipeline recomputes the forward pass.
     recompute_impl: TensorPipeLayer's recompute_impl.
     serial: naive-K-serial: one inter-op thread.
+    schedule: TensorPipeLayer's schedule, 'gpipe' or '1f1b'.
   """
   name: str
   kind: str
@@ -98,6 +106,7 @@ class Setting:
   recompute: bool = False
   recompute_impl: str = 'explicit'
   serial: bool = False
+  schedule: str = 'gpipe'
 
   @property
   def threads(self) -> Tuple[int, int]:
@@ -105,7 +114,7 @@ class Setting:
     return 1, 1 if self.serial else max(1, self.num_partitions)
 
 
-_SETTING_RE = re.compile(r'^K(\d+)-T(\d+)-(rc|norc|rcg)$')
+_SETTING_RE = re.compile(r'^K(\d+)-T(\d+)-(1f1b-)?(rc|norc|rcg)$')
 
 
 def ParseSetting(name: str) -> Setting:
@@ -124,15 +133,18 @@ def ParseSetting(name: str) -> Setting:
     return Setting(name, 'pipe', int(m.group(1)), 1, False,
                    serial=bool(m.group(2)))
   m = _SETTING_RE.match(name)
-  if m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1:
-    mode = m.group(3)
+  if (m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1 and
+      not (m.group(3) and m.group(4) == 'rcg')):
+    mode = m.group(4)
     return Setting(name, 'pipe', int(m.group(1)), int(m.group(2)),
                    mode != 'norc',
-                   'tf_recompute_grad' if mode == 'rcg' else 'explicit')
+                   'tf_recompute_grad' if mode == 'rcg' else 'explicit',
+                   schedule='1f1b' if m.group(3) else 'gpipe')
   raise ValueError(f'unknown benchmark setting {name!r}; use plain, '
                    'plain-T<t> (e.g. plain-T8), naive-K (e.g. naive-2), '
-                   'naive-K-serial or '
-                   'K<k>-T<t>-<rc|norc|rcg> (e.g. K4-T8-rc)')
+                   'naive-K-serial, '
+                   'K<k>-T<t>-<rc|norc|rcg> (e.g. K4-T8-rc) or '
+                   'K<k>-T<t>-1f1b-<rc|norc> (e.g. K2-T32-1f1b-rc)')
 
 
 def GridSettings(ks: Sequence[int] = (1, 2, 4),
@@ -154,7 +166,8 @@ def PairedBaselines(setting_name: str) -> List[str]:
   machine (memory layout, oneDNN caches), so every ratio the targets use is
   taken between functions timed step by step in turn in one process: plain
   for every setting (plain-T<t> too for K=1, T > 1), naive-K for K > 1 and
-  T > 1, and the no-recompute twin for K=1 recompute settings. Baselines run
+  T > 1, the no-recompute twin for K=1 recompute settings, and the GPipe
+  twin with recompute (K<k>-T<t>-rc) for 1F1B settings. Baselines run
   with the setting's threads (e.g. plain with K inter-op threads next to a
   K-partition setting).
   """
@@ -167,6 +180,8 @@ def PairedBaselines(setting_name: str) -> List[str]:
     out.append(f'plain-T{t}')
   if k > 1 and t > 1:
     out.append(f'naive-{k}')
-  if k == 1 and s.recompute:
+  if k == 1 and s.recompute and s.schedule == 'gpipe':
     out.append(f'K1-T{t}-norc')
+  if s.schedule == '1f1b':
+    out.append(f'K{k}-T{t}-rc')
   return out

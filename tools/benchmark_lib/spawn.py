@@ -11,6 +11,7 @@ Usage:
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -59,3 +60,13 @@ def RunSettingSubprocess(model: str, setting_name: str, timeout_s: float = 600,
   raise RuntimeError(f'benchmark setting {setting_name!r} of {model!r} '
                      f'failed (exit {proc.returncode}):\n'
                      f'{proc.stderr[-3000:]}')
+
+
+def FailureReason(error: BaseException) -> str:
+  """The last error line of a failed child (`RunSettingSubprocess`'s
+  RuntimeError), e.g. "ValueError: ... needs recompute=True ...", or the
+  error's own first line."""
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  errors = [line for line in lines if re.match(r'^\w+(Error|Exception)\b:',
+                                               line)]
+  return (errors or lines or [type(error).__name__])[-1]

@@ -6,7 +6,9 @@ Three kinds of rows, each a table below:
                      baseline was paired with it;
   MEMORY_TARGETS     memory ratios of two settings of dense32mem;
   SIMULATOR_TARGETS  the largest |predicted / measured - 1| of a subset of
-                     the pipelined results.
+                     the pipelined results;
+  ONE_F_ONE_B_*      1F1B next to GPipe (issue 11), rows given only when a
+                     1F1B setting was run.
 A row without a limit is an explanatory ratio ('explains' in the table),
 not a target.
 
@@ -78,14 +80,18 @@ class MemoryTarget:
   Attributes:
     text: the row's text.
     measure: a function of results.Memory giving bytes (or None).
-    setting, baseline: setting names (of MEMORY_MODEL).
-    limit: the ratio must be <= this.
+    setting, baseline: setting names (of `model`).
+    limit: the ratio must be `op` this.
+    model: the model both were run on.
+    op: '<=' or '<'.
   """
   text: str
   measure: Callable[[results_lib.Memory], Optional[int]]
   setting: str
   baseline: str
   limit: float
+  model: str = 'dense32mem'
+  op: str = '<='
 
 
 MEMORY_MODEL = 'dense32mem'
@@ -98,6 +104,32 @@ MEMORY_TARGETS = (
                  '(whole process, for reference)',
                  lambda m: m.peak_above_idle_bytes, 'K1-T8-rc', 'plain',
                  round(1 / 3, 3)),
+)
+
+
+# 1F1B (issue 11): memory on dense32mem (boundary activations dominate),
+# speed on the speed models, at K=2, T=32, each against GPipe with
+# recompute. The no-recompute rows stay 'not run' while the engine builds
+# 1F1B with recompute only (the report lists the engine's reason).
+ONE_F_ONE_B_MEMORY_TARGETS = (
+    MemoryTarget('7. dense32mem: activation peak K2-T32-1f1b-rc / K2-T32-rc '
+                 '(TF allocator; 1F1B keeps min(K-k, T) boundary inputs per '
+                 'partition, GPipe T)', lambda m: m.activation_peak_bytes,
+                 'K2-T32-1f1b-rc', 'K2-T32-rc', 1.0, op='<'),
+    MemoryTarget('7a. dense32mem: peak RSS above idle K2-T32-1f1b-rc / '
+                 'K2-T32-rc (whole process, for reference)',
+                 lambda m: m.peak_above_idle_bytes, 'K2-T32-1f1b-rc',
+                 'K2-T32-rc', 1.0, op='<'),
+    MemoryTarget('8b. conv16: activation peak K2-T32-1f1b-norc / K2-T32-rc',
+                 lambda m: m.activation_peak_bytes, 'K2-T32-1f1b-norc',
+                 'K2-T32-rc', 1.5, model='conv16'),
+)
+ONE_F_ONE_B_SPEED_TARGETS = (
+    RatioTarget('8. {model}: throughput K2-T32-1f1b-rc / K2-T32-rc (same '
+                'process)', 'K2-T32-1f1b-rc', 'K2-T32-rc', throughput=True),
+    RatioTarget('8a. {model}: throughput K2-T32-1f1b-norc / K2-T32-rc (1F1B '
+                'without full recompute)', 'K2-T32-1f1b-norc', 'K2-T32-rc',
+                throughput=True, op='>=', limit=1.15),
 )
 
 
@@ -145,8 +177,9 @@ def _Row(text: str, value: Optional[float], op: Optional[str],
          limit: Optional[float]) -> results_lib.TargetRow:
   if op is None:
     return results_lib.TargetRow(text, value, '-', None, info=True)
-  passed = None if value is None else (value <= limit if op == '<='
-                                       else value >= limit)
+  compare = {'<=': lambda v: v <= limit, '<': lambda v: v < limit,
+             '>=': lambda v: v >= limit}[op]
+  passed = None if value is None else compare(value)
   return results_lib.TargetRow(text, value, f'{op} {limit}', passed)
 
 
@@ -169,8 +202,8 @@ def _Ratio(results: Sequence[Result], model: str,
 
 def _MemoryRatio(results: Sequence[Result],
                  target: MemoryTarget) -> Optional[float]:
-  a = _Find(results, MEMORY_MODEL, target.setting)
-  b = _Find(results, MEMORY_MODEL, target.baseline)
+  a = _Find(results, target.model, target.setting)
+  b = _Find(results, target.model, target.baseline)
   if not a or not b:
     return None
   ma, mb = target.measure(a.memory), target.measure(b.memory)
@@ -194,8 +227,15 @@ def EvaluateTargets(results: Sequence[Result],
       rows += [_Row(t.text.format(model=model), _Ratio(results, model, t),
                     t.op, t.limit) for t in SPEED_TARGETS]
   if MEMORY_MODEL in run_models:
-    rows += [_Row(t.text, _MemoryRatio(results, t), '<=', t.limit)
+    rows += [_Row(t.text, _MemoryRatio(results, t), t.op, t.limit)
              for t in MEMORY_TARGETS]
+  if any(r.setting.schedule == '1f1b' for r in results):
+    rows += [_Row(t.text, _MemoryRatio(results, t), t.op, t.limit)
+             for t in ONE_F_ONE_B_MEMORY_TARGETS if t.model in run_models]
+    for model in SPEED_MODELS:
+      if model in run_models:
+        rows += [_Row(t.text.format(model=model), _Ratio(results, model, t),
+                      t.op, t.limit) for t in ONE_F_ONE_B_SPEED_TARGETS]
   sim_models = (set(SPEED_MODELS) & run_models) or (
       run_models - {MEMORY_MODEL})
   if not sim_models:

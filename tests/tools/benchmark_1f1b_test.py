@@ -1,0 +1,171 @@
+"""tools/benchmark_lib with the 1F1B schedule: settings, step, targets."""
+
+import unittest
+
+import numpy as np
+import tensorflow as tf
+
+from tensorpipe import pipeline
+from tensorpipe import pipeline_1f1b
+from tensorpipe import simulator
+from tensorpipe import test_utils
+from tools.benchmark_lib import analysis
+from tools.benchmark_lib import report
+from tools.benchmark_lib import results
+from tools.benchmark_lib import runner
+from tools.benchmark_lib import settings
+from tools.benchmark_lib import spawn
+from tools.benchmark_lib import targets
+
+test_utils.ConfigureTestDevices()
+
+
+def _Result(model, setting, step, activations=None, paired=None,
+            stage_costs=None):
+  return results.Result(
+      model=model, setting=settings.ParseSetting(setting), batch=64,
+      step_time_s=step,
+      memory=results.Memory(
+          idle_rss_bytes=0, peak_rss_bytes=100, peak_above_idle_bytes=100,
+          peak_reset=True,
+          tf_allocator={'activation_peak_bytes': activations}),
+      paired={b: results.StepTimes(t) for b, t in (paired or {}).items()},
+      stage_costs_s=stage_costs)
+
+
+class SettingsTest(unittest.TestCase):
+
+  def testOneFOneBSettings(self):
+    s = settings.ParseSetting('K2-T32-1f1b-rc')
+    self.assertEqual((s.num_partitions, s.num_micro_batches, s.recompute,
+                      s.schedule, s.threads), (2, 32, True, '1f1b', (1, 2)))
+    norc = settings.ParseSetting('K4-T8-1f1b-norc')
+    self.assertEqual((norc.recompute, norc.schedule), (False, '1f1b'))
+    self.assertEqual(settings.ParseSetting('K2-T8-rc').schedule, 'gpipe')
+    with self.assertRaisesRegex(ValueError, r"'K2-T8-1f1b-rcg'.*1f1b-<rc"):
+      settings.ParseSetting('K2-T8-1f1b-rcg')
+    # Paired with GPipe with recompute in the same process.
+    self.assertEqual(settings.PairedBaselines('K2-T32-1f1b-rc'),
+                     ['plain', 'naive-2', 'K2-T32-rc'])
+    self.assertEqual(settings.PairedBaselines('K1-T8-1f1b-rc'),
+                     ['plain', 'plain-T8', 'K1-T8-rc'])
+
+  def testTargetsNameValidSettings(self):
+    for t in (targets.ONE_F_ONE_B_MEMORY_TARGETS +
+              targets.ONE_F_ONE_B_SPEED_TARGETS):
+      self.assertEqual(settings.ParseSetting(t.setting).schedule, '1f1b')
+      self.assertEqual(settings.ParseSetting(t.baseline).schedule, 'gpipe')
+
+  def testFailureReasonIsTheChildsLastErrorLine(self):
+    err = RuntimeError(
+        "benchmark setting 'K2-T4-1f1b-norc' of 'tiny' failed (exit 1):\n"
+        'Traceback (most recent call last):\n  File "x.py", line 3\n'
+        "ValueError: TensorPipeLayer 'TensorPipe': schedule='1f1b' needs "
+        'recompute=True (...); set recompute=True\n')
+    self.assertEqual(spawn.FailureReason(err),
+                     "ValueError: TensorPipeLayer 'TensorPipe': "
+                     "schedule='1f1b' needs recompute=True (...); set "
+                     'recompute=True')
+    self.assertEqual(spawn.FailureReason(RuntimeError('timed out\n')),
+                     'timed out')
+
+
+class StepTest(tf.test.TestCase):
+
+  def testOneFOneBStepHasTheGPipeLossAndGradients(self):
+    # The benchmark's 1F1B step computes the mean of the output inside the
+    # pipeline (FPropLoss); it must train the same loss as GPipe's
+    # reduce_mean under a tape.
+    layer_ps, shape = runner.ModelLayers('tiny')
+    x = tf.random.stateless_uniform(shape, seed=[5, 6])
+    out = []
+    for name in ('K2-T4-rc', 'K2-T4-1f1b-rc'):
+      layer = runner.BuildLayer(settings.ParseSetting(name), layer_ps, shape)
+      if out:
+        for v, w in zip(layer.trainable_variables, first.trainable_variables):
+          v.assign(w)
+      else:
+        first = layer
+      with tf.GradientTape() as tape:
+        loss = runner._MeanLoss(layer, x)  # pylint: disable=protected-access
+      grads = tape.gradient(loss, layer.trainable_variables)
+      out.append([loss] + list(grads))
+    self.assertEqual(first.params.schedule, 'gpipe')
+    self.assertEqual(layer.params.schedule, '1f1b')
+    # float32 sums over micro-batches in another order.
+    test_utils.AssertAllCloseScaled(
+        self, out[1], out[0], test_utils.DEFAULT_RTOL[tf.float32],
+        scale=test_utils.MaxAbs(out[0]))
+
+  def testTicksInFlightAreTheLoops(self):
+    self.assertEqual(analysis.TICKS_IN_FLIGHT, {
+        'gpipe': pipeline._PARALLEL_ITERATIONS,  # pylint: disable=protected-access
+        '1f1b': pipeline_1f1b.PARALLEL_ITERATIONS})
+
+
+class AnalysisTest(unittest.TestCase):
+
+  def testOneFOneBPredictedWithItsScheduleFromGPipeCells(self):
+    # Unequal partitions, where 1F1B with two ticks in flight (26) and
+    # GPipe (29) differ.
+    cells = results.PhaseCosts(forward=[2.0, 1.0], recompute=[2.0, 1.0],
+                               backward=[1.0, 3.0])
+    k1 = results.PhaseCosts(forward=[1.0], recompute=[1.0], backward=[2.0])
+    rs = [_Result('conv16', 'K1-T2-rc', 8.0 + 1.0,
+                  stage_costs=results.StageCosts(k1, k1)),
+          _Result('conv16', 'K2-T4-1f1b-rc', 20.0,
+                  stage_costs=results.StageCosts(cells, cells))]
+    rs[0].recorded_step_time_s = 9.0
+    analysis.AddPredictions(rs, num_cores=2)
+    pred = rs[1].prediction
+    # K=1 fit: T (f + r + b) = 8 and one K=1 run: no tick overhead, fixed 1.
+    want = simulator.Simulate([2.0, 1.0], [1.0, 3.0], 4, recompute=True,
+                              fixed_overhead=1.0, schedule='1f1b',
+                              ticks_in_flight=2).step_time
+    self.assertEqual(want, 26.0)
+    self.assertEqual(simulator.Simulate([2.0, 1.0], [1.0, 3.0], 4,
+                                        fixed_overhead=1.0).step_time, 29.0)
+    self.assertEqual(pred.source, 'pipeline')
+    self.assertAlmostEqual(pred.step_s, want)
+    # Compared with the 1F1B step itself, not the recorded GPipe twin's.
+    self.assertAlmostEqual(pred.error, want / 20.0 - 1)
+    self.assertFalse(pred.calibration_run)
+
+
+class TargetsTest(unittest.TestCase):
+
+  def testOneFOneBRowsOnlyWhenOneWasRun(self):
+    gpipe_only = [_Result('dense32mem', 'K2-T32-rc', 1.0, activations=100)]
+    self.assertFalse([r for r in targets.EvaluateTargets(gpipe_only)
+                      if '1f1b' in r.target])
+    rs = gpipe_only + [
+        _Result('dense32mem', 'K2-T32-1f1b-rc', 1.0, activations=40),
+        _Result('conv16', 'K2-T32-1f1b-rc', 0.5,
+                paired={'K2-T32-rc': 0.6}),
+    ]
+    rows = {r.target.split(':')[0]: r for r in targets.EvaluateTargets(rs)}
+    self.assertAlmostEqual(rows['7. dense32mem'].measured, 0.4)
+    self.assertTrue(rows['7. dense32mem'].passed)
+    self.assertEqual(rows['7. dense32mem'].limit, '< 1.0')
+    self.assertAlmostEqual(rows['8. conv16'].measured, 1.2)   # throughput
+    self.assertTrue(rows['8. conv16'].info)
+    # The no-recompute rows: not run (the engine builds 1F1B with
+    # recompute only).
+    self.assertIsNone(rows['8a. conv16'].passed)
+    self.assertIsNone(rows['8b. conv16'].passed)
+    self.assertIn('| not run |', report.TargetsTable(list(rows.values())))
+
+  def testReportListsSettingsNotRun(self):
+    rep = results.Report(
+        load_average_at_start=0.0, cpu_count=2, wall_time_s=1.0, results=[],
+        not_run=[{'model': 'conv16', 'setting': 'K2-T32-1f1b-norc',
+                  'reason': 'ValueError: needs recompute=True'}])
+    text = report.ReportText(rep)
+    self.assertIn('- conv16 K2-T32-1f1b-norc: ValueError: needs '
+                  'recompute=True', text)
+    self.assertEqual(results.Report.FromJson(rep.ToJson()).not_run,
+                     rep.not_run)
+
+
+if __name__ == '__main__':
+  unittest.main()
