@@ -65,6 +65,7 @@ from tensorpipe import microbatch
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
 from tensorpipe import schedules
+from tensorpipe import timeline
 from tensorpipe.nested_map import NestedMap
 
 # A loss function: (outputs of one micro-batch, its targets or None) -> the
@@ -219,6 +220,8 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
                          last.device)
   normalizer = tf.cast(normalizer, loss_spec.loss.dtype)
   ticks = schedules.OneFOneBNumClockTicks(num_k, num_mb)
+  # The timeline enters here: every cell stamps through it (no-op when off).
+  probe = timeline.ActiveProbe()
 
   def LossOf(k_out, t):
     """(loss sum, flat metric sums) of micro-batch t from the last outputs."""
@@ -240,7 +243,8 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     slot = t % NumSlots(k, num_k, num_mb)
     return [ta.read(slot) for ta in state.slots]
 
-  def Forward(k, state, x_in, t) -> _State:
+  def Forward(k, state, x_in, t) -> Tuple[_State, List[tf.Tensor]]:
+    """Partition k's forward cell of micro-batch t; (state, stamps)."""
     stage, spec = stages[k], specs[k]
     if k == 0:
       x = [tf.gather(s, t) for s in flat_stacked]
@@ -249,21 +253,29 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
       x = list(x_in)
       slot = t % NumSlots(k, num_k, num_mb)
       slots = [ta.write(slot, v) for ta, v in zip(state.slots, x)]
-    y, stats = stage.FlatCall(spec.in_struct, thetas[k], x, t, mb_size)
-    stats = tf.nest.map_structure(lambda a, b: a + b, state.stats, stats)
-    out, loss = state.out, state.loss
-    if k == num_k - 1:
-      l, m = LossOf(y, t)
-      loss = [a + b for a, b in zip(state.loss, [l] + m)]
-    else:
-      out = y
-    return state._replace(out=out, slots=slots, stats=stats, loss=loss)
+    start = probe.Stamp(x)
+    with tf.control_dependencies(start):
+      y, stats = stage.FlatCall(spec.in_struct, thetas[k], x, t, mb_size)
+      stats = tf.nest.map_structure(lambda a, b: a + b, state.stats, stats)
+      out, loss = state.out, state.loss
+      if k == num_k - 1:
+        l, m = LossOf(y, t)
+        loss = [a + b for a, b in zip(state.loss, [l] + m)]
+      else:
+        out = y
+    # A forward row of the timeline is (start, -1, end).
+    stamps = start + probe.Missing(1) + probe.Stamp([y, stats, loss])
+    return state._replace(out=out, slots=slots, stats=stats,
+                          loss=loss), stamps
 
-  def Backward(k, state, dy_in, t) -> _State:
+  def Backward(k, state, dy_in, t) -> Tuple[_State, List[tf.Tensor]]:
+    """Partition k's recompute + vjp of micro-batch t; (state, stamps)."""
     stage, spec = stages[k], specs[k]
     theta_flat = tf.nest.flatten(thetas[k])
     x = Input(k, state, t)
-    with tf.GradientTape(watch_accessed_variables=False) as tape:
+    start = probe.Stamp(x + list(dy_in))
+    with tf.GradientTape(watch_accessed_variables=False) as tape, \
+        tf.control_dependencies(start):
       # Partition 0's inputs are data: no gradient is computed for them.
       xs = [x[i] for i in spec.float_in] if k > 0 else []
       tape.watch(xs)
@@ -275,28 +287,34 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
         ys, dy = [l / normalizer], None
       else:
         ys, dy = [y[i] for i in spec.float_out], list(dy_in)
-    dxs, dws = tape.gradient(
-        ys, (xs, theta_flat), output_gradients=dy,
-        unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    mid = probe.Stamp(ys)
+    with tf.control_dependencies(mid):
+      dxs, dws = tape.gradient(
+          ys, (xs, theta_flat), output_gradients=dy,
+          unconnected_gradients=tf.UnconnectedGradients.ZERO)
     dtheta = [a + g for a, g in zip(state.dtheta, dws)]
-    return state._replace(dx=list(dxs) if k > 0 else [], dtheta=dtheta)
+    stamps = start + mid + probe.Stamp([dxs, dtheta])
+    return state._replace(dx=list(dxs) if k > 0 else [],
+                          dtheta=dtheta), stamps
 
-  def Body(c, states):
-    new_states = []
+  def Body(c, states, logs):
+    new_states, new_logs = [], []
     for k, stage in enumerate(stages):
       state = states[k]
       op, t = schedules.OneFOneBCell(c, k, num_k, num_mb)
       x_in = states[k - 1].out if k > 0 else []
       dy_in = states[k + 1].dx if k < num_k - 1 else []
       with tf.device(stage.device):
-        new_states.append(tf.switch_case(op, [
-            lambda state=state: state,
+        state, stamps = probe.SwitchCase(op, [
+            lambda state=state: (state, probe.Missing(3)),
             lambda k=k, state=state, x_in=x_in, t=t: Forward(k, state, x_in,
                                                              t),
             lambda k=k, state=state, dy_in=dy_in, t=t: Backward(k, state,
                                                                 dy_in, t),
-        ]))
-    return c + 1, new_states
+        ])
+        new_states.append(state)
+        new_logs.append(probe.Log(logs[k], c, stamps))
+    return c + 1, new_states, new_logs
 
   states = []
   for k, (stage, spec) in enumerate(zip(stages, specs)):
@@ -315,9 +333,15 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
           stats=[zeros(s) for s in spec.StatsSpecs()],
           dtheta=[tf.zeros_like(w) for w in tf.nest.flatten(thetas[k])],
           loss=loss))
-  _, states = tf.while_loop(
-      lambda c, _: c < ticks, Body, (tf.constant(0), states),
+  logs = []
+  for stage in stages:
+    with tf.device(stage.device):
+      logs.append(probe.NewLog(ticks, 3))
+  _, states, logs = tf.while_loop(
+      lambda c, *_: c < ticks, Body, (tf.constant(0), states, logs),
       maximum_iterations=ticks, parallel_iterations=PARALLEL_ITERATIONS)
+  for k, log in enumerate(logs):
+    probe.Add('1f1b', k, num_k, num_mb, log)
   with tf.device(last.device):
     sums = states[-1].loss
     loss = sums[0] / normalizer

@@ -10,6 +10,8 @@
 - Tasks train through the 1F1B entry point: a ClassificationTask in
   distribute.TrainStep with R=2 replicas and a SequenceTask give GPipe's
   losses, gradients and weights.
+- A recorded timeline has every cell once, where the schedule and the
+  loop's two ticks in flight allow it, and changes no result (bitwise).
 - Bad settings and bad loss functions: one clear error each.
 """
 
@@ -26,6 +28,7 @@ from tensorpipe import pipeline_1f1b
 from tensorpipe import py_utils
 from tensorpipe import tasks
 from tensorpipe import test_utils
+from tensorpipe import timeline
 from tensorpipe.layers import conv
 from tensorpipe.layers import dropout
 from tensorpipe.layers import linear
@@ -309,6 +312,60 @@ class SequenceTaskTest(tf.test.TestCase):
     scale = test_utils.MaxAbs(want_grads)
     test_utils.AssertAllCloseScaled(self, got_grads, want_grads, 1e-5,
                                     scale=scale)
+
+
+class TimelineTest(tf.test.TestCase):
+
+  def testCellsFollowTheScheduleAndRecordingChangesNoResult(self):
+    k_total, t_total = 2, 4
+    pipe = pipeline.TensorPipeLayer.Params().Set(
+        name='TensorPipe', layers=_ConvModel(), num_partitions=k_total,
+        num_micro_batches=t_total, input_shapes=[[BATCH, 8, 8, 2]],
+        schedule='1f1b').Instantiate()
+    moving = [v for v in pipe.variables if not v.trainable]
+    initial = [v.numpy() for v in moving]
+
+    def Step(x, labels):
+      res = pipe.FPropLossAndGrads(pipe.theta, (x,), labels, _XentSum, 8.0)
+      rec = timeline.Active()
+      return ([res.loss] + tf.nest.flatten(res.grads),
+              rec.Tensors() if rec else {})
+
+    def Run(record):
+      for v, value in zip(moving, initial):
+        v.assign(value)
+      with py_utils.TrainingMode(True), py_utils.StepSeed(1):
+        if record:
+          with timeline.Record() as rec:
+            fn = tf.function(Step).get_concrete_function(_Images(), _Labels())
+        else:
+          rec = None
+          fn = tf.function(Step).get_concrete_function(_Images(), _Labels())
+      values, stamps = fn(_Images(), _Labels())
+      return values + [v.read_value() for v in moving], rec, stamps
+
+    plain, _, no_stamps = Run(False)
+    recorded, rec, stamps = Run(True)
+    self.assertEmpty(no_stamps)
+    for i, (a, b) in enumerate(zip(recorded, plain)):
+      self.assertAllEqual(a, b, msg=f'result {i}')
+    events = rec.Events(stamps)
+    self.assertLen(events, 3 * k_total * t_total)
+    for k in range(k_total):
+      mine = [e for e in events if e.k == k]
+      for phase in ('forward', 'recompute', 'backward'):
+        self.assertEqual(sorted(e.t for e in mine if e.phase == phase),
+                         list(range(t_total)), msg=f'{phase} k={k}')
+      cells = {(e.phase, e.t): e for e in mine}
+      for t in range(t_total):
+        fwd, rc, bwd = (cells[(phase, t)] for phase in
+                        ('forward', 'recompute', 'backward'))
+        self.assertLessEqual(fwd.start, fwd.end)
+        self.assertLessEqual(rc.end, bwd.start)
+        if k < k_total - 1:
+          # b(t, k) >= f(t, k) + 2 and the loop has two ticks in flight:
+          # the backward cell starts after its forward cell has ended.
+          self.assertGreaterEqual(rc.start, fwd.end, msg=f't={t} k={k}')
 
 
 class BadInputTest(tf.test.TestCase):
