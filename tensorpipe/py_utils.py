@@ -377,7 +377,9 @@ def StatelessUniform(shape: Sequence[int], layer_seed: int,
   numbers the whole global batch would get (see the module docstring).
 
   Args:
-    shape: static shape of the numbers to draw, the batch on `batch_axis`.
+    shape: shape of the numbers to draw, the batch on `batch_axis`: ints,
+      except that the batch may be a scalar integer tensor (a dynamic batch,
+      e.g. the last partial batch of a Keras `fit`).
     layer_seed: the drawing layer's seed (`LayerSeed`).
     dtype: float dtype of the result.
     batch_axis: the batch axis; None uses the context's (`BatchAxis`).
@@ -390,7 +392,8 @@ def StatelessUniform(shape: Sequence[int], layer_seed: int,
   """
   ctx = Current()
   axis = ctx.batch_axis if batch_axis is None else batch_axis
-  shape = [int(d) for d in shape]
+  shape = [d if i == axis and isinstance(d, tf.Tensor) else int(d)
+           for i, d in enumerate(shape)]
   if not 0 <= axis < len(shape):
     raise ValueError(f'batch axis {axis} is out of range for random numbers '
                      f'of shape {shape}; the batch must be one of its axes '
@@ -400,7 +403,9 @@ def StatelessUniform(shape: Sequence[int], layer_seed: int,
   per_example = 1
   for d in batch_major[1:]:
     per_example *= d
-  n = per_example * batch_major[0]
+  batch = batch_major[0]
+  n = (tf.cast(batch, tf.int64) if isinstance(batch, tf.Tensor) else
+       batch) * per_example
   seed = tf.stack([tf.constant(layer_seed, tf.int64),
                    tf.cast(ctx.step_seed, tf.int64)])
   key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)

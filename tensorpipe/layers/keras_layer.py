@@ -1,0 +1,934 @@
+"""KerasLayer: a Keras 3 layer or model as a functional TensorPipe layer.
+
+A KerasLayer builds its own private Keras object from its Params (a factory's
+dotted name plus keyword arguments, or a Keras config dict), so its Params
+stay text (ToText / FromText) like every other layer's. Its weights are
+TensorPipe variables made by `CreateVariable`, one per Keras weight, named
+by the weight's Keras path (e.g. `kernel`, or `dense_1__kernel` inside a
+wrapped model), placed on the partition's device and keyed by layer path in
+checkpoints. The Keras object's variables are rebound to them, so the Keras
+object holds no copy of its own.
+
+FProp(theta, x) is functional: the weights in `theta` are substituted for
+the Keras variables with `keras.StatelessScope` (the mechanism under Keras'
+`stateless_call`) and the object is called through `__call__`, so that
+`training` reaches every nested layer as Keras itself passes it. Keras'
+own state updates inside the scope are discarded.
+
+Two kinds of Keras layers carry state or randomness that a pipeline must
+control, and their `call` is rebound on the private object:
+
+  * BatchNormalization: Keras' own code normalises each call with its
+    examples' statistics (a micro-batch in a pipeline); the layer also
+    reports the per-channel count, sum and sum of squares with
+    `py_utils.AddBatchStats`, and the moving averages are updated from the
+    statistics of all micro-batches once per step (moving = momentum *
+    moving + (1 - momentum) * statistic, Keras' formula), exactly as
+    `BatchNormLayer`. The recompute pass reports into a discarded collector.
+  * Dropout (and SpatialDropout1D/2D/3D): the mask is drawn per example
+    with `py_utils.StatelessUniform`, keyed by the sublayer's seed, the
+    step seed and the example's index in the global batch, instead of
+    Keras' SeedGenerator. The forward and the recompute pass therefore
+    draw the same mask, and it does not depend on K or T.
+
+Other random Keras layers (GaussianNoise, GaussianDropout, AlphaDropout,
+random augmentation) keep Keras' code; their SeedGenerator state is set
+from the sublayer seed, step seed and example offset for each call, so the
+recompute pass reproduces the forward pass, but their draws depend on T.
+
+FPropMeta comes from Keras' shape inference (a symbolic call on a Keras
+object built without allocating weights) and the weights' sizes; FLOPs are
+counted from the ops of one traced inference call (`CountFlops`: 2 m k n per
+matmul, 2 x output size x filter taps per convolution, one per element for
+element-wise ops), or set with `flops_per_example`.
+
+Keras 2 (tf-keras) is not supported: it has no supported way to run a layer
+on substituted weights (no stateless call, no stateless scope), which
+FProp(theta) and the recompute pass need; a tf_keras object gets a TypeError
+that says how to rebuild it in Keras 3.
+
+Usage:
+  p = KerasLayer.Params().Set(
+      name='fc1', keras_factory='keras.layers.Dense',
+      keras_kwargs={'units': 64, 'activation': 'relu'}, input_shape=[784])
+  # or from a Keras config:
+  p = KerasLayer.Params().Set(
+      name='fc1', keras_config=keras.saving.serialize_keras_object(layer))
+"""
+
+import contextlib
+import functools
+import importlib
+import inspect
+import json
+import random
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tensorpipe import base_layer
+from tensorpipe import py_utils
+from tensorpipe.nested_map import NestedMap
+
+# Types a text-serialisable Params value may hold (ToText / FromText).
+_TEXT_LEAVES = (type(None), bool, int, float, str)
+
+# Ops that move or relabel data without arithmetic: 0 FLOPs.
+_FREE_OPS = frozenset([
+    'Identity', 'IdentityN', 'Reshape', 'Shape', 'ShapeN', 'Size', 'Rank',
+    'Const', 'Placeholder', 'ReadVariableOp', 'Cast', 'Transpose',
+    'ConcatV2', 'Concat', 'Pack', 'Unpack', 'StridedSlice', 'Slice',
+    'Squeeze', 'ExpandDims', 'Fill', 'ZerosLike', 'OnesLike', 'StopGradient',
+    'Pad', 'PadV2', 'MirrorPad', 'GatherV2', 'Gather', 'GatherNd', 'Split',
+    'SplitV', 'NoOp', 'AssignVariableOp', 'VarHandleOp', 'BroadcastTo',
+    'BroadcastArgs', 'Range', 'Tile', 'OneHot', 'PreventGradient',
+    'EnsureShape', 'CheckNumerics', 'Bitcast', 'TensorListFromTensor',
+])
+_REDUCTION_OPS = frozenset(['Sum', 'Mean', 'Max', 'Min', 'Prod', 'ArgMax',
+                            'ArgMin'])
+_POOL_OPS = frozenset(['MaxPool', 'MaxPoolV2', 'AvgPool', 'MaxPool3D',
+                       'AvgPool3D'])
+_CONV_OPS = frozenset(['Conv2D', 'Conv3D', 'Conv'])
+_TRANSPOSED_CONV_OPS = frozenset(['Conv2DBackpropInput',
+                                  'Conv2DBackpropInputV2',
+                                  'Conv3DBackpropInputV2'])
+# Cost per element of transcendental element-wise ops (as activations.py).
+_ELEMENTWISE_COST = {'Softmax': 5, 'LogSoftmax': 5, 'Tanh': 4, 'Sigmoid': 4,
+                     'Exp': 4, 'Log': 4, 'Erf': 4, 'Gelu': 8}
+
+
+def _Owner(p) -> str:
+  return f'KerasLayer {p.name!r}'
+
+
+def _IsKeras2(obj: Any) -> bool:
+  """Whether `obj` is a Keras 2 (tf-keras) object."""
+  module = type(obj).__module__ or ''
+  return module.split('.')[0] == 'tf_keras' or module.startswith(
+      'keras.engine') or module.startswith('keras.src.engine')
+
+
+def _Keras2Error(owner: str, what: str, obj: Any) -> TypeError:
+  return TypeError(
+      f'{owner}: {what} is a Keras 2 (tf_keras) {type(obj).__name__}; '
+      'KerasLayer wraps Keras 3 objects (`import keras`, or tf.keras in TF '
+      '2.21) because only Keras 3 can run a layer on substituted weights '
+      '(keras.StatelessScope / stateless_call), which FProp(theta) and the '
+      'recompute pass need. Rebuild it with Keras 3: the same code with '
+      '`import keras` instead of tf_keras, or keras.layers.deserialize('
+      "{'class_name': ..., 'config': layer.get_config()})")
+
+
+def CheckTextValue(owner: str, key: str, value: Any) -> None:
+  """Raises TypeError unless `value` is plain text data (ToText-able).
+
+  Args:
+    owner: what the value belongs to, for the message.
+    key: the Params key (and path below it) holding the value.
+    value: None, bool, int, float, str, or lists / tuples / str-keyed dicts
+      of them.
+
+  Raises:
+    TypeError: naming the key path, the type found and the fix.
+  """
+  if isinstance(value, _TEXT_LEAVES):
+    if isinstance(value, float) and not np.isfinite(value):
+      raise TypeError(f'{owner}: {key}={value!r} is not a finite number')
+    return
+  if isinstance(value, (list, tuple)):
+    for i, v in enumerate(value):
+      CheckTextValue(owner, f'{key}[{i}]', v)
+    return
+  if isinstance(value, dict):
+    for k, v in value.items():
+      if not isinstance(k, str):
+        raise TypeError(f'{owner}: {key} has the non-string key {k!r}; '
+                        'Keras configs and keyword arguments use string keys')
+      CheckTextValue(owner, f'{key}[{k!r}]', v)
+    return
+  if _IsKeras2(value):
+    raise _Keras2Error(owner, key, value)
+  if isinstance(value, (keras.Layer, keras.Operation)) or hasattr(
+      value, 'get_config'):
+    raise TypeError(
+        f'{owner}: {key} holds the Keras object {type(value).__name__} '
+        f'{getattr(value, "name", "")!r}, which Params cannot write as text '
+        '(ToText / FromText, params.txt); give its config instead: '
+        'keras.saving.serialize_keras_object(obj), or a factory name')
+  raise TypeError(
+      f'{owner}: {key} holds a {type(value).__module__}.'
+      f'{type(value).__qualname__} ({value!r:.60}), which Params cannot '
+      'write as text (ToText / FromText, params.txt); use numbers, strings, '
+      'lists and dicts (a Keras config: keras.saving.serialize_keras_object), '
+      'or build the object inside a factory named by keras_factory')
+
+
+def _ResolveFactory(owner: str, name: str):
+  """Imports `module.path.attr` (the longest importable module prefix)."""
+  parts = name.split('.')
+  for i in range(len(parts) - 1, 0, -1):
+    try:
+      obj = importlib.import_module('.'.join(parts[:i]))
+    except ImportError:
+      continue
+    try:
+      for attr in parts[i:]:
+        obj = getattr(obj, attr)
+    except AttributeError:
+      continue
+    if not callable(obj):
+      raise TypeError(f'{owner}: keras_factory={name!r} is a '
+                      f'{type(obj).__name__}, not a callable')
+    return obj
+  raise ValueError(f'{owner}: keras_factory={name!r} names nothing '
+                   'importable; give module.path.name of a module-level '
+                   "function or class, e.g. 'keras.layers.Dense'")
+
+
+def _PerExampleShape(p) -> Optional[List[Any]]:
+  """p.input_shape as a list of per-example shapes (None if unset)."""
+  shape = p.input_shape
+  if shape is None:
+    return None
+  if isinstance(shape, (list, tuple)) and shape and all(
+      isinstance(s, (list, tuple)) for s in shape):
+    return [list(s) for s in shape]
+  return [list(shape)]
+
+
+class _SeededPythonRandom:
+  """Seeds Python's `random` (Keras' default initializer seeds) in a block.
+
+  Keras initializers without a seed draw one from Python's `random` when
+  they are made; seeding it while the object is built makes the initial
+  weights a function of the layer path and random_seed, like every
+  TensorPipe layer's. The caller's random state is restored afterwards.
+  """
+
+  def __init__(self, seed: int):
+    self._seed = seed
+
+  def __enter__(self):
+    self._state = random.getstate()
+    random.seed(self._seed)
+
+  def __exit__(self, *args):
+    random.setstate(self._state)
+
+
+@contextlib.contextmanager
+def _NoAllocation():
+  """Keras variables made inside get no storage (deferred initialisation).
+
+  Keras defers the initialisation of variables created in a StatelessScope
+  and registers them for a later `initialize_all_variables`; the
+  registrations made inside are dropped on exit so that nothing allocates
+  them later (the object is only used for shapes, costs and specs).
+  """
+  from keras.src.backend.common import global_state  # pylint: disable=g-import-not-at-top
+  key = 'uninitialized_variables'
+  before = list(global_state.get_global_attribute(key, []) or [])
+  try:
+    with keras.StatelessScope(initialize_variables=False):
+      yield
+  finally:
+    global_state.set_global_attribute(key, before)
+
+
+def _SymbolicInputs(shapes: List[List[Any]], dtype) -> Any:
+  inputs = [keras.KerasTensor([None] + list(s), dtype=dtype) for s in shapes]
+  return inputs[0] if len(inputs) == 1 else inputs
+
+
+def _FlattenLayers(obj) -> List[Any]:
+  """The Keras object and all its sublayers, depth first, deduplicated."""
+  # Keras 3 has no public recursive walk; _flatten_layers is what its own
+  # Model.summary and saving use.
+  return list(obj._flatten_layers(include_self=True, recursive=True))  # pylint: disable=protected-access
+
+
+def _SeedGenerators(obj) -> List[Any]:
+  gens, seen = [], set()
+  for layer in _FlattenLayers(obj):
+    for gen in getattr(layer, '_seed_generators', []):
+      if id(gen) not in seen:
+        seen.add(id(gen))
+        gens.append(gen)
+  return gens
+
+
+def _IsValidKey(key: str) -> bool:
+  try:
+    NestedMap.CheckKey(key)
+  except ValueError:
+    return False
+  return True
+
+
+def _VariableKey(obj, variable, taken: set) -> str:
+  """A NestedMap key for a Keras weight: its path below `obj`, '__'-joined.
+
+  E.g. 'kernel' for a Dense's kernel, 'dense_1__kernel' for the kernel of
+  sublayer 'dense_1' of a wrapped model.
+  """
+  parts = variable.path.split('/')
+  if len(parts) > 1 and parts[0] == obj.name:
+    parts = parts[1:]
+  base = '__'.join(re.sub(r'\W', '_', part) for part in parts) or 'w'
+  if base[0].isdigit():
+    base = 'w_' + base
+  key, n = base, 1
+  while key in taken or not _IsValidKey(key):
+    key = f'{base}_{n}'
+    n += 1
+  taken.add(key)
+  return key
+
+
+def _DeclaredBatchSizes(obj) -> List[int]:
+  """Batch sizes the Keras object's inputs are fixed to (keras.Input)."""
+  sizes = []
+  try:
+    inputs = obj.inputs
+  except (AttributeError, ValueError):
+    inputs = None
+  for t in tf.nest.flatten(inputs or []):
+    shape = getattr(t, 'shape', None)
+    if shape is not None and len(shape) and shape[0] is not None:
+      sizes.append(int(shape[0]))
+  return sizes
+
+
+def _CheckDeclaredBatch(p, obj, batch: Optional[int], shapes) -> None:
+  if batch is None:
+    return
+  for size in _DeclaredBatchSizes(obj):
+    if size != batch:
+      raise ValueError(
+          f'{_Owner(p)}: the Keras {type(obj).__name__} {obj.name!r} is built '
+          f'for batch size {size} (its keras.Input has batch_size={size}) but '
+          f'gets inputs {shapes} with batch {batch}; a pipeline feeds each '
+          'partition micro-batches of N/T examples (and pads a last partial '
+          'batch), so build it without a fixed batch size: '
+          'keras.Input(shape=...) instead of keras.Input(batch_size=...)')
+
+
+def _CheckDenseSpecs(p, outputs) -> None:
+  """Raises if an output (KerasTensor or tensor) is ragged or sparse."""
+  for i, out in enumerate(tf.nest.flatten(outputs)):
+    kind = None
+    if isinstance(out, tf.RaggedTensor) or getattr(out, 'ragged', False):
+      kind = 'ragged'
+    elif isinstance(out, tf.SparseTensor) or getattr(out, 'sparse', False):
+      kind = 'sparse'
+    if kind:
+      raise ValueError(
+          f'{_Owner(p)}: output {i} of the Keras layer is a {kind} tensor, '
+          'which cannot cross a pipeline boundary (partitions exchange dense '
+          'tensors of a fixed shape); make the layer return a dense tensor '
+          '(e.g. sparse=False / ragged=False, or end it with .to_tensor() / '
+          'tf.sparse.to_dense), or keep the ragged or sparse part inside one '
+          'KerasLayer')
+
+
+def _ToKerasInputs(inputs: Tuple[Any, ...]) -> Any:
+  if len(inputs) == 1:
+    x = inputs[0]
+    return dict(x) if isinstance(x, NestedMap) else x
+  return list(inputs)
+
+
+def _FromKerasOutputs(out: Any) -> Any:
+  if isinstance(out, dict):
+    return NestedMap(out)
+  if isinstance(out, list):
+    return tuple(out)
+  return out
+
+
+def _EinsumFlops(op) -> float:
+  """2 x the product of the sizes of all indices (ellipsis dims included)."""
+  inputs, output = op.get_attr('equation').decode().split('->')
+  sizes = {}
+  for labels, t in zip(inputs.split(','), op.inputs):
+    dims = t.shape.as_list()
+    if '...' in labels:
+      head, tail = labels.split('...')
+      dims = dims[:len(head)] + dims[len(dims) - len(tail):]
+      labels = head + tail
+    for label, d in zip(labels, dims):
+      sizes[label] = d or 0
+  total = float(np.prod(list(sizes.values()) or [1]))
+  if '...' in output:
+    out_dims = op.outputs[0].shape.as_list()
+    head, tail = output.split('...')
+    ellipsis = out_dims[len(head):len(out_dims) - len(tail)]
+    total *= float(np.prod([d or 0 for d in ellipsis] or [1]))
+  return 2.0 * total
+
+
+def CountFlops(graph: tf.Graph) -> float:
+  """Forward FLOPs of the ops in `graph` (a traced function's graph).
+
+  A multiply-add counts 2. MatMul / BatchMatMul: 2 m k n; convolutions:
+  2 x output size x filter taps x input channels per group; depthwise: 2 x
+  output size x taps; transposed convolutions: 2 x input size x taps x
+  output channels; Einsum: 2 x the product of all index sizes; pooling:
+  output size x window; reductions: input size; other ops with a float
+  output: one per output element (a few for transcendental functions);
+  data movement (reshape, transpose, concat, slices, casts, reads): 0.
+  Shapes must be static (trace with a fixed batch size).
+
+  Args:
+    graph: e.g. `concrete_function.graph`.
+
+  Returns:
+    The FLOPs, a float.
+  """
+  flops = 0.0
+
+  def Size(shape) -> int:
+    dims = shape.as_list() if shape.rank is not None else None
+    if dims is None or any(d is None for d in dims):
+      return 0
+    return int(np.prod(dims, dtype=np.int64)) if dims else 1
+
+  for op in graph.get_operations():
+    kind = op.type
+    if kind in _FREE_OPS or not op.outputs:
+      continue
+    out = op.outputs[0].shape
+    if kind == 'MatMul':
+      a = op.inputs[0].shape
+      k = a[0] if op.get_attr('transpose_a') else a[-1]
+      flops += 2.0 * Size(out) * (k or 0)
+    elif kind.startswith('BatchMatMul'):
+      a = op.inputs[0].shape
+      k = a[-2] if op.get_attr('adj_x') else a[-1]
+      flops += 2.0 * Size(out) * (k or 0)
+    elif kind in _CONV_OPS:
+      taps = Size(op.inputs[1].shape[:-1])
+      flops += 2.0 * Size(out) * taps
+    elif kind == 'DepthwiseConv2dNative':
+      taps = Size(op.inputs[1].shape[:2])
+      flops += 2.0 * Size(out) * taps
+    elif kind in _TRANSPOSED_CONV_OPS:
+      taps = Size(op.inputs[1].shape[:-1])
+      flops += 2.0 * Size(op.inputs[2].shape) * taps
+    elif kind == 'Einsum':
+      flops += _EinsumFlops(op)
+    elif kind in _POOL_OPS:
+      ksize = op.get_attr('ksize') if 'ksize' in op.node_def.attr else [1]
+      flops += float(Size(out)) * float(np.prod(ksize))
+    elif kind in _REDUCTION_OPS:
+      flops += float(Size(op.inputs[0].shape))
+    elif op.outputs[0].dtype.is_floating:
+      flops += float(_ELEMENTWISE_COST.get(kind, 1)) * Size(out)
+  return flops
+
+
+class _KerasInit(base_layer.WeightInit):
+  """A weight's initial value: the value Keras initialised it with."""
+
+  def __init__(self, value: tf.Tensor):
+    super().__init__('keras', 1.0)
+    self._value = value
+
+  def Initialize(self, shape, dtype, seed):
+    del seed  # Keras drew the value (seeded by the layer path, see above).
+    value = tf.cast(self._value, dtype)
+    if value.shape.as_list() != [int(d) for d in shape]:
+      raise ValueError(f'Keras initial value of shape {value.shape} does not '
+                       f'match the weight shape {list(shape)}')
+    return value
+
+
+class KerasBatchNormStats:
+  """Receives one Keras BatchNormalization's merged batch statistics.
+
+  The reporter the rebound `call` hands to `py_utils.AddBatchStats`; the
+  pipeline merges its reports over micro-batches and calls
+  `UpdateMovingStats` once per step.
+  """
+
+  def __init__(self, name: str, moving_mean: tf.Variable,
+               moving_variance: tf.Variable, momentum: float):
+    self.name = name
+    self.moving_mean = moving_mean
+    self.moving_variance = moving_variance
+    self.momentum = float(momentum)
+
+  def UpdateMovingStats(self, stats: py_utils.BatchStats) -> None:
+    """moving = momentum * moving + (1 - momentum) * statistic (Keras')."""
+    mean, variance = stats.MeanAndVariance()
+    for var, value in ((self.moving_mean, mean),
+                       (self.moving_variance, variance)):
+      value = tf.cast(value, var.dtype)
+      var.assign(var * self.momentum + value * (1.0 - self.momentum))
+
+  def __repr__(self) -> str:
+    return f'KerasBatchNormStats({self.name!r})'
+
+
+def _BatchNormCall(bn, reporter: KerasBatchNormStats, inputs, training=None,
+                   mask=None):
+  """Keras' BatchNormalization.call, also reporting the batch statistics."""
+  if training and bn.trainable:
+    if mask is not None:
+      raise ValueError(f'Keras BatchNormalization {bn.name!r} got a mask: '
+                       'masked batch statistics are not supported in a '
+                       'KerasLayer; drop the mask before it')
+    dtype = tf.float64 if inputs.dtype == tf.float64 else tf.float32
+    x = tf.cast(inputs, dtype)
+    axes = [a for a in range(x.shape.rank) if a != bn.axis % x.shape.rank]
+    if x.shape.is_fully_defined():
+      count = tf.constant(
+          x.shape.num_elements() // x.shape[bn.axis], dtype)
+    else:
+      count = tf.cast(tf.size(x) // tf.shape(x)[bn.axis], dtype)
+    py_utils.AddBatchStats(reporter, py_utils.BatchStats(
+        count=tf.stop_gradient(count),
+        total=tf.stop_gradient(tf.reduce_sum(x, axes)),
+        total_sq=tf.stop_gradient(tf.reduce_sum(tf.square(x), axes))))
+  # Keras' own normalisation; its moving-average assigns go to the
+  # enclosing StatelessScope and are dropped.
+  return type(bn).call(bn, inputs, training=training, mask=mask)
+
+
+def _DropoutCall(layer, seed: int, inputs, training=False):
+  """Keras Dropout with a per-example mask (py_utils.StatelessUniform)."""
+  if not training or not layer.rate:
+    return inputs
+  shape = inputs.shape
+  if shape.rank is None or not shape[1:].is_fully_defined():
+    raise ValueError(f'Keras {type(layer).__name__} {layer.name!r}: input '
+                     f'shape {shape} must be static (but for the batch) to '
+                     'draw a per-example mask')
+  if hasattr(layer, '_get_noise_shape') and type(layer).call is not (
+      keras.layers.Dropout.call):
+    noise = layer._get_noise_shape(inputs)  # pylint: disable=protected-access
+  else:
+    noise = layer.noise_shape
+  mask_shape = shape.as_list()
+  if noise is not None:
+    for i, d in enumerate(noise):
+      if i and isinstance(d, (int, np.integer)):
+        mask_shape[i] = int(d)
+    if isinstance(noise[0], (int, np.integer)) and int(noise[0]) == 1 and (
+        mask_shape[0] != 1):
+      raise ValueError(
+          f'Keras {type(layer).__name__} {layer.name!r}: noise_shape={noise} '
+          'shares one mask across the batch; masks must differ per example '
+          '(so that micro-batches agree with the whole batch): use None for '
+          'the batch axis')
+  if mask_shape[0] is None:
+    mask_shape[0] = tf.shape(inputs)[0]
+  keep = 1.0 - float(layer.rate)
+  uniform = py_utils.StatelessUniform(mask_shape, seed, batch_axis=0)
+  scaled = tf.cast(uniform < keep, inputs.dtype) / tf.cast(keep, inputs.dtype)
+  return inputs * scaled
+
+
+class KerasLayer(base_layer.BaseLayer):
+  """A Keras 3 layer or model run functionally on TensorPipe weights.
+
+  Usage:
+    p = KerasLayer.Params().Set(
+        name='conv', keras_factory='keras.layers.Conv2D',
+        keras_kwargs={'filters': 32, 'kernel_size': 3, 'padding': 'same'},
+        input_shape=[28, 28, 1])
+    layer = p.Instantiate()
+    y = layer.FPropDefaultTheta(x)     # training mode: batch statistics
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('keras_factory', None, "Dotted name of a module-level callable "
+             "returning a Keras 3 layer or model, e.g. 'keras.layers.Dense' "
+             "or 'models.keras_models.FashionMnistCnn'; set this or "
+             'keras_config.')
+    p.Define('keras_kwargs', None, 'Keyword arguments of keras_factory (a '
+             'dict of numbers, strings, lists and dicts).')
+    p.Define('keras_config', None, 'A Keras config dict, '
+             'keras.saving.serialize_keras_object(layer) (a built layer\'s '
+             'carries its build shape); set this or keras_factory.')
+    p.Define('input_shape', None, 'Shape of one example of the input, '
+             'without the batch axis, e.g. [28, 28, 1] (a list of such '
+             'shapes for a layer of several inputs); needed to build a Keras '
+             'object its factory or config leaves unbuilt.')
+    p.Define('input_dtype', None, "Dtype name of the input the Keras object "
+             "is built on, e.g. 'int32' for an Embedding; None means its "
+             'compute dtype.')
+    p.Define('flops_per_example', None, 'If set, the forward FLOPs of one '
+             'example, used by FPropMeta instead of counting the ops of a '
+             'traced call (for layers the count gets wrong).')
+    return p
+
+  # -- construction --------------------------------------------------------
+
+  @classmethod
+  def _Validate(cls, p) -> None:
+    owner = _Owner(p)
+    if (p.keras_factory is None) == (p.keras_config is None):
+      raise ValueError(f'{owner}: set exactly one of keras_factory (a '
+                       'dotted name) and keras_config (a Keras config dict); '
+                       f'got keras_factory={p.keras_factory!r} and '
+                       f'keras_config of type {type(p.keras_config).__name__}')
+    if p.keras_factory is not None and not isinstance(p.keras_factory, str):
+      if _IsKeras2(p.keras_factory):
+        raise _Keras2Error(owner, 'keras_factory', p.keras_factory)
+      what = getattr(p.keras_factory, '__qualname__', type(
+          p.keras_factory).__name__)
+      raise TypeError(f'{owner}: keras_factory must be the dotted name (a '
+                      f'string) of a module-level callable, got {what!r}; '
+                      'Params are text (ToText / FromText): write e.g. '
+                      "'keras.layers.Dense' and put its arguments in "
+                      'keras_kwargs')
+    if p.keras_kwargs is not None:
+      if not isinstance(p.keras_kwargs, dict):
+        raise TypeError(f'{owner}: keras_kwargs must be a dict, got '
+                        f'{type(p.keras_kwargs).__name__}')
+      if p.keras_factory is None:
+        raise ValueError(f'{owner}: keras_kwargs is set without '
+                         'keras_factory; put them in the config instead')
+      CheckTextValue(owner, 'keras_kwargs', p.keras_kwargs)
+    if p.keras_config is not None:
+      if not isinstance(p.keras_config, dict):
+        CheckTextValue(owner, 'keras_config', p.keras_config)
+        raise TypeError(f'{owner}: keras_config must be a dict, got '
+                        f'{type(p.keras_config).__name__}')
+      CheckTextValue(owner, 'keras_config', p.keras_config)
+    if p.input_shape is not None:
+      for shape in _PerExampleShape(p):
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                   or d is None for d in shape):
+          raise ValueError(f'{owner}: input_shape={p.input_shape!r} must be '
+                           'one example\'s shape (positive ints, no batch '
+                           'axis), e.g. [28, 28, 1]')
+    if p.flops_per_example is not None and (
+        not isinstance(p.flops_per_example, (int, float)) or
+        isinstance(p.flops_per_example, bool) or p.flops_per_example < 0):
+      raise ValueError(f'{owner}: flops_per_example='
+                       f'{p.flops_per_example!r} must be a number >= 0')
+
+  @classmethod
+  def _NewKerasObject(cls, p, seed: int):
+    """Builds the Keras object described by `p` (unbuilt or built)."""
+    owner = _Owner(p)
+    with _SeededPythonRandom(seed):
+      if p.keras_factory is not None:
+        factory = _ResolveFactory(owner, p.keras_factory)
+        try:
+          obj = factory(**(p.keras_kwargs or {}))
+        except TypeError as e:
+          raise TypeError(f'{owner}: {p.keras_factory}(**{p.keras_kwargs!r}) '
+                          f'failed: {e}') from None
+        what = f'the object keras_factory {p.keras_factory!r} returned'
+      else:
+        try:
+          obj = keras.saving.deserialize_keras_object(p.keras_config)
+        except (TypeError, ValueError) as e:
+          first = (str(e).strip().splitlines() or [''])[0]
+          raise ValueError(
+              f'{owner}: keras_config cannot be deserialised by Keras 3: '
+              f'{first} (a Lambda layer needs safe_mode=False: write a '
+              'keras.Layer subclass registered with '
+              '@keras.saving.register_keras_serializable, or name a factory)'
+          ) from None
+        what = 'the object keras_config describes'
+    if _IsKeras2(obj):
+      raise _Keras2Error(owner, what, obj)
+    if not isinstance(obj, keras.Layer):
+      raise TypeError(f'{owner}: {what} is a {type(obj).__name__}, not a '
+                      'Keras 3 layer or model')
+    return obj
+
+  @classmethod
+  def _BuildKerasObject(cls, p, seed: int):
+    """The built Keras object of `p` (on the current device)."""
+    obj = cls._NewKerasObject(p, seed)
+    if not obj.built:
+      shapes = _PerExampleShape(p)
+      if shapes is None:
+        raise ValueError(
+            f'{_Owner(p)}: the Keras {type(obj).__name__} {obj.name!r} is '
+            'not built and input_shape is not set; set input_shape to one '
+            "example's shape, e.g. [28, 28, 1]")
+      dtype = p.input_dtype or obj.compute_dtype
+      with _SeededPythonRandom(seed + 1):
+        obj(_SymbolicInputs(shapes, dtype))
+    for layer in _FlattenLayers(obj):
+      if isinstance(layer, keras.layers.BatchNormalization):
+        if layer.renorm or layer.synchronized:
+          flag = 'renorm' if layer.renorm else 'synchronized'
+          raise ValueError(
+              f'{_Owner(p)}: Keras BatchNormalization {layer.name!r} has '
+              f'{flag}=True, which KerasLayer does not support: a pipeline '
+              'normalises with micro-batch statistics and updates the moving '
+              'averages once per step (summed over replicas); set '
+              f'{flag}=False')
+      for attr in ('activity_regularizer',):
+        if getattr(layer, attr, None) is not None:
+          raise ValueError(
+              f'{_Owner(p)}: Keras layer {layer.name!r} has an '
+              f'{attr}, whose loss a KerasLayer cannot return; remove it '
+              'and add the penalty to the task loss')
+    for w in obj.weights:
+      if getattr(w, 'regularizer', None) is not None:
+        raise ValueError(
+            f'{_Owner(p)}: Keras weight {w.path!r} has a regularizer, whose '
+            'loss a KerasLayer cannot return; remove it and use the task\'s '
+            'task.train.l2_regularizer_weight (or add the penalty to the '
+            'Keras loss of a TensorPipeModel)')
+    return obj
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    self._Validate(p)
+    abstract = base_layer._abstract_scope.records is not None  # pylint: disable=protected-access
+    if abstract:
+      with _NoAllocation():
+        obj = self._BuildKerasObject(p, self.LayerSeed())
+    else:
+      obj = self._BuildKerasObject(p, self.LayerSeed())
+    weights, taken = [], set()
+    for kv in obj.weights:
+      key = _VariableKey(obj, kv, taken)
+      var = self.CreateVariable(key, base_layer.WeightParams(
+          shape=list(kv.shape), init=None if abstract else _KerasInit(kv.value),
+          dtype=tf.as_dtype(kv.dtype), trainable=kv.trainable))
+      if not abstract:
+        # Rebind the Keras variable to the TensorPipe one: the Keras object
+        # then holds no copy of its weights and reads ours in plain calls.
+        kv._value = var  # pylint: disable=protected-access
+      weights.append((kv, key))
+    seeds = {}
+    for i, layer in enumerate(_FlattenLayers(obj)):
+      seeds[id(layer)] = py_utils.LayerSeed(
+          f'{self.path or self.layer_name}/keras_{i}', p.random_seed)
+    reporters = []
+    if not abstract:
+      by_id = {id(kv): key for kv, key in weights}
+      for layer in _FlattenLayers(obj):
+        if isinstance(layer, keras.layers.BatchNormalization):
+          reporter = KerasBatchNormStats(
+              f'{self.path or self.layer_name}/{layer.name}',
+              self.vars[by_id[id(layer.moving_mean)]],
+              self.vars[by_id[id(layer.moving_variance)]], layer.momentum)
+          reporters.append(reporter)
+          object.__setattr__(layer, 'call', functools.partial(
+              _BatchNormCall, layer, reporter))
+        elif isinstance(layer, keras.layers.Dropout):
+          object.__setattr__(layer, 'call', functools.partial(
+              _DropoutCall, layer, seeds[id(layer)]))
+    gens = []
+    for layer in _FlattenLayers(obj):
+      for gen in getattr(layer, '_seed_generators', []):
+        if all(gen is not g for g, _ in gens):
+          gens.append((gen, seeds[id(layer)]))
+    # Plain attributes: the Keras object must not be walked by tf.Module
+    # (its variables are ours, tracked under their keys).
+    object.__setattr__(self, '_keras', _Holder(obj))
+    object.__setattr__(self, '_weights', weights)
+    object.__setattr__(self, '_seed_gens', gens)
+    object.__setattr__(self, '_seeds', seeds)
+    object.__setattr__(self, '_bn_reporters', reporters)
+    object.__setattr__(self, '_call_args', set(
+        inspect.signature(obj.call).parameters))
+
+  # -- accessors -----------------------------------------------------------
+
+  @property
+  def keras_object(self):
+    """The private Keras object; its variables are this layer's."""
+    return self._keras.obj
+
+  def KerasWeights(self) -> List[Tuple[Any, str]]:
+    """(Keras variable, theta key) pairs in `keras_object.weights` order."""
+    return list(self._weights)
+
+  def SublayerSeed(self, keras_sublayer) -> int:
+    """The seed of a sublayer's randomness (Dropout masks)."""
+    if id(keras_sublayer) not in self._seeds:
+      raise ValueError(f'{keras_sublayer!r} is not a sublayer of '
+                       f'KerasLayer {self.layer_name!r}')
+    return self._seeds[id(keras_sublayer)]
+
+  def AssignFromKeras(self, keras_obj) -> None:
+    """Copies the weights of a Keras object of the same structure.
+
+    Args:
+      keras_obj: a built Keras layer or model with the same weights (in
+        `weights` order, same shapes), e.g. the layer this one's config was
+        taken from.
+
+    Raises:
+      ValueError: if the weights do not match in number or shape.
+    """
+    theirs = list(keras_obj.weights)
+    if len(theirs) != len(self._weights):
+      raise ValueError(
+          f'KerasLayer {self.layer_name!r}: {keras_obj.name!r} has '
+          f'{len(theirs)} weights but this layer has {len(self._weights)}; '
+          'copy from the Keras layer this one was made from')
+    for (kv, key), w in zip(self._weights, theirs):
+      if list(w.shape) != list(kv.shape):
+        raise ValueError(
+            f'KerasLayer {self.layer_name!r}: weight {key!r} has shape '
+            f'{list(kv.shape)} but {w.path!r} has {list(w.shape)}')
+      self.vars[key].assign(tf.cast(w.value, self.vars[key].dtype))
+
+  # -- forward -------------------------------------------------------------
+
+  def _SeedState(self, layer_seed: int, dtype) -> tf.Tensor:
+    """A Keras SeedGenerator state for this call: seed, offset, step."""
+    ctx = py_utils.Current()
+    first = tf.cast(layer_seed, tf.int64) + tf.cast(
+        ctx.example_offset, tf.int64) * 1000003
+    return tf.cast(tf.stack([first, tf.cast(ctx.step_seed, tf.int64)]),
+                   dtype)
+
+  def FProp(self, theta, *inputs):
+    """Calls the Keras object with the weights in `theta`.
+
+    Args:
+      theta: NestedMap of this layer's weights (keys as in KerasWeights).
+      *inputs: the Keras call's input: one tensor (or NestedMap, passed as a
+        dict), or several, passed as a list; batch on axis 0.
+
+    Returns:
+      The Keras outputs: a tensor, a tuple (a list output) or a NestedMap.
+
+    Raises:
+      ValueError: for a batch axis other than 0, a Keras object built for
+        another batch size, or a ragged / sparse output.
+    """
+    p = self.params
+    if not inputs:
+      raise ValueError(f'{_Owner(p)}: FProp needs an input')
+    if py_utils.CurrentBatchAxis() != 0:
+      raise ValueError(
+          f'{_Owner(p)}: Keras layers take the batch on axis 0, but the '
+          f'context batch axis is {py_utils.CurrentBatchAxis()}; use '
+          'TensorPipeLayer batch_dim=0')
+    obj = self.keras_object
+    shapes = [list(x.shape) for x in tf.nest.flatten(inputs)
+              if hasattr(x, 'shape')]
+    batch = shapes[0][0] if shapes and shapes[0] else None
+    _CheckDeclaredBatch(p, obj, batch, shapes)
+    training = py_utils.IsTraining()
+    mapping = [(kv, theta[key]) for kv, key in self._weights]
+    for gen, seed in self._seed_gens:
+      mapping.append((gen.state, self._SeedState(seed, gen.state.dtype)))
+    kwargs = {'training': training} if 'training' in self._call_args else {}
+    with tf.name_scope(self.layer_name), keras.StatelessScope(
+        state_mapping=mapping, collect_losses=True) as scope:
+      out = obj(_ToKerasInputs(inputs), **kwargs)
+    if scope.losses:
+      raise ValueError(
+          f'{_Owner(p)}: the Keras object added {len(scope.losses)} loss(es) '
+          '(add_loss / activity regularizers) in its call, which a '
+          'KerasLayer cannot return; add the penalty to the task loss')
+    _CheckDenseSpecs(p, out)
+    return _FromKerasOutputs(out)
+
+  # -- cost model ----------------------------------------------------------
+
+  @classmethod
+  def FPropMeta(cls, p, *input_shapes):
+    """Output shapes from Keras' shape inference; weights; counted FLOPs."""
+    cls._Validate(p)
+    if any(isinstance(s, dict) for s in input_shapes):
+      raise ValueError(f'{_Owner(p)}: FPropMeta takes tensor shapes, got a '
+                       'dict of shapes; for a dict-input Keras model set '
+                       'flops_per_example and give partitions manually')
+    shapes = [base_layer.ToShape(s) for s in input_shapes]
+    for s in shapes:
+      if s.rank is None or s.rank < 1:
+        raise ValueError(f'{_Owner(p)}: input shape {s} needs a batch axis')
+    batches = {s[0] for s in shapes}
+    batch = batches.pop() if len(batches) == 1 else None
+    key = (_SpecKey(p), tuple(tuple(s.as_list()) for s in shapes))
+    meta = _META_CACHE.get(key)
+    if meta is None:
+      meta = cls._ComputeMeta(p, shapes, batch)
+      if len(_META_CACHE) > 512:
+        _META_CACHE.clear()
+      _META_CACHE[key] = meta
+    out_shapes, num_params, flops = meta
+    if p.flops_per_example is not None:
+      flops = float(p.flops_per_example) * (batch or 0)
+    return base_layer.FPropMetaResult(flops, out_shapes, num_params)
+
+  @classmethod
+  def _ComputeMeta(cls, p, shapes, batch):
+    per_example = [s.as_list()[1:] for s in shapes]
+    with _NoAllocation():
+      obj = cls._NewKerasObject(p, 0)
+      dtype = p.input_dtype or obj.compute_dtype
+      # The symbolic call builds the object on the given shapes (its
+      # variables get no storage inside _NoAllocation).
+      _CheckDeclaredBatch(p, obj, batch, [s.as_list() for s in shapes])
+      try:
+        out = obj(_SymbolicInputs(per_example, dtype))
+      except (ValueError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [''])[0]
+        raise ValueError(f'{_Owner(p)}: Keras {type(obj).__name__} '
+                         f'{obj.name!r} does not accept inputs of shape '
+                         f'{[s.as_list() for s in shapes]}: {first}') from None
+      _CheckDenseSpecs(p, out)
+
+      def WithBatch(t):
+        dims = list(t.shape)
+        if dims:
+          dims[0] = batch
+        return tf.TensorShape(dims)
+      out_shapes = tf.nest.map_structure(WithBatch, out)
+      if isinstance(out_shapes, dict):
+        out_shapes = NestedMap(out_shapes)
+      elif isinstance(out_shapes, list):
+        out_shapes = tuple(out_shapes)
+      num_params = int(sum(int(np.prod(w.shape)) for w in obj.weights))
+      flops = 0.0
+      if p.flops_per_example is None and batch is not None:
+        flops = _TracedFlops(obj, per_example, batch, dtype)
+    return out_shapes, num_params, flops
+
+
+class _Holder:
+  """Holds an object out of sight of tf.Module's attribute walk."""
+
+  def __init__(self, obj):
+    self.obj = obj
+
+
+_META_CACHE: Dict[Any, Any] = {}
+
+
+def _SpecKey(p) -> str:
+  return json.dumps([p.keras_factory, p.keras_kwargs, p.keras_config,
+                     p.input_shape, p.input_dtype], sort_keys=True,
+                    default=repr)
+
+
+def _TracedFlops(obj, per_example: List[List[Any]], batch: int,
+                 dtype) -> float:
+  """CountFlops of one inference call of `obj` on a batch of `batch`."""
+  variables = list(obj.weights)
+  var_specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+  in_specs = [tf.TensorSpec([batch] + list(s), dtype) for s in per_example]
+
+  def Call(*args):
+    xs, ws = args[:len(in_specs)], args[len(in_specs):]
+    with keras.StatelessScope(state_mapping=list(zip(variables, ws))):
+      return obj(xs[0] if len(xs) == 1 else list(xs), training=False) if (
+          'training' in inspect.signature(obj.call).parameters) else obj(
+              xs[0] if len(xs) == 1 else list(xs))
+  graph = tf.function(Call, autograph=False).get_concrete_function(
+      *in_specs, *var_specs).graph
+  return CountFlops(graph)
