@@ -38,9 +38,9 @@ recompute pass reproduces the forward pass, but their draws depend on T.
 
 FPropMeta comes from Keras' shape inference (a symbolic call on a Keras
 object built without allocating weights) and the weights' sizes; FLOPs are
-counted from the ops of one traced inference call (`CountFlops`: 2 m k n per
-matmul, 2 x output size x filter taps per convolution, one per element for
-element-wise ops), or set with `flops_per_example`.
+counted from the ops of one traced inference call (`flops.CountFlops`: 2 m k
+n per matmul, 2 x output size x filter taps per convolution, one per element
+for element-wise ops), or set with `flops_per_example`.
 
 Keras 2 (tf-keras) is not supported: it has no supported way to run a layer
 on substituted weights (no stateless call, no stateless scope), which
@@ -70,35 +70,12 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import flops as flops_lib
 from tensorpipe import py_utils
 from tensorpipe.nested_map import NestedMap
 
 # Types a text-serialisable Params value may hold (ToText / FromText).
 _TEXT_LEAVES = (type(None), bool, int, float, str)
-
-# Ops that move or relabel data without arithmetic: 0 FLOPs.
-_FREE_OPS = frozenset([
-    'Identity', 'IdentityN', 'Reshape', 'Shape', 'ShapeN', 'Size', 'Rank',
-    'Const', 'Placeholder', 'ReadVariableOp', 'Cast', 'Transpose',
-    'ConcatV2', 'Concat', 'Pack', 'Unpack', 'StridedSlice', 'Slice',
-    'Squeeze', 'ExpandDims', 'Fill', 'ZerosLike', 'OnesLike', 'StopGradient',
-    'Pad', 'PadV2', 'MirrorPad', 'GatherV2', 'Gather', 'GatherNd', 'Split',
-    'SplitV', 'NoOp', 'AssignVariableOp', 'VarHandleOp', 'BroadcastTo',
-    'BroadcastArgs', 'Range', 'Tile', 'OneHot', 'PreventGradient',
-    'EnsureShape', 'CheckNumerics', 'Bitcast', 'TensorListFromTensor',
-])
-_REDUCTION_OPS = frozenset(['Sum', 'Mean', 'Max', 'Min', 'Prod', 'ArgMax',
-                            'ArgMin'])
-_POOL_OPS = frozenset(['MaxPool', 'MaxPoolV2', 'AvgPool', 'MaxPool3D',
-                       'AvgPool3D'])
-_CONV_OPS = frozenset(['Conv2D', 'Conv3D', 'Conv'])
-_TRANSPOSED_CONV_OPS = frozenset(['Conv2DBackpropInput',
-                                  'Conv2DBackpropInputV2',
-                                  'Conv3DBackpropInputV2'])
-# Cost per element of transcendental element-wise ops (as activations.py).
-_ELEMENTWISE_COST = {'Softmax': 5, 'LogSoftmax': 5, 'Tanh': 4, 'Sigmoid': 4,
-                     'Exp': 4, 'Log': 4, 'Erf': 4, 'Gelu': 8}
-
 
 def _Owner(p) -> str:
   return f'KerasLayer {p.name!r}'
@@ -250,16 +227,6 @@ def _FlattenLayers(obj) -> List[Any]:
   return list(obj._flatten_layers(include_self=True, recursive=True))  # pylint: disable=protected-access
 
 
-def _SeedGenerators(obj) -> List[Any]:
-  gens, seen = [], set()
-  for layer in _FlattenLayers(obj):
-    for gen in getattr(layer, '_seed_generators', []):
-      if id(gen) not in seen:
-        seen.add(id(gen))
-        gens.append(gen)
-  return gens
-
-
 def _IsValidKey(key: str) -> bool:
   try:
     NestedMap.CheckKey(key)
@@ -347,87 +314,6 @@ def _FromKerasOutputs(out: Any) -> Any:
   if isinstance(out, list):
     return tuple(out)
   return out
-
-
-def _EinsumFlops(op) -> float:
-  """2 x the product of the sizes of all indices (ellipsis dims included)."""
-  inputs, output = op.get_attr('equation').decode().split('->')
-  sizes = {}
-  for labels, t in zip(inputs.split(','), op.inputs):
-    dims = t.shape.as_list()
-    if '...' in labels:
-      head, tail = labels.split('...')
-      dims = dims[:len(head)] + dims[len(dims) - len(tail):]
-      labels = head + tail
-    for label, d in zip(labels, dims):
-      sizes[label] = d or 0
-  total = float(np.prod(list(sizes.values()) or [1]))
-  if '...' in output:
-    out_dims = op.outputs[0].shape.as_list()
-    head, tail = output.split('...')
-    ellipsis = out_dims[len(head):len(out_dims) - len(tail)]
-    total *= float(np.prod([d or 0 for d in ellipsis] or [1]))
-  return 2.0 * total
-
-
-def CountFlops(graph: tf.Graph) -> float:
-  """Forward FLOPs of the ops in `graph` (a traced function's graph).
-
-  A multiply-add counts 2. MatMul / BatchMatMul: 2 m k n; convolutions:
-  2 x output size x filter taps x input channels per group; depthwise: 2 x
-  output size x taps; transposed convolutions: 2 x input size x taps x
-  output channels; Einsum: 2 x the product of all index sizes; pooling:
-  output size x window; reductions: input size; other ops with a float
-  output: one per output element (a few for transcendental functions);
-  data movement (reshape, transpose, concat, slices, casts, reads): 0.
-  Shapes must be static (trace with a fixed batch size).
-
-  Args:
-    graph: e.g. `concrete_function.graph`.
-
-  Returns:
-    The FLOPs, a float.
-  """
-  flops = 0.0
-
-  def Size(shape) -> int:
-    dims = shape.as_list() if shape.rank is not None else None
-    if dims is None or any(d is None for d in dims):
-      return 0
-    return int(np.prod(dims, dtype=np.int64)) if dims else 1
-
-  for op in graph.get_operations():
-    kind = op.type
-    if kind in _FREE_OPS or not op.outputs:
-      continue
-    out = op.outputs[0].shape
-    if kind == 'MatMul':
-      a = op.inputs[0].shape
-      k = a[0] if op.get_attr('transpose_a') else a[-1]
-      flops += 2.0 * Size(out) * (k or 0)
-    elif kind.startswith('BatchMatMul'):
-      a = op.inputs[0].shape
-      k = a[-2] if op.get_attr('adj_x') else a[-1]
-      flops += 2.0 * Size(out) * (k or 0)
-    elif kind in _CONV_OPS:
-      taps = Size(op.inputs[1].shape[:-1])
-      flops += 2.0 * Size(out) * taps
-    elif kind == 'DepthwiseConv2dNative':
-      taps = Size(op.inputs[1].shape[:2])
-      flops += 2.0 * Size(out) * taps
-    elif kind in _TRANSPOSED_CONV_OPS:
-      taps = Size(op.inputs[1].shape[:-1])
-      flops += 2.0 * Size(op.inputs[2].shape) * taps
-    elif kind == 'Einsum':
-      flops += _EinsumFlops(op)
-    elif kind in _POOL_OPS:
-      ksize = op.get_attr('ksize') if 'ksize' in op.node_def.attr else [1]
-      flops += float(Size(out)) * float(np.prod(ksize))
-    elif kind in _REDUCTION_OPS:
-      flops += float(Size(op.inputs[0].shape))
-    elif op.outputs[0].dtype.is_floating:
-      flops += float(_ELEMENTWISE_COST.get(kind, 1)) * Size(out)
-  return flops
 
 
 class _KerasInit(base_layer.WeightInit):
@@ -931,4 +817,4 @@ def _TracedFlops(obj, per_example: List[List[Any]], batch: int,
               xs[0] if len(xs) == 1 else list(xs))
   graph = tf.function(Call, autograph=False).get_concrete_function(
       *in_specs, *var_specs).graph
-  return CountFlops(graph)
+  return flops_lib.CountFlops(graph)

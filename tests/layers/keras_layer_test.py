@@ -102,19 +102,6 @@ class KerasLayerMetaTest(tf.test.TestCase):
     p = _Dense().Set(flops_per_example=1000)
     self.assertEqual(keras_layer.KerasLayer.FPropMeta(p, [6, 4]).flops, 6000)
 
-  def testCountFlopsOfMatmulConvAndEinsum(self):
-    def Fn(a, b, img, w):
-      return (tf.matmul(a, b, transpose_a=True),
-              tf.nn.conv2d(img, w, 1, 'VALID'),
-              tf.einsum('bij,jk->bik', img[:, 0], b[:3]))
-    graph = tf.function(Fn).get_concrete_function(
-        tf.TensorSpec([7, 2]), tf.TensorSpec([7, 5]),
-        tf.TensorSpec([2, 6, 6, 3]), tf.TensorSpec([3, 3, 3, 4])).graph
-    expected = (2 * 2 * 7 * 5            # matmul [2, 7] x [7, 5]
-                + 2 * (2 * 4 * 4 * 4) * 27  # conv: 2 x output x taps x in
-                + 2 * 2 * 6 * 3 * 5)     # einsum: 2 x b i j k
-    self.assertEqual(keras_layer.CountFlops(graph), expected)
-
   def testPipelinePartitionsByKerasCosts(self):
     ps = [_Dense('a', units=4, input_dim=4), _Dense('b', units=512,
                                                       input_dim=4),
