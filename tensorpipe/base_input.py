@@ -11,6 +11,12 @@ position survives a restart. Conventions for the batch keys:
                 target-language token), tgt_labels [b, Lt] int32,
                 tgt_paddings [b, Lt] float32
   language model: ids [b, L] int32, labels [b, L] int32, paddings [b, L]
+
+A split read once (repeat off: evaluation) is covered completely: the last,
+partial batch is padded up to batch_size with copies of its last example, and
+such batches carry EXAMPLE_WEIGHT [b] float32 (1 for an example of the split,
+0 for padding), which the tasks use to leave the padding out of every metric
+(tensorpipe/tasks.py) and decoding metrics to skip it (decode_metrics.py).
 """
 
 from typing import Any, Callable, List, Optional, Sequence
@@ -20,6 +26,10 @@ import tensorflow as tf
 from tensorpipe import errors
 from tensorpipe import hyperparams
 from tensorpipe.nested_map import NestedMap
+
+
+# Batch key of the example weights of a non-repeating input (see above).
+EXAMPLE_WEIGHT = 'example_weight'
 
 
 class DataFileError(OSError):
@@ -70,7 +80,11 @@ class BaseInput:
     return self._params.split.startswith('train')
 
   def Dataset(self) -> tf.data.Dataset:
-    """The batched dataset of NestedMaps (drop_remainder=True)."""
+    """The batched dataset of NestedMaps, every batch batch_size examples.
+
+    A repeating input drops nothing (it never ends); one read once pads its
+    last batch and adds EXAMPLE_WEIGHT (module docstring).
+    """
     return self._Dataset()
 
   def _Dataset(self) -> tf.data.Dataset:
@@ -134,6 +148,30 @@ class BaseInput:
       ds = ds.enumerate().map(
           lambda i, d: augment(d, tf.stack([tf.constant(p.seed, tf.int64), i])),
           num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.batch(p.batch_size, drop_remainder=True)
+    if self._Repeat() or not isinstance(ds.element_spec, dict):
+      ds = ds.batch(p.batch_size, drop_remainder=True)
+    else:
+      ds = ds.batch(p.batch_size, drop_remainder=False).map(
+          lambda d: PadBatch(d, p.batch_size))
     ds = ds.map(lambda d: NestedMap(d) if isinstance(d, dict) else d)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def PadBatch(batch: dict, batch_size: int) -> dict:
+  """Pads a batch dict of n <= batch_size rows to batch_size rows.
+
+  The padding repeats the last row (a valid example, so no model sees an
+  empty sequence); EXAMPLE_WEIGHT [batch_size] float32 is 1 on the n rows
+  and 0 on the padding. Shapes become static in the batch dimension.
+  """
+  n = tf.shape(tf.nest.flatten(batch)[0])[0]
+  rows = tf.minimum(tf.range(batch_size), n - 1)
+
+  def Pad(x):
+    x = tf.gather(x, rows)
+    x.set_shape(tf.TensorShape([batch_size]).concatenate(x.shape[1:]))
+    return x
+
+  out = tf.nest.map_structure(Pad, dict(batch))
+  out[EXAMPLE_WEIGHT] = tf.cast(tf.range(batch_size) < n, tf.float32)
+  return out

@@ -16,9 +16,23 @@ Usage:
 
 from typing import Callable, Dict, List, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
+from tensorpipe import base_input
 from tensorpipe.nested_map import NestedMap
+
+
+def RealRows(batch: NestedMap) -> np.ndarray:
+  """[b] bool: the rows that are examples of the split, not padding.
+
+  A padded eval batch (tensorpipe/base_input.py) weighs its padding 0; a
+  batch without weights is all real.
+  """
+  weights = batch.get(base_input.EXAMPLE_WEIGHT)
+  if weights is None:
+    return np.ones([int(tf.shape(tf.nest.flatten(batch)[0])[0])], bool)
+  return np.asarray(weights) > 0
 
 
 class DecodeMetrics:
@@ -66,10 +80,13 @@ class BleuMetrics(DecodeMetrics):
     self._refs: List[str] = []
 
   def Update(self, batch: NestedMap) -> None:
+    """Decodes the batch; rows of example weight 0 (padding) are skipped."""
     hyp = self._decode(batch).numpy()
-    for h, r in zip(hyp, batch.tgt_labels.numpy()):
-      self._hyps.append(self._detokenize(h))
-      self._refs.append(self._detokenize(r))
+    keep = RealRows(batch)
+    for h, r, k in zip(hyp, batch.tgt_labels.numpy(), keep):
+      if k:
+        self._hyps.append(self._detokenize(h))
+        self._refs.append(self._detokenize(r))
 
   def Finalize(self) -> Dict[str, float]:
     if not self._hyps:

@@ -186,6 +186,20 @@ class BaseTask(base_layer.BaseLayer):
     return tf.shape(tf.nest.flatten(batch)[0])[0]
 
   @staticmethod
+  def SplitExampleWeights(batch: NestedMap
+                          ) -> Tuple[NestedMap, Optional[tf.Tensor]]:
+    """(the batch without base_input.EXAMPLE_WEIGHT, those weights or None).
+
+    An eval batch padded up to the batch size weighs its padding 0
+    (tensorpipe/base_input.py); metrics leave those rows out.
+    """
+    if base_input.EXAMPLE_WEIGHT not in batch:
+      return batch, None
+    rest = NestedMap({k: v for k, v in batch.items()
+                      if k != base_input.EXAMPLE_WEIGHT})
+    return rest, tf.cast(batch[base_input.EXAMPLE_WEIGHT], tf.float32)
+
+  @staticmethod
   def AggregateMetrics(per_batch: list) -> Dict[str, float]:
     """Weighted means of metric (value, weight) pairs over batches."""
     sums: Dict[str, Tuple[float, float]] = {}
@@ -257,6 +271,7 @@ class ClassificationTask(BaseTask):
     p = self.params
     if _TrainsWith1F1B(self.children.model):
       return self._FPropLossInPipeline(theta, batch)
+    batch, weights = self.SplitExampleWeights(batch)
     out = self.children.model.FProp(theta.model, batch[p.input_key])
     aux = None
     if isinstance(out, dict):
@@ -265,16 +280,23 @@ class ClassificationTask(BaseTask):
       logits = out
     logits = tf.cast(logits, tf.float32)
     labels = batch.label
-    xent = tf.reduce_mean(losses.SoftmaxCrossEntropyLoss(
+    n = tf.cast(tf.shape(logits)[0], tf.float32)
+    if weights is None:
+      mean = tf.reduce_mean
+    else:  # padded eval batch: means over the weighted (real) rows
+      n = tf.reduce_sum(weights)
+      mean = lambda x: tf.reduce_sum(x * weights) / tf.maximum(n, 1.0)
+    xent = mean(losses.SoftmaxCrossEntropyLoss(
         logits, labels, p.label_smoothing, p.num_classes))
     loss = xent
-    n = tf.cast(tf.shape(logits)[0], tf.float32)
     metrics = NestedMap(
         loss=(xent, n),
-        accuracy=(losses.TopKAccuracy(logits, labels, 1), n),
-        acc5=(losses.TopKAccuracy(logits, labels, min(5, p.num_classes)), n))
+        accuracy=(mean(losses.TopKAccuracy(logits, labels, 1,
+                                           per_example=True)), n),
+        acc5=(mean(losses.TopKAccuracy(logits, labels, min(5, p.num_classes),
+                                       per_example=True)), n))
     if aux is not None:
-      aux_xent = tf.reduce_mean(losses.SoftmaxCrossEntropyLoss(
+      aux_xent = mean(losses.SoftmaxCrossEntropyLoss(
           tf.cast(aux, tf.float32), labels, p.label_smoothing, p.num_classes))
       loss += p.aux_loss_weight * aux_xent
       metrics.aux_loss = (aux_xent, n)
@@ -350,16 +372,23 @@ class SequenceTask(BaseTask):
       labels, paddings = batch.labels, batch.paddings
     return labels, 1.0 - tf.cast(paddings, tf.float32)
 
-  def _TokenSums(self, out, batch):
-    """(summed loss, summed unsmoothed loss, tokens, correct tokens)."""
+  def _TokenSums(self, out, batch, example_weights=None):
+    """(summed loss, summed unsmoothed loss, tokens, correct tokens).
+
+    example_weights: None, or [b] weights of the rows (0: padding).
+    """
     p = self.params
     if isinstance(out, dict) and 'per_example_loss' in out:
-      loss_sum = tf.reduce_sum(out['per_example_loss'])
-      return (loss_sum, loss_sum, tf.reduce_sum(out['per_example_tokens']),
-              tf.reduce_sum(out['per_example_correct']))
+      w = 1.0 if example_weights is None else example_weights
+      loss_sum = tf.reduce_sum(out['per_example_loss'] * w)
+      return (loss_sum, loss_sum,
+              tf.reduce_sum(out['per_example_tokens'] * w),
+              tf.reduce_sum(out['per_example_correct'] * w))
     logits = out['logits'] if isinstance(out, dict) else out
     logits = tf.cast(logits, tf.float32)
     labels, weights = self._LabelsAndWeights(batch)
+    if example_weights is not None:
+      weights *= example_weights[:, tf.newaxis]
     xent = losses.SoftmaxCrossEntropyLoss(logits, labels, 0.0, p.vocab_size)
     plain = tf.reduce_sum(xent * weights)
     smoothed = plain
@@ -374,8 +403,10 @@ class SequenceTask(BaseTask):
   def FProp(self, theta, batch):
     if _TrainsWith1F1B(self.children.model):
       return self._FPropLossInPipeline(theta, batch)
+    batch, example_weights = self.SplitExampleWeights(batch)
     out = self.children.model.FProp(theta.model, batch)
-    loss_sum, plain_sum, tokens, correct = self._TokenSums(out, batch)
+    loss_sum, plain_sum, tokens, correct = self._TokenSums(out, batch,
+                                                           example_weights)
     num_tokens = tf.maximum(tokens, 1.0)
     loss = loss_sum / num_tokens
     metrics = NestedMap(loss=(loss, num_tokens),
@@ -465,6 +496,7 @@ class SequenceTask(BaseTask):
     at position i, which becomes the decoder input at i + 1. Position i of
     the result is the prediction for label i. Needs a causal decoder.
     """
+    batch, _ = self.SplitExampleWeights(batch)  # decodes padding too
     tgt_ids = tf.cast(batch.tgt_ids, tf.int32)
     length = tgt_ids.shape[1]
     dec = NestedMap(batch)

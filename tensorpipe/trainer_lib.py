@@ -643,8 +643,10 @@ class Trainer:
         (eval mode); False evaluates the weights as they are (after Train).
 
     Returns:
-      Weighted means of the task's metrics over the eval batches, plus
-      derived ones (perplexity, bleu).
+      Weighted means of the task's metrics over the eval examples (a split
+      read once is covered completely: its last batch is padded, and the
+      padding left out, see base_input.py), plus derived ones (perplexity,
+      bleu), num_batches and num_examples.
 
     Raises:
       checkpoints.NoCheckpointError: restore=True and no checkpoint exists.
@@ -673,6 +675,7 @@ class Trainer:
     decoded = self.task.CreateDecodeMetrics(eval_input)
     t0 = time.perf_counter()
     batches = iter(dataset)
+    num_examples = 0
     for i in itertools.count():
       if eval_steps is not None and i >= eval_steps:
         break
@@ -685,6 +688,8 @@ class Trainer:
             eval_input.DescribeReadError(e)) from None
       per_batch.append({k: (float(v[0]), float(v[1]))
                         for k, v in self._eval_fn(batch).items()})
+      # The last batch of a split may be padded (weights 0, base_input.py).
+      num_examples += int(decode_metrics.RealRows(batch).sum())
       if decoded is not None:
         decoded.Update(batch)
     if not per_batch:
@@ -697,6 +702,7 @@ class Trainer:
     if decoded is not None:
       metrics.update(decoded.Finalize())
     metrics['num_batches'] = float(len(per_batch))
+    metrics['num_examples'] = float(num_examples)
     step = int(self.global_step.numpy())
     if self._is_chief:  # other workers evaluate the same weights
       summaries.WriteEvalResults(self._logdir, metrics, step, self._Warn)

@@ -36,17 +36,22 @@ def _Values(ds, num_batches=None):
 
 class FinishTest(tf.test.TestCase):
 
-  def testEvalSplitIsOrderedBatchedWithoutTheRemainder(self):
+  def testEvalSplitIsOrderedAndItsLastBatchPadded(self):
     inp = _RangeInput.Params().Set(split='test', batch_size=3).Instantiate()
     self.assertFalse(inp.is_training)
     batches = list(inp.Dataset())
     self.assertIsInstance(batches[0], NestedMap)
-    self.assertEqual(_Values(batches), [[0, 1, 2], [3, 4, 5], [6, 7, 8]])
+    # Every example once; the padding repeats the last one, weighed 0.
+    self.assertEqual(_Values(batches), [[0, 1, 2], [3, 4, 5], [6, 7, 8],
+                                        [9, 9, 9]])
+    self.assertEqual([b[base_input.EXAMPLE_WEIGHT].numpy().tolist()
+                      for b in batches], [[1, 1, 1]] * 3 + [[1, 0, 0]])
+    self.assertEqual(inp.Dataset().element_spec['x'].shape.as_list(), [3])
 
   def testMaxExamplesReadsThePrefix(self):
     inp = _RangeInput.Params().Set(split='test', batch_size=2,
                                    max_examples=5).Instantiate()
-    self.assertEqual(_Values(inp.Dataset()), [[0, 1], [2, 3]])
+    self.assertEqual(_Values(inp.Dataset()), [[0, 1], [2, 3], [4, 4]])
 
   def testTrainingShufflesReproduciblyAndRepeats(self):
     p = _RangeInput.Params().Set(split='train', batch_size=5, seed=7)

@@ -42,8 +42,10 @@ class SyntheticSequenceInputTest(tf.test.TestCase):
   def testTranslationTargetsCopyTheSourceAndEndWithEos(self):
     batch = _First(synthetic_input.SyntheticSequenceInput.Params().Set(
         task='nmt', batch_size=8, max_length=6, split='test'))
+    # An eval split (read once) also has its example weights (base_input).
     self.assertCountEqual(batch, ['src_ids', 'src_paddings', 'tgt_ids',
-                                  'tgt_labels', 'tgt_paddings'])
+                                  'tgt_labels', 'tgt_paddings',
+                                  'example_weight'])
     labels = batch.tgt_labels.numpy()
     self.assertAllEqual(batch.src_ids, labels)
     # Decoder input = <s> (1) then the labels shifted right.
@@ -58,7 +60,8 @@ class SyntheticSequenceInputTest(tf.test.TestCase):
   def testLanguageModelKeys(self):
     batch = _First(synthetic_input.SyntheticSequenceInput.Params().Set(
         task='lm', batch_size=4, max_length=5, split='test'))
-    self.assertCountEqual(batch, ['ids', 'labels', 'paddings'])
+    self.assertCountEqual(batch, ['ids', 'labels', 'paddings',
+                                  'example_weight'])
     self.assertAllEqual(batch.ids.numpy()[:, 1:], batch.labels.numpy()[:, :-1])
 
   def testDetokenizerWritesWordsUpToEos(self):
