@@ -203,9 +203,10 @@ class TensorPipeLayer(base_layer.BaseLayer):
     p.Define('schedule', 'gpipe', "Training schedule: 'gpipe' (all forwards, "
              "then all backwards; FProp + any tape) or '1f1b' (one forward, "
              'one backward: the loss is computed inside the pipeline and '
-             'each partition keeps at most min(K - k, T) boundary inputs; '
-             'train through FPropLoss / FPropLossAndGrads, needs '
-             'recompute=True; FProp is then for inference). See '
+             'each partition keeps at most min(K - k, T) micro-batches in '
+             'flight; train through FPropLoss / FPropLossAndGrads; FProp is '
+             'then for inference). With recompute=False the 1F1B schedule '
+             'is unrolled in the graph (2 K T stage calls). See '
              'pipeline_1f1b.py.')
     return p
 

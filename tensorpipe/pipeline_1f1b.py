@@ -36,16 +36,23 @@ micro-batch's backward ran), so each partition keeps min(K - k, T) boundary
 inputs (a TensorArray of that size; partition 0 reads its inputs from the
 mini-batch and keeps none).
 
-Each partition's forward pass is recomputed in its backward cell (GPipe's
-re-materialisation), so only boundary inputs cross ticks. 1F1B without
-recompute would have to keep every intermediate tensor of a forward cell
-until a later tick's backward cell; nothing public in TensorFlow carries a
-stage's autodiff state from one tf.while_loop iteration to another, and
-unrolling the schedule in Python makes the graph grow with T (see
-`TensorPipeLayer` for the error with recompute=False).
+With recompute (the default) each partition's forward pass is recomputed
+in its backward cell (GPipe's re-materialisation), so only boundary inputs
+cross ticks. Without recompute, a forward cell's intermediate tensors must
+live until its backward cell on a later tick; nothing public in TensorFlow
+carries a stage's autodiff state from one tf.while_loop iteration to
+another, so recompute=False unrolls the schedule in Python instead
+(`_RunUnrolled`): each forward cell runs under its own GradientTape and its
+backward cell takes that tape's gradient, 2 K T stage calls in the graph.
+That keeps the activations of at most min(K - k, T) micro-batches on
+partition k (GPipe without recompute keeps T) and skips the recompute, at a
+graph that grows with T (tracing time; a warning past
+`UNROLLED_CELLS_WARNING` stage calls). Layer-level recompute (stash each
+layer's input, recompute inside layers) was not chosen: it recomputes every
+layer's forward once as well, so it costs what stage recompute costs.
 
-The loop is traced once for all ticks and, like GPipe's loops, is never
-differentiated: the step computes the gradients itself.
+The loop (recompute) is traced once for all ticks and, like GPipe's loops,
+is never differentiated: the step computes the gradients itself.
 `TensorPipeLayer.FPropLoss` wraps it in a tf.custom_gradient whose gradient
 is upstream x the stored gradients, so a task's loss built on it works with
 the trainer's GradientTape unchanged.
@@ -59,6 +66,7 @@ schedule, and the recompute redraws them exactly.
 
 from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
 
+from absl import logging
 import tensorflow as tf
 
 from tensorpipe import microbatch
@@ -82,6 +90,10 @@ LossFn = Callable[[Any, Any], Any]
 # ahead (and with it the boundary activations in flight). Measured in
 # tools/benchmark (see the module's note in the README).
 PARALLEL_ITERATIONS = 2
+
+# 1F1B without recompute unrolls the schedule: 2 K T stage calls in the
+# graph. Past this many, tracing takes long enough to warn.
+UNROLLED_CELLS_WARNING = 256
 
 
 class LossAndGrads(NamedTuple):
@@ -185,7 +197,8 @@ def NumSlots(k: int, num_partitions: int, num_micro_batches: int) -> int:
 
 def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
         inputs: Tuple[Any, ...], targets: Any, loss_fn: LossFn,
-        normalizer: tf.Tensor, num_mb: int, batch_dim: int) -> LossAndGrads:
+        normalizer: tf.Tensor, num_mb: int, batch_dim: int,
+        recompute: bool = True) -> LossAndGrads:
   """One 1F1B step: loss, metrics and weight gradients of a mini-batch.
 
   Args:
@@ -198,6 +211,9 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     normalizer: scalar tensor dividing the summed loss (and its gradients).
     num_mb: T.
     batch_dim: the batch axis of inputs and targets.
+    recompute: True: the tf.while_loop, recomputing each forward cell in
+      its backward cell; False: the schedule unrolled in Python
+      (`_RunUnrolled`), keeping each cell's activations until its backward.
 
   Returns:
     A `LossAndGrads`.
@@ -235,6 +251,12 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     for name in loss_spec.metric_names:
       flat.extend(metrics[name])
     return loss, flat
+
+  # K = 1, T = 1: the recompute would run right after the forward and save
+  # no memory (as for GPipe, recompute is ignored there).
+  if not recompute or (num_k == 1 and num_mb == 1):
+    return _RunUnrolled(stages, thetas, specs, flat_stacked, LossOf,
+                        loss_spec, normalizer, num_mb, mb_size, probe)
 
   def Input(k, state, t):
     """Partition k's input of micro-batch t, as saved for its backward."""
@@ -342,15 +364,116 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
       maximum_iterations=ticks, parallel_iterations=PARALLEL_ITERATIONS)
   for k, log in enumerate(logs):
     probe.Add('1f1b', k, num_k, num_mb, log)
-  with tf.device(last.device):
-    sums = states[-1].loss
+  return _Result(last.device, states[-1].loss, normalizer, loss_spec,
+                 [s.dtheta for s in states], [s.stats for s in states], specs)
+
+
+def _Result(device, sums, normalizer, loss_spec, dthetas, stats,
+            specs) -> LossAndGrads:
+  """The `LossAndGrads` of the summed [loss, metric value, weight, ...]."""
+  with tf.device(device):
     loss = sums[0] / normalizer
     metrics = NestedMap()
     for i, name in enumerate(loss_spec.metric_names):
       metrics[name] = (sums[1 + 2 * i], sums[2 + 2 * i])
-  return LossAndGrads(loss, metrics, [s.dtheta for s in states],
-                      [s.stats for s in states],
+  return LossAndGrads(loss, metrics, dthetas, stats,
                       [spec.stats_layers for spec in specs])
+
+
+def _RunUnrolled(stages, thetas, specs, flat_stacked, loss_of, loss_spec,
+                 normalizer, num_mb, mb_size, probe) -> LossAndGrads:
+  """1F1B without recompute: the schedule unrolled in Python.
+
+  Each forward cell runs under its own GradientTape, built when the step is
+  traced; its backward cell, traced later in schedule order, takes that
+  tape's gradient, so the forward cell's intermediate tensors stay alive
+  exactly from the forward to the backward cell: at most min(K - k, T)
+  micro-batches of activations on partition k. A control dependency on the
+  previous cell of the same partition makes each device run its cells in
+  the schedule's order (the dataflow alone would let every forward run
+  first, as in GPipe). The graph holds 2 K T stage calls, so it grows with
+  T (the loop's does not): `UNROLLED_CELLS_WARNING` says where tracing gets
+  slow.
+  """
+  num_k = len(stages)
+  ticks = schedules.OneFOneBNumClockTicks(num_k, num_mb)
+  if 2 * num_k * num_mb > UNROLLED_CELLS_WARNING:
+    logging.warning(
+        '1F1B without recompute unrolls its schedule: K=%d x T=%d gives '
+        '%d stage calls in the graph (more than %d), which makes tracing '
+        'slow; use recompute=True (a loop whose graph does not grow with '
+        'T) or fewer micro-batches', num_k, num_mb, 2 * num_k * num_mb,
+        UNROLLED_CELLS_WARNING)
+  outs, dxs_of, pending = {}, {}, {}
+  dthetas = [[tf.zeros_like(w) for w in tf.nest.flatten(th)]
+             for th in thetas]
+  stats = []
+  for spec in specs:
+    stats.append([[tf.zeros(s.shape, s.dtype) for s in ss]
+                  for ss in spec.StatsSpecs()])
+  sums = [tf.zeros(loss_spec.loss.shape, loss_spec.loss.dtype)] + [
+      tf.zeros(s.shape, s.dtype) for pair in loss_spec.metric_specs
+      for s in pair]
+  previous = [[] for _ in stages]      # per partition: its last cell's results
+  rows = [[] for _ in stages]          # per partition: timeline rows
+  for c in range(ticks):
+    for k, (stage, spec) in enumerate(zip(stages, specs)):
+      op, t = schedules.OneFOneBCell(c, k, num_k, num_mb)
+      if op == schedules.IDLE:
+        rows[k].append(probe.Missing(3))
+        continue
+      theta_flat = tf.nest.flatten(thetas[k])
+      with tf.device(stage.device), tf.control_dependencies(previous[k]):
+        if op == schedules.FORWARD:
+          x = ([tf.gather(s, t) for s in flat_stacked] if k == 0 else
+               outs.pop((t, k - 1)))
+          start = probe.Stamp(x)
+          with tf.GradientTape(watch_accessed_variables=False) as tape, \
+              tf.control_dependencies(start):
+            # Partition 0's inputs are data: no gradient for them.
+            xs = [x[i] for i in spec.float_in] if k > 0 else []
+            tape.watch(xs)
+            tape.watch(theta_flat)
+            th = tf.nest.pack_sequence_as(thetas[k], theta_flat)
+            y, cell_stats = stage.FlatCall(spec.in_struct, th, list(x), t,
+                                           mb_size)
+            if k == num_k - 1:
+              l, m = loss_of(y, t)
+              ys = [l / normalizer]
+              sums = [a + b for a, b in zip(sums, [l] + m)]
+            else:
+              ys = [y[i] for i in spec.float_out]
+              outs[(t, k)] = y
+          stats[k] = tf.nest.map_structure(lambda a, b: a + b, stats[k],
+                                           cell_stats)
+          pending[(t, k)] = (tape, xs, theta_flat, ys)
+          end = probe.Stamp([y, cell_stats])
+          rows[k].append(start + probe.Missing(1) + end)
+          # (With the timeline on, the next cell's start follows this end.)
+          previous[k] = y + tf.nest.flatten(cell_stats) + end
+        else:
+          tape, xs, theta_flat, ys = pending.pop((t, k))
+          dy = None if k == num_k - 1 else dxs_of.pop((t, k + 1))
+          start = probe.Stamp(ys + (dy or []))
+          with tf.control_dependencies(start):
+            dxs, dws = tape.gradient(
+                ys, (xs, theta_flat), output_gradients=dy,
+                unconnected_gradients=tf.UnconnectedGradients.ZERO)
+          dthetas[k] = [a + g for a, g in zip(dthetas[k], dws)]
+          if k > 0:
+            dxs_of[(t, k)] = list(dxs)
+          # A backward row without a recompute is (start, -1, end).
+          end = probe.Stamp([dxs, dthetas[k]])
+          rows[k].append(start + probe.Missing(1) + end)
+          previous[k] = list(dxs) + dthetas[k] + end
+  assert not (outs or dxs_of or pending), (outs, dxs_of, pending)
+  for k, stage in enumerate(stages):
+    if timeline.Active() is not None:
+      with tf.device(stage.device):
+        probe.Add('1f1b', k, num_k, num_mb, tf.stack([
+            tf.stack(row) for row in rows[k]]))
+  return _Result(stages[-1].device, sums, normalizer, loss_spec, dthetas,
+                 stats, specs)
 
 
 def _ReportStats(stats_layers, stages, stats) -> None:
@@ -391,7 +514,7 @@ def FPropLossAndGrads(layer, theta: NestedMap, inputs: Tuple[Any, ...],
   stages, thetas, num_mb = _Setup(layer, theta, inputs)
   with py_utils.BatchAxis(layer.params.batch_dim):
     res = Run(stages, thetas, inputs, targets, loss_fn, normalizer, num_mb,
-              layer.params.batch_dim)
+              layer.params.batch_dim, layer.params.recompute)
   if py_utils.IsTraining():
     _ReportStats(res.stats_layers, stages, res.stats)
   grads = NestedMap({f'partition_{k}': tf.nest.pack_sequence_as(
@@ -420,7 +543,7 @@ def FPropLoss(layer, theta: NestedMap, inputs: Tuple[Any, ...], targets: Any,
     th = tf.nest.pack_sequence_as(thetas, list(flat))
     with py_utils.BatchAxis(layer.params.batch_dim):
       res = Run(stages, th, inputs, targets, loss_fn, normalizer, num_mb,
-                layer.params.batch_dim)
+                layer.params.batch_dim, layer.params.recompute)
     stats_layers.append((res.stats_layers, res.metrics, res.stats))
     grads = tf.nest.flatten(res.grads)
 
@@ -448,13 +571,6 @@ def CheckScheduleParams(p) -> None:
                      "(default) or schedule='1f1b'")
   if p.schedule != '1f1b':
     return
-  if not p.recompute:
-    raise ValueError(
-        f"TensorPipeLayer {p.name!r}: schedule='1f1b' needs recompute=True "
-        '(each backward cell recomputes its forward from the saved boundary '
-        'input: a stage\'s intermediate tensors cannot be kept from one '
-        "tf.while_loop tick to a later one); set recompute=True, or use "
-        "schedule='gpipe' with recompute=False")
   if p.recompute_impl != 'explicit':
     raise ValueError(
         f"TensorPipeLayer {p.name!r}: schedule='1f1b' recomputes in its own "

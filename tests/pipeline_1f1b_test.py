@@ -2,7 +2,8 @@
 
 - Transparency: loss and every gradient of both training entry points
   (FPropLossAndGrads; FPropLoss under a tape) equal the micro-batch oracle
-  (float64), with batch norm and dropout, on a conv model and the
+  (float64), with batch norm and dropout, with and without recompute (the
+  unrolled schedule), on a conv model and the
   consistency CNN; the full K x T grid on the consistency CNN, a tiny
   AmoebaNet and a tiny Transformer is in pipeline_1f1b_slow_test.py.
 - Batch-norm moving averages after two steps equal GPipe's.
@@ -11,7 +12,8 @@
   distribute.TrainStep with R=2 replicas and a SequenceTask give GPipe's
   losses, gradients and weights.
 - A recorded timeline has every cell once, where the schedule and the
-  loop's two ticks in flight allow it, and changes no result (bitwise).
+  loop's two ticks in flight allow it, and changes no result (bitwise);
+  without recompute each partition runs its cells in schedule order.
 - Bad settings and bad loss functions: one clear error each.
 """
 
@@ -78,11 +80,12 @@ def _Labels():
 class TransparencyTest(tf.test.TestCase):
 
   def testConvModelWithBatchNormAndDropoutMatchesOracle(self):
-    for k, t in [(1, 1), (2, 4), (4, 8)]:
-      with self.subTest(k=k, t=t):
+    for k, t, recompute in [(1, 1, True), (2, 4, True), (4, 8, True),
+                            (2, 4, False), (4, 8, False)]:
+      with self.subTest(k=k, t=t, recompute=recompute):
         test_utils.AssertOneFOneBMatchesOracle(
             self, _ConvModel(), k, t, [_Images()], _Labels(), _XentSum,
-            normalizer=float(BATCH))
+            normalizer=float(BATCH), recompute=recompute)
 
   def testConsistencyCnnMatchesOracle(self):
     x = tf.random.stateless_normal([BATCH, 8, 8, 1], seed=[3, 1])
@@ -368,6 +371,37 @@ class TimelineTest(tf.test.TestCase):
           self.assertGreaterEqual(rc.start, fwd.end, msg=f't={t} k={k}')
 
 
+  def testWithoutRecomputeEachPartitionRunsItsCellsInScheduleOrder(self):
+    """recompute=False: a forward cell starts only after the previous
+    cell of its partition ended, so partition k holds at most min(K - k, T)
+    micro-batches of activations (their backward cells ran before)."""
+    k_total, t_total = 3, 6
+    pipe = pipeline.TensorPipeLayer.Params().Set(
+        name='TensorPipe', layers=_ConvModel(), num_partitions=k_total,
+        num_micro_batches=t_total, input_shapes=[[12, 8, 8, 2]],
+        schedule='1f1b', recompute=False).Instantiate()
+
+    def Step(x, labels):
+      pipe.FPropLossAndGrads(pipe.theta, (x,), labels, _XentSum, 12.0)
+      return timeline.Active().Tensors()
+    x = _Images(shape=(12, 8, 8, 2))
+    labels = tf.range(12) % CLASSES
+    with py_utils.TrainingMode(True), timeline.Record() as rec:
+      fn = tf.function(Step).get_concrete_function(x, labels)
+    events = rec.Events(fn(x, labels))
+    self.assertLen(events, 2 * k_total * t_total)  # no recompute cells
+    for k in range(k_total):
+      mine = sorted((e for e in events if e.k == k), key=lambda e: e.tick)
+      for before, after in zip(mine, mine[1:]):
+        self.assertGreaterEqual(after.start, before.end,
+                                msg=f'k={k}: {before} then {after}')
+      in_flight = peak = 0
+      for e in mine:
+        in_flight += 1 if e.phase == 'forward' else -1
+        peak = max(peak, in_flight)
+      self.assertEqual(peak, min(k_total - k, t_total))
+
+
 class BadInputTest(tf.test.TestCase):
 
   def _Pipe(self, **kwargs):
@@ -382,10 +416,7 @@ class BadInputTest(tf.test.TestCase):
                                 r"one of \('gpipe', '1f1b'\)"):
       self._Pipe(schedule='pipedream')
 
-  def testOneFOneBWithoutRecomputeRaises(self):
-    with self.assertRaisesRegex(ValueError, "schedule='1f1b' needs "
-                                'recompute=True'):
-      self._Pipe(recompute=False)
+  def testTfRecomputeGradImplRaises(self):
     with self.assertRaisesRegex(ValueError, "recompute_impl="
                                 "'tf_recompute_grad' does not apply"):
       self._Pipe(recompute_impl='tf_recompute_grad')
