@@ -45,7 +45,8 @@ def StageCostsOf(r: Result, source: str = 'pipeline', alone: bool = False
   source 'pipeline': the cells recorded inside the running pipeline
   (`stage_costs_s`; with recompute the backward cost is recompute + backward
   - forward, so that the simulator's recompute (= forward) plus it is the
-  measured cell; without, the recompute twin's backward cells); `alone`
+  measured cell; without, the recompute twin's backward cells, or for 1F1B
+  its own); `alone`
   takes their lower quartile instead of the median. 'isolated': each
   partition timed alone (`partition_costs_s`).
   """
@@ -170,9 +171,9 @@ def AddPredictions(results: Sequence[Result],
   o and the fixed per-step overhead F are fitted by least squares to the
   K=1 GPipe runs with loops (T > 1) (simulator.CalibrateFromK1); K=1, T=1
   (the loop-free fast path: f + b + F) and every K > 1 run are
-  out-of-sample. 1F1B settings are simulated with schedule='1f1b' from
-  their GPipe twin's recorded cells (runner.RunSetting) and the GPipe
-  calibration, and compared with their own step time: out of sample too.
+  out-of-sample. 1F1B settings are simulated with schedule='1f1b' (and
+  the 1F1B loop's ticks in flight) from their own recorded cells and the
+  GPipe calibration: out of sample too.
 
   Returns:
     The calibrations, keyed 'model/rc/source' (e.g. 'dense16/rc/pipeline').

@@ -373,19 +373,17 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   # forward loop and records no cells: the recorded step is then the
   # recompute twin's (same layers, K and T), whose backward cells (without
   # their recompute part) stand for the autodiff backward. A 1F1B setting
-  # records its GPipe twin with recompute: the same stage calls (forward,
-  # recompute + backward) on the same micro-batches, so the simulator
-  # predicts the 1F1B step from cells measured under GPipe (out of sample).
+  # records its own loop's cells (forward, recompute, backward on one
+  # clock; timeline.OneFOneBEvents), with or without recompute.
   recorded, rec_events = None, []
   want_cells = (partition_costs and setting.kind == 'pipe' and
                 setting.recompute_impl == 'explicit' and
                 (setting.num_partitions > 1 or setting.num_micro_batches > 1)
                 and not timeline_dir)
   if want_cells:
-    rec_layer = layer if (setting.recompute and
-                          setting.schedule == 'gpipe') else BuildLayer(
-        dataclasses.replace(setting, recompute=True, schedule='gpipe'),
-        layer_ps, input_shape)
+    own = setting.recompute or setting.schedule == '1f1b'
+    rec_layer = layer if own else BuildLayer(
+        dataclasses.replace(setting, recompute=True), layer_ps, input_shape)
     with timeline.Record() as recorded:
       fns['timeline'] = _StepFn(rec_layer, x, learning_rate)
     for _ in range(max(1, warmup)):
@@ -421,10 +419,10 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   if partition_costs and setting.kind == 'pipe':
     result.partition_costs_s = PartitionCosts(
         layer, x, setting.num_micro_batches, reps=max(3, steps // 2))
-  if want_cells:
+  if want_cells and any(rec_events):
     result.stage_costs_s = results_lib.StageCosts.FromEvents(
         [e for events in rec_events for e in events], setting.num_partitions)
-    if setting.recompute and setting.schedule == 'gpipe':
+    if own:
       result.recorded_step_time_s = statistics.median(times['timeline'])
   return result
 
