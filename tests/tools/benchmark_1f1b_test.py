@@ -132,6 +132,20 @@ class AnalysisTest(unittest.TestCase):
     self.assertAlmostEqual(pred.error, want / 25.0 - 1)
     self.assertFalse(pred.calibration_run)
 
+  def testOneFOneBWithoutRecomputeIsDataflow(self):
+    # The unrolled no-recompute schedule has no loop and no tick barrier.
+    cells = results.PhaseCosts(forward=[1.0, 1.0], recompute=[0.0, 0.0],
+                               backward=[2.0, 2.0])
+    r = _Result('conv16', 'K2-T2-1f1b-norc', 10.0,
+                stage_costs=results.StageCosts(cells, cells))
+    r.recorded_step_time_s = 10.0
+    analysis.AddPredictions([r], num_cores=2)
+    # By hand (simulator_test): 9 as dataflow, 10 in lock step; no K=1
+    # no-recompute fit, so no overheads.
+    self.assertAlmostEqual(r.prediction.step_s, 9.0)
+    self.assertTrue(r.prediction.uncalibrated)
+    self.assertAlmostEqual(r.prediction.error, -0.1)
+
 
 class TargetsTest(unittest.TestCase):
 

@@ -19,6 +19,8 @@ _SOURCES = ('pipeline', 'isolated')
 # Ticks in flight of each schedule's loops (tf.while_loop's
 # parallel_iterations): pipeline._PARALLEL_ITERATIONS and
 # pipeline_1f1b.PARALLEL_ITERATIONS (benchmark_1f1b_test checks both).
+# 1F1B without recompute has no loop: its schedule is unrolled in the graph
+# with per-partition control dependencies, i.e. dataflow (no tick barrier).
 TICKS_IN_FLIGHT = {'gpipe': 1, '1f1b': 2}
 
 
@@ -122,7 +124,9 @@ def _Predict(r: Result, calib: Dict[str, simulator.Calibration],
     kwargs = dict(num_micro_batches=t, recompute=s.recompute and not fast,
                   tick_overhead=0.0 if fast else c.tick_overhead,
                   fixed_overhead=c.fixed_overhead, schedule=s.schedule,
-                  ticks_in_flight=TICKS_IN_FLIGHT[s.schedule])
+                  ticks_in_flight=TICKS_IN_FLIGHT[s.schedule],
+                  synchronous_ticks=not (s.schedule == '1f1b' and
+                                         not s.recompute))
     shared = k > cores
     if source == 'pipeline' and shared:
       # More devices than cores: the cells' work (their quickest quartile)
