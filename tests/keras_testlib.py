@@ -67,9 +67,13 @@ def MakeSequential(dtype: str = 'float64', seed: int = 0,
 
 
 def Batch(n: int, seed: int = 0, dtype=np.float64):
-  """(images [n, 6, 6, 2], labels [n]) of fixed random values."""
+  """(images [n, 6, 6, 2], labels [n]) of fixed random values.
+
+  The images are float32 values (in `dtype`): Keras' array adapter casts
+  float arrays to float32 (floatx), which then changes nothing.
+  """
   rng = np.random.RandomState(seed)
-  x = rng.normal(size=(n,) + INPUT_SHAPE).astype(dtype)
+  x = rng.normal(size=(n,) + INPUT_SHAPE).astype(np.float32).astype(dtype)
   y = rng.randint(0, NUM_CLASSES, size=n).astype(np.int64)
   return x, y
 

@@ -1,0 +1,507 @@
+"""The Keras front door: a keras.Sequential pipelined, and trained by `fit`.
+
+`PipelineParams(model, K, T)` turns a `keras.Sequential` (or a list of Keras
+3 layers) into TensorPipeLayer Params, one `KerasLayer` per Keras layer, each
+holding its layer's config (so the Params are text, as every experiment's),
+split into K partitions automatically (balanced by FPropMeta FLOPs) or by
+`partition_sizes`. `BuildPipeline` instantiates them and copies the Keras
+model's weights in. `TensorPipeModel` is a `keras.Model` around the pipeline:
+`compile` / `fit` / `evaluate` / `predict`, callbacks (TensorBoard,
+ModelCheckpoint) and `save` / `load_model` work as for any Keras model.
+
+One training step of TensorPipeModel (`train_step`, the normal Keras loop):
+
+  seed = optimizer.iterations                # each step its own dropout masks
+  with StepSeed(seed), TrainingMode(True), GradientTape() as tape:
+    y_pred = pipeline(x)                     # K partitions, T micro-batches
+    loss = compiled loss(y, y_pred)
+  optimizer.apply(tape.gradient(loss, weights))
+  # batch norm: micro-batch statistics; moving averages once per step
+
+Batches the pipeline cannot take as they are:
+
+  * inference (predict, evaluate, serving) on a batch b that T does not
+    divide, or of unknown size: padded to `batch_size` rows (or to a
+    multiple of T when b is static), pipelined, and the padding rows
+    dropped; a batch larger than `batch_size` runs unpipelined. In inference
+    every row depends on its own example only, so results do not change.
+  * training on a batch of b != batch_size rows (the last partial batch of
+    an epoch): run unpipelined, the b examples as one micro-batch (what
+    plain Keras does with that batch); full batches are pipelined.
+
+Usage:
+  model = keras.Sequential([keras.Input((28, 28, 1)), ...])
+  pipe = keras_pipeline.TensorPipeModel(model, num_partitions=4,
+                                        num_micro_batches=8, batch_size=128)
+  pipe.compile(keras.optimizers.SGD(0.1), keras.losses.
+               SparseCategoricalCrossentropy(from_logits=True), ['accuracy'])
+  pipe.fit(dataset, epochs=2, callbacks=[keras.callbacks.TensorBoard(dir)])
+"""
+
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tensorpipe import base_layer
+from tensorpipe import hyperparams
+from tensorpipe import pipeline
+from tensorpipe import py_utils
+from tensorpipe.layers import composite
+from tensorpipe.layers import keras_layer
+
+KerasModelLike = Union[keras.Sequential, Sequence[Any]]
+
+
+def _KerasLayers(model: KerasModelLike) -> List[Any]:
+  """The layers of a Sequential or a list, checked to be Keras 3 layers."""
+  if keras_layer._IsKeras2(model):  # pylint: disable=protected-access
+    raise keras_layer._Keras2Error('keras_pipeline', 'the model', model)  # pylint: disable=protected-access
+  if isinstance(model, keras.Sequential):
+    layers = list(model.layers)
+  elif isinstance(model, keras.Model):
+    raise TypeError(
+        f'keras_pipeline: {type(model).__name__} {model.name!r} is a Keras '
+        'model with a graph of its own; the front door pipelines a '
+        'keras.Sequential or a list of layers (a sequence is what GPipe '
+        'cuts). Wrap the model whole in one KerasLayer, or write it as a '
+        'Sequential of blocks')
+  elif isinstance(model, (list, tuple)):
+    layers = list(model)
+  else:
+    raise TypeError(f'keras_pipeline: expected a keras.Sequential or a list '
+                    f'of Keras layers, got {type(model).__name__}')
+  if not layers:
+    raise ValueError('keras_pipeline: the model has no layers')
+  for i, layer in enumerate(layers):
+    if isinstance(layer, dict):
+      continue  # a serialised layer (TensorPipeModel.from_config)
+    if keras_layer._IsKeras2(layer):  # pylint: disable=protected-access
+      raise keras_layer._Keras2Error('keras_pipeline', f'layer {i}', layer)  # pylint: disable=protected-access
+    if not isinstance(layer, keras.Layer):
+      raise TypeError(f'keras_pipeline: layer {i} is a '
+                      f'{type(layer).__name__}, not a Keras 3 layer')
+    if isinstance(layer, keras.layers.InputLayer):
+      raise ValueError(f'keras_pipeline: layer {i} is an InputLayer; give '
+                       'the input shape with input_shape= (or a Sequential '
+                       'starting with keras.Input)')
+  return layers
+
+
+def _InputShape(model: KerasModelLike,
+                input_shape: Optional[Sequence[int]]) -> List[int]:
+  """One example's input shape, from the argument or the model's Input."""
+  declared = None
+  if isinstance(model, keras.Sequential):
+    try:
+      declared = list(model.inputs[0].shape[1:])
+    except (AttributeError, ValueError, IndexError, TypeError):
+      declared = None
+  if input_shape is not None:
+    input_shape = list(input_shape)
+    if declared is not None and declared != input_shape:
+      raise ValueError(f'keras_pipeline: input_shape={input_shape} but the '
+                       f'Sequential takes inputs of shape {declared}; drop '
+                       'input_shape or make them agree')
+    return input_shape
+  if declared is None:
+    raise ValueError('keras_pipeline: the input shape is unknown; give '
+                     'input_shape=[...] (one example, no batch axis) or start '
+                     'the Sequential with keras.Input(shape)')
+  return declared
+
+
+def _LayerParams(layer: Any, name: str, input_shape: List[Any]):
+  if isinstance(layer, dict):
+    config = layer
+  else:
+    config = keras.saving.serialize_keras_object(layer)
+  return keras_layer.KerasLayer.Params().Set(
+      name=name, keras_config=config, input_shape=list(input_shape))
+
+
+def _LayerName(layer: Any) -> str:
+  return layer['config']['name'] if isinstance(layer, dict) else layer.name
+
+
+def PipelineParams(model: KerasModelLike, num_partitions: int,
+                   num_micro_batches: int,
+                   input_shape: Optional[Sequence[int]] = None,
+                   batch_size: Optional[int] = None,
+                   partition_sizes: Optional[Sequence[int]] = None,
+                   name: str = 'TensorPipe',
+                   **pipeline_params) -> hyperparams.Params:
+  """TensorPipeLayer Params of a Keras Sequential, one KerasLayer per layer.
+
+  Args:
+    model: a keras.Sequential or a list of Keras 3 layers (built or not).
+    num_partitions: K.
+    num_micro_batches: T.
+    input_shape: one example's input shape (no batch axis); default: the
+      Sequential's keras.Input.
+    batch_size: the mini-batch size N the partition plan is costed at (the
+      FLOPs per layer scale with it, the plan does not); default T.
+    partition_sizes: manual split: K numbers of consecutive layers per
+      partition; None balances FPropMeta FLOPs automatically.
+    name: the TensorPipeLayer's name.
+    **pipeline_params: more TensorPipeLayer Params (recompute, devices, ...).
+
+  Returns:
+    TensorPipeLayer Params; each layer is a KerasLayer named after its Keras
+    layer, with that layer's config and input shape.
+
+  Raises:
+    TypeError / ValueError: a non-Sequential model, a Keras 2 object, an
+      unknown input shape, bad partition sizes.
+  """
+  layers = _KerasLayers(model)
+  shape = _InputShape(model, input_shape)
+  layer_ps, shapes = [], [shape]
+  for layer in layers:
+    layer_ps.append(_LayerParams(layer, _LayerName(layer), shapes[-1]))
+    if len(layer_ps) < len(layers):
+      meta = keras_layer.KerasLayer.FPropMeta(layer_ps[-1], [1] + shapes[-1])
+      out = meta.out_shapes
+      if len(out) != 1 or not isinstance(out[0], tf.TensorShape):
+        raise ValueError(f'keras_pipeline: layer {_LayerName(layer)!r} '
+                         'returns several outputs; a Sequential passes one '
+                         'tensor from layer to layer')
+      shapes.append(out[0].as_list()[1:])
+  batch = batch_size or num_micro_batches
+  p = pipeline.TensorPipeLayer.Params().Set(
+      name=name, num_micro_batches=num_micro_batches, **pipeline_params)
+  if partition_sizes is not None:
+    sizes = list(partition_sizes)
+    if (len(sizes) != num_partitions or
+        not all(isinstance(s, int) and s >= 1 for s in sizes) or
+        sum(sizes) != len(layer_ps)):
+      raise ValueError(
+          f'keras_pipeline: partition_sizes={sizes} must be {num_partitions} '
+          f'positive ints summing to the {len(layer_ps)} layers')
+    parts, start = [], 0
+    for size in sizes:
+      parts.append(layer_ps[start:start + size])
+      start += size
+    p.Set(partitions=parts, input_shapes=[[batch] + shape])
+  else:
+    p.Set(layers=layer_ps, num_partitions=num_partitions,
+          input_shapes=[[batch] + shape])
+  return p
+
+
+def CopyKerasWeights(pipe: pipeline.TensorPipeLayer,
+                     model: KerasModelLike) -> None:
+  """Copies the Keras layers' weights into the pipeline's KerasLayers."""
+  layers = {layer.name: layer for layer in _KerasLayers(model)
+            if not isinstance(layer, dict)}
+  for layer, _ in pipe.LayersWithTheta():
+    source = layers.get(layer.layer_name)
+    if source is not None and source.built:
+      layer.AssignFromKeras(source)
+
+
+def BuildPipeline(model: KerasModelLike, num_partitions: int,
+                  num_micro_batches: int, copy_weights: bool = True,
+                  **kwargs) -> pipeline.TensorPipeLayer:
+  """`PipelineParams(...)` instantiated, starting from the model's weights.
+
+  Args:
+    model, num_partitions, num_micro_batches, **kwargs: as PipelineParams.
+    copy_weights: copy the (built) Keras layers' weights into the pipeline;
+      else the KerasLayers keep their own initial weights (seeded by path).
+
+  Returns:
+    The TensorPipeLayer.
+  """
+  pipe = PipelineParams(model, num_partitions, num_micro_batches,
+                        **kwargs).Instantiate()
+  if copy_weights:
+    CopyKerasWeights(pipe, model)
+  return pipe
+
+
+def _Chain(pipe: pipeline.TensorPipeLayer, x: Any) -> Any:
+  """The pipeline's layers run one after the other (no micro-batches)."""
+  args = (x,)
+  with py_utils.BatchAxis(0):
+    for layer, theta in pipe.LayersWithTheta():
+      args = composite.AsArgs(layer.FProp(theta, *args))
+  return composite.FromArgs(args)
+
+
+def _PadTo(x: tf.Tensor, rows: int) -> tf.Tensor:
+  """x with zero rows appended to `rows` rows (static shape)."""
+  n = tf.shape(x)[0]
+  pad = [[0, tf.maximum(rows - n, 0)]] + [[0, 0]] * (x.shape.rank - 1)
+  return _WithRows(tf.pad(x, pad), rows)
+
+
+def _WithRows(x: tf.Tensor, rows: int) -> tf.Tensor:
+  """x, its static batch size set to `rows` (which the caller guarantees).
+
+  A static annotation, not tf.ensure_shape: inside a tf.cond branch a
+  runtime check may run even when the branch is not taken.
+  """
+  x = tf.identity(x)
+  x.set_shape([rows] + x.shape.as_list()[1:])
+  return x
+
+
+def _InSymbolicBuild() -> bool:
+  """Whether Keras is tracing the model only for output specs."""
+  try:
+    from keras.src.backend.common import symbolic_scope  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  return symbolic_scope.in_symbolic_scope()
+
+
+@keras.saving.register_keras_serializable(package='tensorpipe')
+class TensorPipeModel(keras.Model):
+  """A keras.Model whose forward pass is a TensorPipeLayer (GPipe).
+
+  The weights are the pipeline's TensorPipe variables (`weights`,
+  `trainable_weights` return them); `save_weights` / `ModelCheckpoint` /
+  `model.save` store them by layer path and `keras.models.load_model`
+  rebuilds the model from `get_config`. `export(dir)` writes a SavedModel
+  with a serving signature (inference mode).
+
+  Usage:
+    model = TensorPipeModel(sequential, num_partitions=2,
+                            num_micro_batches=4, batch_size=32)
+    model.compile(optimizer, loss, metrics)
+    model.fit(x, y, batch_size=32, epochs=3)
+  """
+
+  def __init__(self, layers: KerasModelLike, num_partitions: int = 1,
+               num_micro_batches: int = 1, batch_size: Optional[int] = None,
+               input_shape: Optional[Sequence[int]] = None,
+               partition_sizes: Optional[Sequence[int]] = None,
+               recompute: bool = True,
+               devices: Optional[Sequence[str]] = None,
+               partition_method: str = 'min_max', copy_weights: bool = True,
+               **kwargs):
+    """Builds the pipeline.
+
+    Args:
+      layers: a keras.Sequential or a list of Keras 3 layers (or their
+        serialised configs, as get_config stores them).
+      num_partitions: K.
+      num_micro_batches: T.
+      batch_size: N, the rows of a pipelined step (a multiple of T); fit,
+        evaluate and predict should use this batch size. None: T.
+      input_shape, partition_sizes: as PipelineParams.
+      recompute, devices, partition_method: TensorPipeLayer Params.
+      copy_weights: start from the Keras layers' weights.
+      **kwargs: keras.Model arguments (name, ...).
+    """
+    super().__init__(**kwargs)
+    batch_size = batch_size or num_micro_batches
+    if not isinstance(batch_size, int) or batch_size % num_micro_batches:
+      raise ValueError(f'TensorPipeModel: batch_size={batch_size!r} must be a '
+                       f'multiple of num_micro_batches={num_micro_batches}')
+    keras_layers = _KerasLayers(layers)
+    shape = _InputShape(layers, input_shape)
+    pipe = BuildPipeline(
+        layers, num_partitions, num_micro_batches, copy_weights=copy_weights,
+        input_shape=shape, batch_size=batch_size,
+        partition_sizes=partition_sizes, recompute=recompute,
+        devices=list(devices) if devices else None,
+        partition_method=partition_method)
+    self._pipe = pipe
+    self._tp_config = dict(
+        layers=[layer if isinstance(layer, dict) else
+                keras.saving.serialize_keras_object(layer)
+                for layer in keras_layers],
+        num_partitions=num_partitions, num_micro_batches=num_micro_batches,
+        batch_size=batch_size, input_shape=list(shape),
+        partition_sizes=list(partition_sizes) if partition_sizes else None,
+        recompute=recompute, devices=list(devices) if devices else None,
+        partition_method=partition_method)
+    self._input_shape = list(shape)
+    self._batch_size = batch_size
+    self._num_micro_batches = num_micro_batches
+    self.built = True
+
+  # -- the pipeline and its variables ---------------------------------------
+
+  @property
+  def pipeline(self) -> pipeline.TensorPipeLayer:
+    """The TensorPipeLayer this model runs."""
+    return self._pipe
+
+  def _PipeVariables(self, trainable: bool) -> List[tf.Variable]:
+    return [v for v in base_layer.VariablesByPath(self._pipe).values()
+            if v.trainable == trainable]
+
+  @property
+  def trainable_weights(self):
+    return self._PipeVariables(True) if self.trainable else []
+
+  @property
+  def non_trainable_weights(self):
+    if not self.trainable:
+      return self._PipeVariables(True) + self._PipeVariables(False)
+    return self._PipeVariables(False)
+
+  @property
+  def weights(self):
+    return self._PipeVariables(True) + self._PipeVariables(False)
+
+  @property
+  def trainable_variables(self):
+    return self.trainable_weights
+
+  @property
+  def non_trainable_variables(self):
+    return self.non_trainable_weights
+
+  @property
+  def variables(self):
+    return self.weights
+
+  def _get_regularization_losses(self):
+    # Keras reads `.regularizer` of each weight; TensorPipe variables have
+    # none (KerasLayer refuses regularised Keras weights).
+    return []
+
+  def save_own_variables(self, store):
+    """Stores the pipeline's variables, in VariablesByPath order."""
+    for i, var in enumerate(base_layer.VariablesByPath(self._pipe).values()):
+      store[str(i)] = var.numpy()
+
+  def load_own_variables(self, store):
+    variables = list(base_layer.VariablesByPath(self._pipe).items())
+    if len(store.keys()) != len(variables):
+      raise ValueError(
+          f'TensorPipeModel {self.name!r}: the saved weights hold '
+          f'{len(store.keys())} variables but this model has '
+          f'{len(variables)}; load weights saved from the same model')
+    for i, (path, var) in enumerate(variables):
+      value = np.asarray(store[str(i)])
+      if list(value.shape) != var.shape.as_list():
+        raise ValueError(f'TensorPipeModel {self.name!r}: saved variable {i} '
+                         f'has shape {list(value.shape)} but {path!r} has '
+                         f'{var.shape.as_list()}')
+      var.assign(value)
+
+  def get_config(self):
+    config = {'name': self.name, 'trainable': self.trainable}
+    config.update(self._tp_config)
+    return config
+
+  @classmethod
+  def from_config(cls, config):
+    config = dict(config)
+    config['copy_weights'] = False
+    return cls(**config)
+
+  # -- forward -------------------------------------------------------------
+
+  def _StepSeed(self):
+    optimizer = getattr(self, 'optimizer', None)
+    if optimizer is None:
+      return 0
+    return tf.convert_to_tensor(optimizer.iterations)
+
+  def _OutputSpecLike(self, x):
+    """Zeros shaped like the output for x (Keras' symbolic build only)."""
+    meta = self._pipe.FPropMeta(self._pipe.params,
+                                [[1] + x.shape.as_list()[1:]])
+    shape = meta.out_shapes[0].as_list()[1:]
+    dtype = self._pipe.LayersWithTheta()[-1][0].keras_object.compute_dtype
+    return tf.zeros(tf.concat([tf.shape(x)[:1], shape], 0), dtype)
+
+  def call(self, x, training=None):
+    """The pipeline on x: training=True trains (batch statistics, dropout)."""
+    if _InSymbolicBuild():
+      return self._OutputSpecLike(x)
+    if training:
+      with py_utils.StepSeed(self._StepSeed()), py_utils.TrainingMode(True):
+        return self._Train(x)
+    with py_utils.EvalMode():
+      return self._Infer(x)
+
+  def _Pipelined(self, x):
+    return self._pipe.FProp(self._pipe.theta, x)
+
+  def _Infer(self, x):
+    """Inference on any batch: padded to a pipelined size, then sliced."""
+    t = self._num_micro_batches
+    n = x.shape[0]
+    if n is not None:
+      if n % t == 0:
+        return self._Pipelined(x)
+      rows = -(-n // t) * t
+      return self._Pipelined(_PadTo(x, rows))[:n]
+    size = tf.shape(x)[0]
+    rows = self._batch_size
+    # Made outside the cond, valid for any size: TF may run a branch's pure
+    # ops although the branch is not taken.
+    fitted = _PadTo(x[:rows], rows)
+    return tf.cond(size <= rows, lambda: self._Pipelined(fitted)[:size],
+                   lambda: _Chain(self._pipe, x))
+
+  def _Train(self, x):
+    """Training forward on a batch of static size (a multiple of T)."""
+    n = x.shape[0]
+    if n is not None and n % self._num_micro_batches == 0:
+      return self._Pipelined(x)
+    return _Chain(self._pipe, x)
+
+  def train_step(self, data):
+    """One pipelined step: forward, loss, backward (recompute), update."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    variables = self.trainable_weights
+
+    def Step(inputs, pipelined):
+      with tf.GradientTape() as tape:
+        if pipelined:
+          y_pred = self._Pipelined(inputs)[:tf.shape(x)[0]]
+        else:
+          y_pred = _Chain(self._pipe, inputs)
+        loss = self.compute_loss(x=x, y=y, y_pred=y_pred,
+                                 sample_weight=sample_weight, training=True)
+        scaled = self.optimizer.scale_loss(loss)
+      grads = tape.gradient(scaled, variables)
+      return y_pred, loss, grads
+
+    n = x.shape[0]
+    rows = self._batch_size
+    with py_utils.StepSeed(self._StepSeed()), py_utils.TrainingMode(True):
+      if n is not None:
+        y_pred, loss, grads = Step(x, n % self._num_micro_batches == 0)
+      else:
+        # A dataset of unknown batch size (e.g. fit on arrays): full batches
+        # are pipelined, the last partial one runs unpipelined. The
+        # pipeline's input is made outside the cond, valid for any size: TF
+        # may run a branch's pure ops although the branch is not taken.
+        fitted = _PadTo(x[:rows], rows)
+        y_pred, loss, grads = tf.cond(
+            tf.equal(tf.shape(x)[0], rows), lambda: Step(fitted, True),
+            lambda: Step(x, False))
+    tracker = getattr(self, '_loss_tracker', None)
+    if tracker is not None:
+      tracker.update_state(loss, sample_weight=tf.shape(x)[0])
+    self.optimizer.apply_gradients(zip(grads, variables))
+    return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+  # -- export --------------------------------------------------------------
+
+  def export_saved_model(self, export_dir: str, pipelined: bool = False,
+                         overwrite: bool = False) -> str:
+    """Writes a SavedModel with a `serving_default` signature.
+
+    The signature takes `inputs` [batch, ...] (any batch) and returns
+    {'outputs': ...} in inference mode (moving averages, no dropout);
+    plain `tf.saved_model.load(export_dir)` serves it without tensorpipe.
+    """
+    from tensorpipe import export  # pylint: disable=g-import-not-at-top
+    dtype = self._pipe.LayersWithTheta()[0][0].keras_object.compute_dtype
+    spec = tf.TensorSpec([None] + self._input_shape, dtype)
+    return export.ExportModel(
+        self._pipe, export_dir, {'inputs': spec}, pipelined=pipelined,
+        serving_batch_size=self._batch_size if pipelined else None,
+        outputs=lambda out: {'outputs': out}, overwrite=overwrite,
+        info={'front_end': 'keras_pipeline.TensorPipeModel'})
