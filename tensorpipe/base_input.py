@@ -19,7 +19,7 @@ such batches carry EXAMPLE_WEIGHT [b] float32 (1 for an example of the split,
 (tensorpipe/tasks.py) and decoding metrics to skip it (decode_metrics.py).
 """
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -102,6 +102,14 @@ class BaseInput:
 
     Decoding metrics prefer them to detokenised labels, which are cut at the
     input's maximum length. Default None: the input has no texts.
+    """
+    return None
+
+  def ReferenceGroups(self) -> Optional[List[Tuple[str, int]]]:
+    """[(name, count)]: consecutive groups of ReferenceTexts(), in order.
+
+    Decoding metrics report each group too (e.g. BLEU per translation
+    direction). Default None: one group.
     """
     return None
 

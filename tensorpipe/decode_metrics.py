@@ -14,7 +14,7 @@ Usage:
   metrics.Finalize()        # {'bleu': 23.4}
 """
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -46,11 +46,29 @@ class DecodeMetrics:
     """The metrics over every batch given to Update ({} if none)."""
     raise NotImplementedError(f'{type(self).__name__}.Finalize')
 
+  def Description(self) -> str:
+    """How the metrics are computed (logged with them); default ''."""
+    return ''
+
 
 def ComputeBleu(hypotheses: List[str], references: List[str]) -> float:
   """Corpus BLEU (sacrebleu, 13a tokenisation) of detokenised strings."""
   import sacrebleu  # pylint: disable=g-import-not-at-top
   return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+
+
+def BleuSignature() -> str:
+  """sacrebleu's signature of ComputeBleu's settings (one reference)."""
+  import sacrebleu  # pylint: disable=g-import-not-at-top
+  bleu = sacrebleu.metrics.BLEU()
+  bleu.corpus_score(['a'], [['a']])  # the signature names the references
+  return str(bleu.get_signature())
+
+
+def GroupMetricName(metric: str, group: str) -> str:
+  """'bleu', 'en->es' -> 'bleu_en_es' (a valid summary name)."""
+  return metric + '_' + ''.join(c if c.isalnum() else '_'
+                                for c in group).replace('__', '_')
 
 
 class BleuMetrics(DecodeMetrics):
@@ -63,7 +81,9 @@ class BleuMetrics(DecodeMetrics):
 
   def __init__(self, decode_fn: Callable[[NestedMap], tf.Tensor],
                detokenize: Callable[[Sequence[int]], str],
-               reference_texts: Callable[[], Optional[List[str]]]):
+               reference_texts: Callable[[], Optional[List[str]]],
+               reference_groups: Optional[
+                   Callable[[], Optional[List[Tuple[str, int]]]]] = None):
     """Creates an empty accumulator.
 
     Args:
@@ -72,10 +92,14 @@ class BleuMetrics(DecodeMetrics):
       detokenize: token ids of one row -> text.
       reference_texts: () -> the split's target texts in Dataset() order,
         or None.
+      reference_groups: optional () -> [(name, count)], consecutive groups
+        of those texts (BaseInput.ReferenceGroups); when the whole split was
+        decoded, Finalize adds bleu_<name> for each group.
     """
     self._decode = tf.function(decode_fn)
     self._detokenize = detokenize
     self._reference_texts = reference_texts
+    self._reference_groups = reference_groups or (lambda: None)
     self._hyps: List[str] = []
     self._refs: List[str] = []
 
@@ -95,4 +119,15 @@ class BleuMetrics(DecodeMetrics):
     texts = self._reference_texts()
     if texts is not None and len(texts) >= len(self._hyps):
       refs = texts[:len(self._hyps)]
-    return {'bleu': ComputeBleu(self._hyps, refs)}
+    out = {'bleu': ComputeBleu(self._hyps, refs)}
+    groups = self._reference_groups()
+    if groups and sum(n for _, n in groups) == len(self._hyps):
+      start = 0
+      for name, n in groups:
+        out[GroupMetricName('bleu', name)] = ComputeBleu(
+            self._hyps[start:start + n], refs[start:start + n])
+        start += n
+    return out
+
+  def Description(self) -> str:
+    return f'BLEU: sacrebleu {BleuSignature()}'

@@ -486,7 +486,8 @@ class SequenceTask(BaseTask):
       with py_utils.EvalMode():
         return self.GreedyDecode(batch)
     return decode_metrics.BleuMetrics(Decode, detokenize,
-                                      eval_input.ReferenceTexts)
+                                      eval_input.ReferenceTexts,
+                                      eval_input.ReferenceGroups)
 
   def GreedyDecode(self, batch: NestedMap) -> tf.Tensor:
     """Greedy decoding of translation targets, [b, Lt] int32 token ids.

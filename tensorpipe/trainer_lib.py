@@ -701,6 +701,8 @@ class Trainer:
     metrics = self.task.PostProcessEvalMetrics(metrics)
     if decoded is not None:
       metrics.update(decoded.Finalize())
+      if decoded.Description():
+        self._log(decoded.Description())
     metrics['num_batches'] = float(len(per_batch))
     metrics['num_examples'] = float(num_examples)
     step = int(self.global_step.numpy())

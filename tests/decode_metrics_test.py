@@ -63,6 +63,37 @@ class BleuMetricsTest(tf.test.TestCase):
     self.assertAllClose(m.Finalize()['bleu'], 100.0)
 
 
+  def testGroupsGetTheirOwnBleuAndPaddingIsSkipped(self):
+    # 6 examples in batches of 4: the last batch has 2 padding rows.
+    inp = _TextsInput.Params().Set(task='nmt', batch_size=4, max_length=6,
+                                   num_examples=6, split='test').Instantiate()
+    texts = _TextsInput.TEXTS[:6]
+    m = decode_metrics.BleuMetrics(self._Labels, inp.Detokenizer(),
+                                   lambda: texts,
+                                   lambda: [('en->es', 4), ('es->en', 2)])
+    hyps = []
+    for batch in inp.Dataset():
+      m.Update(batch)
+      keep = decode_metrics.RealRows(batch)
+      hyps += [inp.IdsToString(row) for row, k in
+               zip(batch.tgt_labels.numpy(), keep) if k]
+    self.assertLen(hyps, 6)
+    out = m.Finalize()
+    self.assertAllClose(out['bleu'], decode_metrics.ComputeBleu(hyps, texts))
+    self.assertAllClose(out['bleu_en_es'],
+                        decode_metrics.ComputeBleu(hyps[:4], texts[:4]))
+    self.assertAllClose(out['bleu_es_en'],
+                        decode_metrics.ComputeBleu(hyps[4:], texts[4:]))
+    self.assertNotAlmostEqual(out['bleu_en_es'], out['bleu_es_en'], places=3)
+    self.assertIn('tok:13a', m.Description())
+    # Groups that do not add up to what was decoded (eval_steps) are left out.
+    partial = decode_metrics.BleuMetrics(self._Labels, inp.Detokenizer(),
+                                         lambda: texts,
+                                         lambda: [('a', 4), ('b', 4)])
+    partial.Update(next(iter(inp.Dataset())))
+    self.assertEqual(sorted(partial.Finalize()), ['bleu'])
+
+
 class TaskHookTest(tf.test.TestCase):
 
   def _SequenceTask(self):

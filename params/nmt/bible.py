@@ -17,6 +17,8 @@ class _BibleBase(base_transformer.TransformerExperiment):
   """T(L, H, A) on Bible pairs; the directions are the class constant."""
 
   DIRECTIONS = ['en->es']
+  TEMPERATURE = 5.0        # sampling temperature of the directions
+  DIRECTION_FRACTIONS = None  # training pairs kept per direction (None: all)
   MAX_LEN = 64             # source and target pieces per sentence
   LABEL_SMOOTHING = 0.1
   EVAL_STEPS = 8           # eval batches (BLEU decoding is the slow part)
@@ -25,7 +27,10 @@ class _BibleBase(base_transformer.TransformerExperiment):
     from tensorpipe.inputs import translation_input  # pylint: disable=g-import-not-at-top
     return translation_input.BibleTranslationInput.Params().Set(
         name=split, split=split, batch_size=batch_size,
-        directions=list(self.DIRECTIONS), vocab_size=self.VOCAB_SIZE,
+        directions=list(self.DIRECTIONS), temperature=self.TEMPERATURE,
+        direction_fractions=(None if self.DIRECTION_FRACTIONS is None else
+                             list(self.DIRECTION_FRACTIONS)),
+        vocab_size=self.VOCAB_SIZE,
         max_src_len=self.MAX_LEN, max_tgt_len=self.MAX_LEN,
         data_dir=self.DATA_DIR)
 
@@ -57,3 +62,50 @@ class TransformerEsEn4x8(_BibleBase):
 class TransformerMulti4x8(_BibleBase):
   """en->es and es->en in one model, temperature-sampled (T=5)."""
   DIRECTIONS = ['en->es', 'es->en']
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerMultiLow4x8(TransformerMulti4x8):
+  """en->es with all its pairs, es->en a low-resource direction (5% of its
+  training pairs), T=5: unequal directions, so the temperature matters."""
+  DIRECTION_FRACTIONS = [1.0, 0.05]
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerMultiLowT1_4x8(TransformerMultiLow4x8):
+  """The same sampled in proportion to size (T=1)."""
+  TEMPERATURE = 1.0
+
+
+class _Short:
+  """Mixin: a fixed reduced budget for results/ on the shared 2-core
+  machine; BLEU on the whole test split; checkpoints every 50 steps."""
+  MAX_STEPS = 300
+  WARMUP_STEPS = 100
+  EVAL_STEPS = None
+
+  def Task(self):
+    p = super().Task()
+    p.train.save_interval_steps = 50
+    return p
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerEnEs4x8Short(_Short, TransformerEnEs4x8):
+  """en->es, K=4, T=8, 300 steps, BLEU on the whole test split."""
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerEnEs1x8Short(TransformerEnEs4x8Short):
+  """The same unpipelined (K=1, T=8)."""
+  NUM_PARTITIONS = 1
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerMultiLow4x8Short(_Short, TransformerMultiLow4x8):
+  """TransformerMultiLow4x8 (T=5) on the reduced budget; BLEU per direction."""
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerMultiLowT1_4x8Short(_Short, TransformerMultiLowT1_4x8):
+  """TransformerMultiLowT1_4x8 (T=1) on the reduced budget."""

@@ -135,6 +135,17 @@ def MakeExamples(src_pieces: List[List[int]], tgt_pieces: List[List[int]],
               tgt_labels=tgt_labels, tgt_paddings=tgt_pads)
 
 
+def KeepFraction(src_text: Sequence[str], tgt_text: Sequence[str],
+                 fraction: float, seed: int) -> Tuple[List[str], List[str]]:
+  """A fixed random `fraction` of the pairs (at least one), in their order."""
+  n = len(src_text)
+  k = max(1, int(round(fraction * n)))
+  if k >= n:
+    return list(src_text), list(tgt_text)
+  keep = np.sort(np.random.RandomState(seed).permutation(n)[:k])
+  return [src_text[i] for i in keep], [tgt_text[i] for i in keep]
+
+
 class BibleTranslationInput(base_input.BaseInput):
   """Translation batches of the English-Spanish Bible (see module docstring).
 
@@ -154,6 +165,12 @@ class BibleTranslationInput(base_input.BaseInput):
              "English Bible, 'es' Reina-Valera 1909).")
     p.Define('temperature', 5.0, 'Sampling temperature T of the directions '
              'when training: p_l ~ (D_l / sum D)^(1/T).')
+    p.Define('direction_fractions', None, 'Training split only: the fraction '
+             'in (0, 1] of each direction\'s pairs that is kept, one per '
+             'direction (e.g. [1.0, 0.05] makes the second a low-resource '
+             'direction, so that the directions have unequal sizes and the '
+             'temperature matters); a fixed random subset (seed). None keeps '
+             'every pair. Evaluation splits are never reduced.')
     p.Define('vocab_size', 8000, 'SentencePiece vocabulary size (pieces).')
     p.Define('vocab_file', None, 'SentencePiece .model to use; None builds '
              '(once) {data_dir}/vocabs/bible_spm{vocab_size}.model from the '
@@ -176,6 +193,16 @@ class BibleTranslationInput(base_input.BaseInput):
     for key in ('max_src_len', 'max_tgt_len'):
       if getattr(p, key) < 2:
         raise ValueError(f'{key}={getattr(p, key)!r} must be >= 2')
+    if p.direction_fractions is not None:
+      fractions = list(p.direction_fractions)
+      if len(fractions) != len(p.directions) or not all(
+          isinstance(f, (int, float)) and not isinstance(f, bool) and
+          0.0 < f <= 1.0 for f in fractions):
+        raise ValueError(
+            f'direction_fractions={p.direction_fractions!r} must give one '
+            f'fraction in (0, 1] per direction of {p.directions}, e.g. '
+            f'{[1.0] * (len(p.directions) - 1) + [0.05]}')
+      p.direction_fractions = [float(f) for f in fractions]
     super().__init__(p)
     self._vocab = None
     self.direction_sizes = None  # Examples per direction, once read.
@@ -232,17 +259,25 @@ class BibleTranslationInput(base_input.BaseInput):
     """Target texts of References(), directions concatenated."""
     return [tgt for pairs in self.References().values() for _, tgt in pairs]
 
+  def ReferenceGroups(self) -> List[Tuple[str, int]]:
+    """[(direction, its number of pairs)] in Dataset() order (repeat off):
+    decoding metrics report BLEU per direction too."""
+    return [(d, len(pairs)) for d, pairs in self.References().items()]
+
   def _DirectionArrays(self) -> List[Dict[str, np.ndarray]]:
     p = self.params
     self._CheckPrepared()
     vocab = self.vocab
     examples = _ReadSplit(self.data_dir, p.split)
     arrays = []
-    for src, tgt in self._directions:
+    for i, (src, tgt) in enumerate(self._directions):
       src_text, tgt_text = _PairsOf(examples, src, tgt)
       if not src_text:
         raise ValueError(f"split {p.split!r} has no aligned '{src}->{tgt}' "
                          'pairs')
+      if self.is_training and p.direction_fractions:
+        src_text, tgt_text = KeepFraction(src_text, tgt_text,
+                                          p.direction_fractions[i], p.seed + i)
       arrays.append(
           MakeExamples(vocab.Encode(src_text), vocab.Encode(tgt_text),
                        self.LangTokenId(tgt), p.max_src_len, p.max_tgt_len))

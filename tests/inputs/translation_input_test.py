@@ -143,6 +143,43 @@ class BibleTranslationInputTest(tf.test.TestCase):
     self.assertGreater(abs(w - proportional), 2 * band)
     self.assertAllClose(web / n, w, atol=band)
 
+  def testDirectionFractionsMakeALowResourceDirection(self):
+    p = self._Params(directions=['en->es', 'es->en'], temperature=5.0)
+    full = p.Copy().Instantiate()
+    full.Dataset()
+    low = p.Copy().Set(direction_fractions=[1.0, 0.25]).Instantiate()
+    low.Dataset()
+    n = full.direction_sizes[1]
+    self.assertEqual(full.direction_sizes[0], n)  # the same verse pairs
+    self.assertAllClose(full.direction_weights, [0.5, 0.5])
+    self.assertEqual(low.direction_sizes, [n, max(1, round(0.25 * n))])
+    self.assertAllClose(low.direction_weights,
+                        sampling.TemperatureSamplingWeights(
+                            low.direction_sizes, 5.0))
+    self.assertLess(low.direction_weights[1], 0.5)
+    # The subset is fixed by the seed; evaluation keeps every pair.
+    again = p.Copy().Set(direction_fractions=[1.0, 0.25]).Instantiate()
+    again.Dataset()
+    self.assertEqual(again.direction_sizes, low.direction_sizes)
+    test = p.Copy().Set(split='test',
+                        direction_fractions=[1.0, 0.25]).Instantiate()
+    self.assertEqual(test.ReferenceGroups(), [('en->es', 16), ('es->en', 16)])
+    self.assertLen(test.ReferenceTexts(), 32)
+    for bad in ([0.5], [1.0, 0.0], [1.0, 1.5], [1.0, True]):
+      with self.assertRaisesRegex(ValueError,
+                                  f'direction_fractions={bad!r}'.replace(
+                                      '[', r'\[').replace(']', r'\]')):
+        p.Copy().Set(direction_fractions=bad).Instantiate()
+
+  def testKeepFraction(self):
+    src, tgt = [f's{i}' for i in range(10)], [f't{i}' for i in range(10)]
+    s, t = ti.KeepFraction(src, tgt, 0.3, seed=1)
+    self.assertLen(s, 3)
+    self.assertEqual([x[1:] for x in s], [x[1:] for x in t])  # still pairs
+    self.assertEqual(s, sorted(s, key=lambda x: int(x[1:])))  # in order
+    self.assertLen(ti.KeepFraction(src, tgt, 0.01, seed=1)[0], 1)
+    self.assertEqual(ti.KeepFraction(src, tgt, 1.0, seed=1), (src, tgt))
+
   def testBadDirectionsRaise(self):
     with self.assertRaisesRegex(ValueError, "direction='en-es'"):
       self._Params(directions=['en-es']).Instantiate()

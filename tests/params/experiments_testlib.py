@@ -74,7 +74,8 @@ def _SyntheticLike(input_p, exp):
 # Same model code as an experiment whose step runs in the fast test.
 _TWINS = ('consistency.Consistency1x8', 'image.fashion_mnist.ResNet1x8',
           'lm.brown.TransformerLm1x8', 'nmt.bible.TransformerEsEn4x8',
-          'nmt.bible.TransformerMulti4x8')
+          'nmt.bible.TransformerMulti4x8',
+          'nmt.bible.TransformerMultiLowT1_4x8')
 
 
 # One AmoebaNet experiment per code path.
@@ -84,7 +85,8 @@ _AMOEBANET_STEPPED = ('image.fashion_mnist.AmoebaNetD4x8',
 
 
 def IsSlow(key: str) -> bool:
-  return 'AmoebaNet' in key or key in _TWINS
+  # *Short: the results/ runs, their experiments' budgets cut (built only).
+  return 'AmoebaNet' in key or key in _TWINS or key.endswith('Short')
 
 
 def RunsStepWhenSlow(key: str) -> bool:
