@@ -43,9 +43,9 @@ class TransformerLm1x8(TransformerLm4x8):
 
 @model_registry.RegisterSingleTaskModel
 class TransformerLm4x8Short(TransformerLm4x8):
-  """K=4, T=8 on a fixed 250-step budget (results/: about 10 minutes on the
+  """K=4, T=8 on a fixed 150-step budget (results/: about 10 minutes on the
   shared 2-core machine; the LR warm-up shortened to match)."""
-  MAX_STEPS = 250
+  MAX_STEPS = 150
   WARMUP_STEPS = 50
 
   def Task(self):
@@ -56,5 +56,5 @@ class TransformerLm4x8Short(TransformerLm4x8):
 
 @model_registry.RegisterSingleTaskModel
 class TransformerLm1x8Short(TransformerLm4x8Short):
-  """The same 250 steps unpipelined (K=1, T=8): equal within noise."""
+  """The same 150 steps unpipelined (K=1, T=8): equal within noise."""
   NUM_PARTITIONS = 1

@@ -80,19 +80,21 @@ class TransformerMultiLowT1_4x8(TransformerMultiLow4x8):
 class _Short:
   """Mixin: a fixed reduced budget for results/ on the shared 2-core
   machine; BLEU on the whole test split; checkpoints every 50 steps."""
-  MAX_STEPS = 300
-  WARMUP_STEPS = 100
+  MAX_STEPS = 200
+  WARMUP_STEPS = 50
   EVAL_STEPS = None
 
   def Task(self):
     p = super().Task()
     p.train.save_interval_steps = 50
+    p.train.summary_interval_steps = 10   # curves for results/
+    p.train.log_interval_steps = 25
     return p
 
 
 @model_registry.RegisterSingleTaskModel
 class TransformerEnEs4x8Short(_Short, TransformerEnEs4x8):
-  """en->es, K=4, T=8, 300 steps, BLEU on the whole test split."""
+  """en->es, K=4, T=8, 200 steps, BLEU on the whole test split."""
 
 
 @model_registry.RegisterSingleTaskModel
