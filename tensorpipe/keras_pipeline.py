@@ -38,7 +38,7 @@ Usage:
   pipe.fit(dataset, epochs=2, callbacks=[keras.callbacks.TensorBoard(dir)])
 """
 
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import keras
 import numpy as np
@@ -56,8 +56,8 @@ KerasModelLike = Union[keras.Sequential, Sequence[Any]]
 
 def _KerasLayers(model: KerasModelLike) -> List[Any]:
   """The layers of a Sequential or a list, checked to be Keras 3 layers."""
-  if keras_layer._IsKeras2(model):  # pylint: disable=protected-access
-    raise keras_layer._Keras2Error('keras_pipeline', 'the model', model)  # pylint: disable=protected-access
+  if keras_layer.IsKeras2(model):
+    raise keras_layer.Keras2Error('keras_pipeline', 'the model', model)
   if isinstance(model, keras.Sequential):
     layers = list(model.layers)
   elif isinstance(model, keras.Model):
@@ -77,8 +77,8 @@ def _KerasLayers(model: KerasModelLike) -> List[Any]:
   for i, layer in enumerate(layers):
     if isinstance(layer, dict):
       continue  # a serialised layer (TensorPipeModel.from_config)
-    if keras_layer._IsKeras2(layer):  # pylint: disable=protected-access
-      raise keras_layer._Keras2Error('keras_pipeline', f'layer {i}', layer)  # pylint: disable=protected-access
+    if keras_layer.IsKeras2(layer):
+      raise keras_layer.Keras2Error('keras_pipeline', f'layer {i}', layer)
     if not isinstance(layer, keras.Layer):
       raise TypeError(f'keras_pipeline: layer {i} is a '
                       f'{type(layer).__name__}, not a Keras 3 layer')
@@ -125,8 +125,23 @@ def _LayerName(layer: Any) -> str:
   return layer['config']['name'] if isinstance(layer, dict) else layer.name
 
 
-def PipelineParams(model: KerasModelLike, num_partitions: int,
-                   num_micro_batches: int,
+def _LayerInputShapes(layers: List[Any], shape: List[Any]) -> List[List[Any]]:
+  """Each layer's per-example input shape, by Keras' symbolic calls."""
+  shapes = [list(shape)]
+  for layer in layers[:-1]:
+    if isinstance(layer, dict):
+      layer = keras.saving.deserialize_keras_object(layer)
+    out = layer(keras.KerasTensor([None] + shapes[-1]))
+    if not hasattr(out, 'shape'):
+      raise ValueError(f'keras_pipeline: layer {layer.name!r} returns '
+                       f'{type(out).__name__}; a Sequential passes one tensor '
+                       'from layer to layer')
+    shapes.append(list(out.shape[1:]))
+  return shapes
+
+
+def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
+                   num_partitions: int, num_micro_batches: int,
                    input_shape: Optional[Sequence[int]] = None,
                    batch_size: Optional[int] = None,
                    partition_sizes: Optional[Sequence[int]] = None,
@@ -134,8 +149,15 @@ def PipelineParams(model: KerasModelLike, num_partitions: int,
                    **pipeline_params) -> hyperparams.Params:
   """TensorPipeLayer Params of a Keras Sequential, one KerasLayer per layer.
 
+  Making the Params runs no TensorFlow op when `model` is a function (or
+  its layers are built): the partition plan is computed when the Params are
+  instantiated.
+
   Args:
-    model: a keras.Sequential or a list of Keras 3 layers (built or not).
+    model: a keras.Sequential or a list of Keras 3 layers (built or not), or
+      a function returning a Sequential, which is then built without
+      allocating weights (experiments: their Params are made before the
+      trainer sets up devices; the KerasLayers initialise their own weights).
     num_partitions: K.
     num_micro_batches: T.
     input_shape: one example's input shape (no batch axis); default: the
@@ -155,19 +177,22 @@ def PipelineParams(model: KerasModelLike, num_partitions: int,
     TypeError / ValueError: a non-Sequential model, a Keras 2 object, an
       unknown input shape, bad partition sizes.
   """
+  if keras_layer.IsKeras2(model):
+    raise keras_layer.Keras2Error('keras_pipeline', 'the model', model)
+  if callable(model) and not isinstance(model, (keras.Layer, list, tuple)):
+    with keras_layer.NoAllocation():
+      return PipelineParams(model(), num_partitions, num_micro_batches,
+                            input_shape, batch_size, partition_sizes, name,
+                            **pipeline_params)
   layers = _KerasLayers(model)
   shape = _InputShape(model, input_shape)
-  layer_ps, shapes = [], [shape]
-  for layer in layers:
-    layer_ps.append(_LayerParams(layer, _LayerName(layer), shapes[-1]))
-    if len(layer_ps) < len(layers):
-      meta = keras_layer.KerasLayer.FPropMeta(layer_ps[-1], [1] + shapes[-1])
-      out = meta.out_shapes
-      if len(out) != 1 or not isinstance(out[0], tf.TensorShape):
-        raise ValueError(f'keras_pipeline: layer {_LayerName(layer)!r} '
-                         'returns several outputs; a Sequential passes one '
-                         'tensor from layer to layer')
-      shapes.append(out[0].as_list()[1:])
+  if any(isinstance(layer, dict) for layer in layers):
+    with keras_layer.NoAllocation():
+      shapes = _LayerInputShapes(layers, shape)
+  else:
+    shapes = _LayerInputShapes(layers, shape)
+  layer_ps = [_LayerParams(layer, _LayerName(layer), s)
+              for layer, s in zip(layers, shapes)]
   batch = batch_size or num_micro_batches
   p = pipeline.TensorPipeLayer.Params().Set(
       name=name, num_micro_batches=num_micro_batches, **pipeline_params)
@@ -488,6 +513,18 @@ class TensorPipeModel(keras.Model):
     return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
   # -- export --------------------------------------------------------------
+
+  def export(self, filepath: str, format: str = 'tf_saved_model',  # pylint: disable=redefined-builtin
+             verbose=None, input_signature=None, **kwargs) -> str:
+    """Keras' `model.export`: a SavedModel (see export_saved_model)."""
+    del verbose  # unused
+    if format not in ('tf_saved_model', ''):
+      raise ValueError(f'TensorPipeModel.export: format={format!r} is not '
+                       "supported; use format='tf_saved_model'")
+    if input_signature is not None:
+      raise ValueError('TensorPipeModel.export takes no input_signature: '
+                       'the signature is `inputs` [batch, *input_shape]')
+    return self.export_saved_model(filepath, **kwargs)
 
   def export_saved_model(self, export_dir: str, pipelined: bool = False,
                          overwrite: bool = False) -> str:

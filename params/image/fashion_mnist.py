@@ -1,11 +1,13 @@
-"""Fashion-MNIST experiments: a small ResNet and a small AmoebaNet-D, pipelined.
+"""Fashion-MNIST experiments: a small ResNet, a small AmoebaNet-D and a Keras
+CNN, pipelined.
 
 Data: Debian's `dataset-fashion-mnist`, prepared offline as TFDS
 `fashion_mnist` by `bash tools/prepare_data.sh`. The default experiment of the
 README is `image.fashion_mnist.ResNet4x8`: a small ResNet with batch norm on
 K=4 partitions (4 logical CPU devices without an accelerator) and T=8
 micro-batches. The `...K1` variants run the same model unpipelined (K=1,
-same T) for comparison.
+same T) for comparison. `KerasCnn4x8` is a model written in Keras
+(models/keras_models.py), pipelined through tensorpipe/keras_pipeline.py.
 
   python -m tools.trainer --model=image.fashion_mnist.ResNet4x8 \
       --logdir=/tmp/fmnist
@@ -126,3 +128,29 @@ class AmoebaNetD4x8(_FashionMnistBase):
 class AmoebaNetD1x8(AmoebaNetD4x8):
   """AmoebaNetD4x8 on one partition (K=1, T=8), for comparison."""
   NUM_PARTITIONS = 1
+
+
+@model_registry.RegisterSingleTaskModel
+class KerasCnn4x8(_FashionMnistBase):
+  """A CNN written in Keras (models/keras_models.py), K=4, T=8.
+
+  The Keras front door (tensorpipe/keras_pipeline.py) makes one KerasLayer
+  per Keras layer, each holding its layer's config, split into K partitions
+  by the layers' FLOPs. The same model trains with model.fit in
+  tools/keras_fit.py.
+  """
+
+  FILTERS = 16
+  HIDDEN_DIM = 128
+  DROPOUT_RATE = 0.25
+
+  def Model(self):
+    from models import keras_models  # pylint: disable=g-import-not-at-top
+    from tensorpipe import keras_pipeline  # pylint: disable=g-import-not-at-top
+    # A function: the Sequential is built for its configs only (no
+    # weights, no TensorFlow op before the trainer sets up devices).
+    return keras_pipeline.PipelineParams(
+        lambda: keras_models.FashionMnistCnn(self.FILTERS, self.HIDDEN_DIM,
+                                             self.DROPOUT_RATE),
+        num_partitions=self.NUM_PARTITIONS,
+        num_micro_batches=self.NUM_MICRO_BATCHES, batch_size=self.BATCH_SIZE)

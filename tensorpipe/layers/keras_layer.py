@@ -81,14 +81,16 @@ def _Owner(p) -> str:
   return f'KerasLayer {p.name!r}'
 
 
-def _IsKeras2(obj: Any) -> bool:
-  """Whether `obj` is a Keras 2 (tf-keras) object."""
-  module = type(obj).__module__ or ''
+def IsKeras2(obj: Any) -> bool:
+  """Whether `obj` is a Keras 2 (tf-keras) object (layer, model, class)."""
+  module = (obj.__module__ if isinstance(obj, type) else
+            type(obj).__module__) or ''
   return module.split('.')[0] == 'tf_keras' or module.startswith(
       'keras.engine') or module.startswith('keras.src.engine')
 
 
-def _Keras2Error(owner: str, what: str, obj: Any) -> TypeError:
+def Keras2Error(owner: str, what: str, obj: Any) -> TypeError:
+  """The TypeError for a Keras 2 object where a Keras 3 one is needed."""
   return TypeError(
       f'{owner}: {what} is a Keras 2 (tf_keras) {type(obj).__name__}; '
       'KerasLayer wraps Keras 3 objects (`import keras`, or tf.keras in TF '
@@ -126,8 +128,8 @@ def CheckTextValue(owner: str, key: str, value: Any) -> None:
                         'Keras configs and keyword arguments use string keys')
       CheckTextValue(owner, f'{key}[{k!r}]', v)
     return
-  if _IsKeras2(value):
-    raise _Keras2Error(owner, key, value)
+  if IsKeras2(value):
+    raise Keras2Error(owner, key, value)
   if isinstance(value, (keras.Layer, keras.Operation)) or hasattr(
       value, 'get_config'):
     raise TypeError(
@@ -197,13 +199,16 @@ class _SeededPythonRandom:
 
 
 @contextlib.contextmanager
-def _NoAllocation():
+def NoAllocation():
   """Keras variables made inside get no storage (deferred initialisation).
 
   Keras defers the initialisation of variables created in a StatelessScope
   and registers them for a later `initialize_all_variables`; the
   registrations made inside are dropped on exit so that nothing allocates
-  them later (the object is only used for shapes, costs and specs).
+  them later: objects built inside are only good for shapes, configs and
+  costs. Building a Keras model inside runs no TensorFlow op, so it does not
+  initialise TensorFlow's devices (experiments make Params before the
+  trainer sets up logical devices).
   """
   from keras.src.backend.common import global_state  # pylint: disable=g-import-not-at-top
   key = 'uninitialized_variables'
@@ -465,8 +470,8 @@ class KerasLayer(base_layer.BaseLayer):
                        f'got keras_factory={p.keras_factory!r} and '
                        f'keras_config of type {type(p.keras_config).__name__}')
     if p.keras_factory is not None and not isinstance(p.keras_factory, str):
-      if _IsKeras2(p.keras_factory):
-        raise _Keras2Error(owner, 'keras_factory', p.keras_factory)
+      if IsKeras2(p.keras_factory):
+        raise Keras2Error(owner, 'keras_factory', p.keras_factory)
       what = getattr(p.keras_factory, '__qualname__', type(
           p.keras_factory).__name__)
       raise TypeError(f'{owner}: keras_factory must be the dotted name (a '
@@ -526,8 +531,8 @@ class KerasLayer(base_layer.BaseLayer):
               '@keras.saving.register_keras_serializable, or name a factory)'
           ) from None
         what = 'the object keras_config describes'
-    if _IsKeras2(obj):
-      raise _Keras2Error(owner, what, obj)
+    if IsKeras2(obj):
+      raise Keras2Error(owner, what, obj)
     if not isinstance(obj, keras.Layer):
       raise TypeError(f'{owner}: {what} is a {type(obj).__name__}, not a '
                       'Keras 3 layer or model')
@@ -578,7 +583,7 @@ class KerasLayer(base_layer.BaseLayer):
     self._Validate(p)
     abstract = base_layer._abstract_scope.records is not None  # pylint: disable=protected-access
     if abstract:
-      with _NoAllocation():
+      with NoAllocation():
         obj = self._BuildKerasObject(p, self.LayerSeed())
     else:
       obj = self._BuildKerasObject(p, self.LayerSeed())
@@ -754,11 +759,11 @@ class KerasLayer(base_layer.BaseLayer):
   @classmethod
   def _ComputeMeta(cls, p, shapes, batch):
     per_example = [s.as_list()[1:] for s in shapes]
-    with _NoAllocation():
+    with NoAllocation():
       obj = cls._NewKerasObject(p, 0)
       dtype = p.input_dtype or obj.compute_dtype
       # The symbolic call builds the object on the given shapes (its
-      # variables get no storage inside _NoAllocation).
+      # variables get no storage inside NoAllocation).
       _CheckDeclaredBatch(p, obj, batch, [s.as_list() for s in shapes])
       try:
         out = obj(_SymbolicInputs(per_example, dtype))
