@@ -132,6 +132,26 @@ class AnalysisTest(unittest.TestCase):
     self.assertAlmostEqual(pred.error, want / 25.0 - 1)
     self.assertFalse(pred.calibration_run)
 
+  def testOneFOneBRunsOfOnePartitionCalibrateOneFOneB(self):
+    # K=1 fits: GPipe's fixed overhead 1, 1F1B's 3 (T (f + r + b) = 8).
+    k1 = results.PhaseCosts(forward=[1.0], recompute=[1.0], backward=[2.0])
+    cells = results.PhaseCosts(forward=[2.0, 1.0], recompute=[2.0, 1.0],
+                               backward=[1.0, 3.0])
+    rs = [_Result('conv16', name, step, stage_costs=results.StageCosts(c, c))
+          for name, step, c in (('K1-T2-rc', 9.0, k1),
+                                ('K1-T2-1f1b-rc', 11.0, k1),
+                                ('K2-T4-rc', 30.0, cells),
+                                ('K2-T4-1f1b-rc', 30.0, cells))]
+    for r in rs:
+      r.recorded_step_time_s = r.step_time_s
+    calib = analysis.AddPredictions(rs, num_cores=2)
+    self.assertAlmostEqual(calib['conv16/rc/pipeline'].fixed_overhead, 1.0)
+    self.assertAlmostEqual(calib['conv16/1f1b-rc/pipeline'].fixed_overhead,
+                           3.0)
+    self.assertTrue(rs[1].prediction.calibration_run)
+    self.assertAlmostEqual(rs[2].prediction.step_s, 29.0)   # GPipe, + 1
+    self.assertAlmostEqual(rs[3].prediction.step_s, 28.0)   # 1F1B 25, + 3
+
   def testOneFOneBWithoutRecomputeIsDataflow(self):
     # The unrolled no-recompute schedule has no loop and no tick barrier.
     cells = results.PhaseCosts(forward=[1.0, 1.0], recompute=[0.0, 0.0],

@@ -8,6 +8,7 @@ Usage:
   calibrations = AddPredictions(results)     # sets r.prediction
 """
 
+import itertools
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -76,28 +77,31 @@ def MeasuredStep(r: Result, source: str) -> float:
   return r.step_time_s
 
 
-def _CalibrationKey(model: str, recompute: bool, source: str) -> str:
-  return f'{model}/{"rc" if recompute else "norc"}/{source}'
+def _CalibrationKey(model: str, recompute: bool, source: str,
+                    schedule: str = 'gpipe') -> str:
+  mode = ('' if schedule == 'gpipe' else f'{schedule}-') + (
+      'rc' if recompute else 'norc')
+  return f'{model}/{mode}/{source}'
 
 
 def _Calibrate(results: Sequence[Result]) -> Dict[str, simulator.Calibration]:
-  """Overheads fitted per model, recompute mode and source to K=1 runs with
-  loops (T > 1)."""
+  """Overheads fitted per model, schedule, recompute mode and source to K=1
+  runs with loops (T > 1)."""
   calib = {}
   for source in _SOURCES:
     for model in sorted({r.model for r in results}):
-      for rc in (True, False):
+      for schedule, rc in itertools.product(('gpipe', '1f1b'), (True, False)):
         runs = []
         for r in results:
           s = r.setting
           costs = StageCostsOf(r, source) if r.pipelined else None
           if (costs and r.model == model and s.num_partitions == 1 and
               s.num_micro_batches > 1 and s.recompute == rc and
-              s.recompute_impl == 'explicit' and s.schedule == 'gpipe'):
+              s.recompute_impl == 'explicit' and s.schedule == schedule):
             runs.append((s.num_micro_batches, costs[0][0], costs[1][0],
                          MeasuredStep(r, source)))
         if runs:
-          calib[_CalibrationKey(model, rc, source)] = (
+          calib[_CalibrationKey(model, rc, source, schedule)] = (
               simulator.CalibrateFromK1(runs, rc))
   return calib
 
@@ -117,7 +121,10 @@ def _Predict(r: Result, calib: Dict[str, simulator.Calibration],
     costs = StageCostsOf(r, source)
     if not costs:
       continue
-    c = calib.get(_CalibrationKey(r.model, s.recompute, source))
+    # A 1F1B setting uses the fit of K=1 1F1B runs (its loop's own per-tick
+    # cost), else GPipe's.
+    c = calib.get(_CalibrationKey(r.model, s.recompute, source, s.schedule),
+                  calib.get(_CalibrationKey(r.model, s.recompute, source)))
     if c is None:
       # No K=1 run with loops to fit the overheads: predict without them.
       c, uncalibrated = _NO_OVERHEAD, True
@@ -143,7 +150,7 @@ def _Predict(r: Result, calib: Dict[str, simulator.Calibration],
   source = next((src for src in _SOURCES if src in predicted), None)
   isolated = predicted.get('isolated')
   return results_lib.Prediction(
-      calibration_run=k == 1 and t > 1 and s.schedule == 'gpipe',
+      calibration_run=k == 1 and t > 1,
       step_s=predicted.get(source), source=source,
       error=(predicted[source] / MeasuredStep(r, source) - 1.0
              if source else None),
@@ -176,8 +183,9 @@ def AddPredictions(results: Sequence[Result],
   K=1 GPipe runs with loops (T > 1) (simulator.CalibrateFromK1); K=1, T=1
   (the loop-free fast path: f + b + F) and every K > 1 run are
   out-of-sample. 1F1B settings are simulated with schedule='1f1b' (and
-  the 1F1B loop's ticks in flight) from their own recorded cells and the
-  GPipe calibration: out of sample too.
+  the 1F1B loop's ticks in flight) from their own recorded cells, with the
+  overheads fitted to K=1 1F1B runs (keys 'model/1f1b-rc/source'), or
+  GPipe's fit when there are none.
 
   Returns:
     The calibrations, keyed 'model/rc/source' (e.g. 'dense16/rc/pipeline').
