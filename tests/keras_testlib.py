@@ -174,6 +174,12 @@ def SgdStep(model: keras.Sequential, grads: Dict[str, np.ndarray],
   """w -= lr * g on the oracle model, and its moving statistics set."""
   for v in model.trainable_weights:
     v.assign(v.numpy() - learning_rate * grads[v.path])
+  SetMovingStats(model, moving)
+
+
+def SetMovingStats(model: keras.Sequential,
+                   moving: Dict[str, Dict[str, np.ndarray]]) -> None:
+  """Sets the batch norms' moving statistics (OracleStep's `moving`)."""
   for layer in model.layers:
     if layer.name in moving:
       layer.moving_mean.assign(moving[layer.name]['moving_mean'])
