@@ -347,6 +347,9 @@ class TensorPipeModel(keras.Model):
     self._input_shape = list(shape)
     self._batch_size = batch_size
     self._num_micro_batches = num_micro_batches
+    # Keras' jit_compile='auto' would XLA-compile the step on a GPU; the
+    # pipeline places its partitions on K devices, which XLA cannot.
+    self.supports_jit = False
     self.built = True
 
   # -- the pipeline and its variables ---------------------------------------

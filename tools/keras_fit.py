@@ -86,6 +86,7 @@ def _Main(argv):
     test = test.take(FLAGS.eval_steps)
   model.fit(_Dataset('train', FLAGS.batch_size), epochs=FLAGS.epochs,
             steps_per_epoch=steps, validation_data=test, verbose=2,
+            shuffle=False,  # the input shuffles itself
             callbacks=[
                 keras.callbacks.TensorBoard(logdir),
                 keras.callbacks.ModelCheckpoint(

@@ -433,6 +433,11 @@ class KerasLayer(base_layer.BaseLayer):
         input_shape=[28, 28, 1])
     layer = p.Instantiate()
     y = layer.FPropDefaultTheta(x)     # training mode: batch statistics
+
+  Dtypes are Keras': the weights take the Keras variables' dtypes and the
+  call follows the layer's dtype policy (set `dtype` in its config or
+  kwargs, e.g. 'float64' or 'mixed_bfloat16'); `dtype` and `fprop_dtype`
+  of these Params are not used. The batch is on axis 0, as in Keras.
   """
 
   @classmethod
