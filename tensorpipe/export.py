@@ -1,0 +1,573 @@
+"""SavedModel export of a trained model, for serving without TensorPipe.
+
+`ExportModel(model, export_dir, input_specs)` is the core: it takes a built
+layer whose variables hold the trained weights (a TensorPipeLayer or any
+BaseLayer) and writes a SavedModel with one signature, `serving_default`,
+that runs the model in inference mode (`py_utils.EvalMode`: batch norm on
+its moving averages, dropout off) and returns a dict of tensors (default
+`ClassifierOutputs`: `logits` and `probabilities`). The SavedModel holds
+only TensorFlow graphs and variables: plain `tf.saved_model.load(dir)` runs
+it in a process that cannot import tensorpipe. Any front end that builds a
+model (the trainer's tasks, a Keras wrapper) exports through it.
+
+`ExportRun(experiment_params, logdir, export_dir)` is what tools/export.py
+does with a training run: rebuild the task from the run's params.txt (so
+--model_params_override values are honoured), restore the newest intact
+checkpoint (checkpoints.RestoreNewest) and export the task's model, inputs
+named after the batch key the task reads (`image` for the image tasks).
+
+Two ways to serve, for any request batch size b:
+
+  one device (default): the model's layers chained without the pipeline
+    (`LayersWithTheta`), every op on `device`:
+      y = F_L(...F_1(x))                             # [b, ...], any b
+  pipelined: the TensorPipeLayer's own FProp on its K devices, T
+    micro-batches per chunk of `serving_batch_size` rows S (a multiple of T):
+      x = pad(x, to n = ceil(b / S) chunks of S rows)
+      for chunk in x: y[chunk] = pipeline(chunk)     # tf.map_fn, in order
+      y = y[:b]                                      # padding rows dropped
+
+In inference mode every example's output depends on that example alone, so
+padding and chunking do not change any row (up to float rounding, which may
+differ between batch sizes).
+
+Usage:
+  task = ...   # built, checkpoint restored
+  ExportModel(task.model, '/tmp/export',
+              {'image': tf.TensorSpec([None, 28, 28, 1], tf.float32)})
+  # later, anywhere:
+  serve = tf.saved_model.load('/tmp/export').signatures['serving_default']
+  probabilities = serve(image=images)['probabilities']
+"""
+
+import json
+import os
+import shutil
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+
+import tensorflow as tf
+
+from tensorpipe import base_layer
+from tensorpipe import checkpoints
+from tensorpipe import hyperparams
+from tensorpipe import logdir as logdir_lib
+from tensorpipe import microbatch
+from tensorpipe import pipeline
+from tensorpipe import py_utils
+from tensorpipe import tasks
+from tensorpipe.layers import composite
+
+SIGNATURE_KEY = 'serving_default'
+# Written next to the SavedModel's own files (SavedModel's folder for files
+# that TensorFlow does not read): what was exported from where.
+INFO_FILE = os.path.join('assets.extra', 'tensorpipe_export.json')
+PARAMS_COPY = os.path.join('assets.extra', logdir_lib.PARAMS_FILE)
+CHECKPOINT_DIR = 'checkpoints'  # trainer_lib.CHECKPOINT_DIR
+
+OutputsFn = Callable[[Any], Dict[str, tf.Tensor]]
+
+
+class ExportError(ValueError):
+  """An export that cannot be done as asked (names the value and the fix)."""
+
+
+def ClassifierOutputs(out: Any) -> Dict[str, tf.Tensor]:
+  """{'logits', 'probabilities'} of a classifier's output.
+
+  Args:
+    out: logits [b, C], or a dict with key 'logits' (e.g. with aux_logits).
+  """
+  logits = out['logits'] if isinstance(out, dict) else out
+  logits = tf.cast(logits, tf.float32)
+  return {'logits': tf.identity(logits, name='logits'),
+          'probabilities': tf.nn.softmax(logits, name='probabilities')}
+
+
+def CheckExportDir(export_dir: str, overwrite: bool = False) -> None:
+  """Raises ExportError if export_dir holds files and overwrite is False.
+
+  Call it first: before building or restoring anything.
+  """
+  if not isinstance(export_dir, str) or not export_dir:
+    raise ExportError(f'export_dir={export_dir!r} must be a folder path')
+  if os.path.exists(export_dir) and not os.path.isdir(export_dir):
+    raise ExportError(f'export_dir {export_dir} is a file, not a folder; '
+                      'pass a new folder')
+  if not overwrite and os.path.isdir(export_dir) and os.listdir(export_dir):
+    raise ExportError(
+        f'export_dir {export_dir} exists and is not empty; pass a new folder, '
+        'or overwrite=True (--overwrite) to replace what is there')
+
+
+def DefaultServingDevice() -> str:
+  """The first GPU, else /CPU:0."""
+  gpus = tf.config.list_logical_devices('GPU')
+  return gpus[0].name if gpus else '/CPU:0'
+
+
+def _Chain(model: base_layer.BaseLayer, inputs: Sequence[tf.Tensor]) -> Any:
+  """The model's layers one after the other, without a pipeline."""
+  if not hasattr(model, 'LayersWithTheta'):
+    return model.FProp(model.theta, *inputs)
+  args = tuple(inputs)
+  for layer, theta in model.LayersWithTheta():
+    args = composite.AsArgs(layer.FProp(theta, *args))
+  return composite.FromArgs(args)
+
+
+def _Specs(structure: Any) -> Any:
+  return tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, t.dtype), structure)
+
+
+def _CheckInputSpecs(input_specs: Dict[str, tf.TensorSpec]) -> None:
+  if not isinstance(input_specs, dict) or not input_specs:
+    raise ExportError(f'input_specs={input_specs!r} must be a non-empty dict '
+                      "{name: tf.TensorSpec}, e.g. {'image': "
+                      'tf.TensorSpec([None, 28, 28, 1], tf.float32)}')
+  for name, spec in input_specs.items():
+    if not isinstance(spec, tf.TensorSpec):
+      raise ExportError(f'input_specs[{name!r}]={spec!r} is not a '
+                        'tf.TensorSpec')
+    if not isinstance(name, str) or not name.isidentifier():
+      raise ExportError(f'input name {name!r} must be an identifier such as '
+                        "'image' (it names a signature input)")
+    if spec.shape.rank is None or spec.shape.rank < 1:
+      raise ExportError(f'input {name!r} has shape {spec.shape}; it needs a '
+                        'batch axis first, e.g. [None, 28, 28, 1]')
+
+
+def _CheckPipelined(model: base_layer.BaseLayer,
+                    serving_batch_size: Optional[int]) -> int:
+  """The chunk size S of pipelined serving (checks it fits T)."""
+  if not isinstance(model, pipeline.TensorPipeLayer):
+    raise ExportError(f'pipelined serving needs a TensorPipeLayer model, got '
+                      f'{type(model).__name__}; export it on one device')
+  p = model.params
+  if p.batch_dim != 0:
+    raise ExportError(f'pipelined serving splits the batch on axis 0, but '
+                      f'the model has batch_dim={p.batch_dim}; export it on '
+                      'one device')
+  if (serving_batch_size is None or isinstance(serving_batch_size, bool) or
+      not isinstance(serving_batch_size, int) or serving_batch_size < 1):
+    raise ExportError(f'serving_batch_size={serving_batch_size!r}: pipelined '
+                      'serving needs the rows per pipeline call, an int >= 1 '
+                      'that the micro-batches divide (e.g. the training '
+                      'batch size)')
+  try:
+    microbatch.NumMicroBatches(serving_batch_size, p.num_micro_batches,
+                               p.micro_batch_size)
+  except (ValueError, TypeError) as e:
+    first = (str(e).strip().splitlines() or [''])[0]
+    raise ExportError(f'serving_batch_size={serving_batch_size} does not fit '
+                      f'the pipeline: {first}') from None
+  return serving_batch_size
+
+
+def _PaddedChunks(xs: Sequence[tf.Tensor], size: int):
+  """Pads rows to a multiple of `size`: ([n, size, ...] per input, b)."""
+  b = tf.shape(xs[0])[0]
+  n = (b + size - 1) // size
+  chunks = []
+  for x in xs:
+    pad = [[0, n * size - b]] + [[0, 0]] * (x.shape.rank - 1)
+    padded = tf.pad(x, pad)
+    chunks.append(tf.reshape(padded, tf.concat([[n, size],
+                                                tf.shape(x)[1:]], 0)))
+  return chunks, b
+
+
+def _Unchunk(y: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+  """[n, S, ...] -> the first b rows of [n S, ...]."""
+  flat = tf.reshape(y, tf.concat([[-1], tf.shape(y)[2:]], 0))
+  return flat[:b]
+
+
+def ServingFunction(model: base_layer.BaseLayer,
+                    input_specs: Dict[str, tf.TensorSpec],
+                    pipelined: bool = False, device: Optional[str] = None,
+                    serving_batch_size: Optional[int] = None,
+                    outputs: OutputsFn = ClassifierOutputs
+                    ) -> tf.types.experimental.ConcreteFunction:
+  """The concrete serving function (inputs named by input_specs' keys).
+
+  Args:
+    model: the built model with its trained weights.
+    input_specs: {name: spec} in the order of the model's FProp inputs; the
+      batch axis (first) may be None.
+    pipelined: run the TensorPipeLayer's pipeline on its own devices, in
+      chunks of serving_batch_size rows; else chain the layers on `device`.
+    device: the one device (default: the first GPU, else /CPU:0).
+    serving_batch_size: rows per pipeline call S (pipelined only).
+    outputs: maps the model's output to the signature's dict of tensors.
+
+  Returns:
+    A tf.function concrete function, usable as a SavedModel signature.
+
+  Raises:
+    ExportError: bad input specs, a model that cannot be pipelined, or a
+      chunk size the micro-batches do not divide.
+  """
+  _CheckInputSpecs(input_specs)
+  names = list(input_specs)
+  specs = [tf.TensorSpec(s.shape, s.dtype, name=n)
+           for n, s in input_specs.items()]
+  if pipelined:
+    size = _CheckPipelined(model, serving_batch_size)
+
+    def RunChunk(*xs):
+      with py_utils.EvalMode():
+        return outputs(model.FProp(model.theta, *xs))
+    chunk_specs = [tf.TensorSpec([size] + s.shape.as_list()[1:], s.dtype)
+                   for s in specs]
+    out_specs = _Specs(tf.function(RunChunk, autograph=False)
+                       .get_concrete_function(*chunk_specs)
+                       .structured_outputs)
+
+    def Serve(*xs):
+      chunks, b = _PaddedChunks(xs, size)
+      ys = tf.map_fn(lambda c: RunChunk(*c), tuple(chunks),
+                     fn_output_signature=out_specs, parallel_iterations=1)
+      return {k: _Unchunk(v, b) for k, v in ys.items()}
+  else:
+    device = device or DefaultServingDevice()
+
+    def Serve(*xs):
+      with tf.device(device), py_utils.EvalMode():
+        # Some layers cannot take an empty batch (a reshape to [-1, ...]
+        # is ambiguous with no elements): run one zero row then, return none.
+        b = tf.shape(xs[0])[0]
+        xs = [tf.cond(b > 0, lambda x=x: x, lambda x=x: tf.zeros(
+            tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)) for x in xs]
+        return {k: v[:b] for k, v in outputs(_Chain(model, xs)).items()}
+  fn = tf.function(Serve, input_signature=specs, autograph=False)
+  concrete = fn.get_concrete_function()
+  got = [t.name.split(':')[0] for t in concrete.inputs[:len(names)]]
+  assert got == names, (got, names)
+  return concrete
+
+
+def ExportModel(model: base_layer.BaseLayer, export_dir: str,
+                input_specs: Dict[str, tf.TensorSpec],
+                pipelined: bool = False, device: Optional[str] = None,
+                serving_batch_size: Optional[int] = None,
+                outputs: OutputsFn = ClassifierOutputs,
+                overwrite: bool = False,
+                info: Optional[Dict[str, Any]] = None,
+                extra_files: Optional[Dict[str, str]] = None) -> str:
+  """Writes `model` as a SavedModel with a `serving_default` signature.
+
+  The SavedModel is written to a temporary folder next to export_dir and
+  moved into place when complete, so export_dir never holds half an export.
+
+  Args:
+    model: the built model holding the trained weights.
+    export_dir: the folder to write; must be new or empty unless overwrite.
+    input_specs, pipelined, device, serving_batch_size, outputs: as in
+      ServingFunction.
+    overwrite: replace what export_dir holds.
+    info: more JSON-serialisable facts for assets.extra/ (e.g. the run).
+    extra_files: {relative path: text} also written (e.g. params.txt).
+
+  Returns:
+    export_dir.
+
+  Raises:
+    ExportError: see CheckExportDir and ServingFunction.
+  """
+  CheckExportDir(export_dir, overwrite)
+  if not pipelined and device is None:
+    device = DefaultServingDevice()
+  concrete = ServingFunction(model, input_specs, pipelined, device,
+                             serving_batch_size, outputs)
+  root = tf.Module()
+  # The variables the signature reads; tracking them is what saves them.
+  root.model_variables = list(model.variables)
+  parent = os.path.dirname(os.path.abspath(export_dir))
+  os.makedirs(parent, exist_ok=True)
+  tmp = os.path.join(parent, f'.{os.path.basename(export_dir)}.tmp'
+                     f'{os.getpid()}')
+  shutil.rmtree(tmp, ignore_errors=True)
+  try:
+    tf.saved_model.save(root, tmp, signatures={SIGNATURE_KEY: concrete})
+    facts = dict(
+        signature=SIGNATURE_KEY,
+        inputs={n: dict(shape=s.shape.as_list(), dtype=s.dtype.name)
+                for n, s in input_specs.items()},
+        outputs=sorted(concrete.structured_outputs),
+        mode='pipelined' if pipelined else 'one_device',
+        devices=list(model.devices) if pipelined else [device],
+        serving_batch_size=serving_batch_size if pipelined else None,
+        time=time.strftime('%Y-%m-%d %H:%M:%S'))
+    facts.update(info or {})
+    files = dict(extra_files or {})
+    files[INFO_FILE] = json.dumps(facts, indent=2, sort_keys=True) + '\n'
+    for rel, text in files.items():
+      path = os.path.join(tmp, rel)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, 'w') as f:
+        f.write(text)
+    if os.path.isdir(export_dir):
+      shutil.rmtree(export_dir)
+    os.replace(tmp, export_dir)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return export_dir
+
+
+# -- a trainer's run ---------------------------------------------------------
+
+
+def _ParamsLines(text: str) -> Dict[str, str]:
+  out = {}
+  for line in text.splitlines():
+    key, sep, value = line.partition(' : ')
+    if sep:
+      out[key.strip()] = value.strip()
+  return out
+
+
+def RunParams(experiment_params: hyperparams.Params, logdir: str,
+              model_key: str) -> hyperparams.Params:
+  """The Params of the run in `logdir`: the experiment's, with params.txt.
+
+  Args:
+    experiment_params: `GetExperiment(model_key).ModelParams()`.
+    logdir: the trainer's logdir (holding params.txt).
+    model_key: the registry key, for messages.
+
+  Returns:
+    A copy of experiment_params with every value of params.txt set, so the
+    run's --model_params_override values are honoured.
+
+  Raises:
+    ExportError: no params.txt, or one of another experiment.
+  """
+  path = os.path.join(logdir, logdir_lib.PARAMS_FILE)
+  try:
+    with open(path) as f:
+      text = f.read()
+  except FileNotFoundError:
+    has_ckpt = os.path.isdir(os.path.join(logdir, CHECKPOINT_DIR))
+    raise ExportError(
+        f'{path} does not exist: {logdir} is not a trainer logdir'
+        f'{" (it has checkpoints but no params.txt)" if has_ckpt else ""}; '
+        'pass the --logdir the trainer wrote (train first with python -m '
+        'tools.trainer)') from None
+  p = experiment_params.Copy()
+  run_name = logdir_lib.ReadExperimentName(logdir)
+  if run_name != p.name:
+    raise ExportError(
+        f'{logdir} holds a run of experiment {run_name!r} (its params.txt), '
+        f'not of --model={model_key} ({p.name}); pass the --model that '
+        'trained it')
+  saved, ours = _ParamsLines(text), _ParamsLines(p.ToText())
+  missing = sorted(set(ours) - set(saved))
+  extra = sorted(set(saved) - set(ours))
+  if missing or extra:
+    what = ([f'{k} (not in params.txt)' for k in missing[:4]] +
+            [f'{k} (only in params.txt)' for k in extra[:4]])
+    raise ExportError(
+        f'{path} does not fit --model={model_key}: {", ".join(what)}'
+        f'{" and more" if len(missing) + len(extra) > 8 else ""}; pass the '
+        '--model that trained this run')
+  try:
+    p.FromText(text)
+  except (ValueError, TypeError, AttributeError) as e:
+    raise ExportError(f'{path} does not fit --model={model_key}: '
+                      f'{(str(e).splitlines() or [""])[0]}; pass the --model '
+                      'that trained this run') from None
+  return p
+
+
+def PipelineParams(task_params: hyperparams.Params) -> Optional[
+    hyperparams.Params]:
+  """The task's model Params if it is a TensorPipeLayer, else None."""
+  mp = task_params.model
+  if isinstance(mp, hyperparams.InstantiableParams) and issubclass(
+      mp.cls, pipeline.TensorPipeLayer):
+    return mp
+  return None
+
+
+def NumPartitions(task_params: hyperparams.Params) -> int:
+  """K of the task's pipeline (1 for a model that is not one)."""
+  mp = PipelineParams(task_params)
+  if mp is None:
+    return 1
+  if mp.partitions is not None:
+    return len(mp.partitions)
+  return mp.num_partitions
+
+
+def SetServingDevices(task_params: hyperparams.Params,
+                      devices: Optional[Sequence[str]],
+                      num_partitions: Optional[int] = None) -> None:
+  """Places the task's pipeline for pipelined serving (in place).
+
+  Args:
+    task_params: the task Params (mutable).
+    devices: one name per partition, or None for the defaults.
+    num_partitions: K for serving; may differ from training's K when the
+      pipeline is partitioned automatically (`layers`): variables are named
+      by layer, so the checkpoint restores under any K.
+
+  Raises:
+    ExportError: the model is no pipeline, or K does not fit it.
+  """
+  mp = PipelineParams(task_params)
+  if mp is None:
+    raise ExportError('pipelined serving needs a TensorPipeLayer model; this '
+                      f'task\'s model is {task_params.model.cls.__name__}: '
+                      'export it on one device')
+  k = num_partitions or (len(devices) if devices else NumPartitions(
+      task_params))
+  if mp.partitions is not None:
+    if k != len(mp.partitions):
+      raise ExportError(
+          f'the model is split by hand into {len(mp.partitions)} partitions; '
+          f'it cannot be served on {k} devices: use {len(mp.partitions)} '
+          'devices, or one')
+  else:
+    if k > len(mp.layers):
+      raise ExportError(f'{k} devices for a model of {len(mp.layers)} '
+                        f'layers; use at most {len(mp.layers)}')
+    if k > 1 and mp.input_shapes is None:
+      raise ExportError('automatic partitioning over several devices needs '
+                        'task.model.input_shapes; set it or serve on one '
+                        'device')
+    mp.num_partitions = k
+  mp.devices = list(devices) if devices else None
+
+
+def TaskInputSpecs(task: base_layer.BaseLayer) -> Dict[str, tf.TensorSpec]:
+  """{input name: spec} of a classification task's model, batch axis None.
+
+  The name is the batch key the task feeds the model (`image`); the shape
+  comes from the pipeline's input_shapes.
+
+  Raises:
+    ExportError: not a ClassificationTask, or no input_shapes to take the
+      shape from.
+  """
+  p = task.params
+  if not isinstance(task, tasks.ClassificationTask):
+    raise ExportError(
+        f'export serves classification tasks (their model maps batch.'
+        f'<input_key> to logits); {type(task).__name__} {p.name!r} is not '
+        'one: call export.ExportModel with its own input_specs and outputs')
+  model = task.children.model
+  shapes = getattr(model.params, 'input_shapes', None)
+  if not shapes or len(shapes) != 1 or not isinstance(shapes[0],
+                                                      (list, tuple)):
+    raise ExportError(
+        f'task.model.input_shapes={shapes!r} does not give the shape of '
+        f'batch.{p.input_key}; set it to [[batch, height, width, channels]] '
+        '(or call export.ExportModel with input_specs)')
+  shape = [None] + list(shapes[0])[1:]
+  return {p.input_key: tf.TensorSpec(shape, tf.float32)}
+
+
+class ExportResult(NamedTuple):
+  export_dir: str
+  checkpoint: str            # the checkpoint path restored
+  step: int                  # its global step
+  mode: str                  # 'one_device' or 'pipelined'
+  input_specs: Dict[str, tf.TensorSpec]
+
+
+def _CheckpointsOf(logdir: str, log_fn) -> List[int]:
+  ckpt_dir = os.path.join(logdir, CHECKPOINT_DIR)
+  numbers = checkpoints.Candidates(ckpt_dir, log_fn)
+  if not numbers:
+    raise checkpoints.NoCheckpointError(
+        f'no checkpoint in {ckpt_dir}: nothing to export; check --logdir, '
+        'or train first (python -m tools.trainer ...)')
+  return numbers
+
+
+def ExportRun(experiment_params: hyperparams.Params, model_key: str,
+              logdir: str, export_dir: str, pipelined: bool = False,
+              devices: Optional[Sequence[str]] = None,
+              num_partitions: Optional[int] = None,
+              serving_batch_size: Optional[int] = None,
+              overwrite: bool = False,
+              log_fn: Callable[[str], None] = print) -> ExportResult:
+  """Exports the newest intact checkpoint of a trainer's run.
+
+  Every check that needs no TensorFlow comes first: the export folder, the
+  run's params.txt against the experiment, a checkpoint to restore.
+
+  Args:
+    experiment_params: `GetExperiment(model_key).ModelParams()`.
+    model_key: its registry key (for messages and the export's record).
+    logdir: the run's logdir.
+    export_dir: the SavedModel folder to write.
+    pipelined: serve through the pipeline on `devices` (None: the default
+      K devices) with `num_partitions` partitions (None: the run's K);
+      else on one device, `devices[0]` if given.
+    serving_batch_size: rows per pipeline call (pipelined; default the
+      run's input.batch_size).
+    overwrite: replace a non-empty export_dir.
+    log_fn: progress and warnings (e.g. damaged checkpoints skipped).
+
+  Returns:
+    ExportResult.
+
+  Raises:
+    ExportError: a bad export_dir, params.txt of another experiment, a
+      pipelined placement or chunk size that does not fit.
+    checkpoints.NoCheckpointError: the logdir has no checkpoint.
+    checkpoints.IncompatibleCheckpointError: its variables are not this
+      model's (another experiment or config).
+    checkpoints.CheckpointError: every checkpoint is damaged.
+  """
+  CheckExportDir(export_dir, overwrite)
+  p = RunParams(experiment_params, logdir, model_key)
+  _CheckpointsOf(logdir, log_fn)
+  device = None
+  if pipelined:
+    SetServingDevices(p.task, devices, num_partitions)
+    if serving_batch_size is None:
+      serving_batch_size = p.input.batch_size
+  else:
+    if devices and len(devices) != 1:
+      raise ExportError(f'devices={list(devices)}: serving on one device '
+                        'takes one device name; pipelined serving takes one '
+                        'per partition')
+    device = devices[0] if devices else DefaultServingDevice()
+    mp = PipelineParams(p.task)
+    if mp is not None:
+      # Built where it is served, no other device needed; an automatic
+      # split is not computed at all (the layers are chained anyway).
+      if mp.partitions is None:
+        mp.num_partitions = 1
+      mp.devices = [device] * NumPartitions(p.task)
+  task = p.task.Instantiate()
+  step = tf.Variable(0, dtype=tf.int64, trainable=False, name='global_step')
+  ckpt_dir = os.path.join(logdir, CHECKPOINT_DIR)
+
+  def RunDescription() -> str:
+    return (f'a run of {logdir_lib.ReadExperimentName(logdir) or "another model"}'
+            ' whose checkpoint is not of the model its params.txt describes')
+  path = checkpoints.RestoreNewest(
+      tf.train.Checkpoint(model=task, global_step=step),
+      dict(model=task, global_step=step), ckpt_dir,
+      lambda m: log_fn(f'WARNING: {m}'), RunDescription)
+  if path is None:  # removed since the check above
+    _CheckpointsOf(logdir, log_fn)
+  input_specs = TaskInputSpecs(task)
+  with open(os.path.join(logdir, logdir_lib.PARAMS_FILE)) as f:
+    params_text = f.read()
+  info = dict(model=model_key, logdir=os.path.abspath(logdir),
+              checkpoint=path, step=int(step.numpy()))
+  ExportModel(task.children.model, export_dir, input_specs,
+              pipelined=pipelined, device=device,
+              serving_batch_size=serving_batch_size, overwrite=overwrite,
+              info=info, extra_files={PARAMS_COPY: params_text})
+  mode = 'pipelined' if pipelined else 'one_device'
+  log_fn(f'exported {path} (step {int(step.numpy())}) of {model_key} to '
+         f'{export_dir} ({mode}; inputs '
+         f'{", ".join(f"{n} {s.shape}" for n, s in input_specs.items())})')
+  return ExportResult(export_dir, path, int(step.numpy()), mode, input_specs)

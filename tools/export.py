@@ -1,0 +1,156 @@
+"""Exports a trained run as a SavedModel for serving (tensorpipe/export.py).
+
+  python -m tools.export --model=image.fashion_mnist.ResNet4x8 \
+      --logdir=logs/fashion_mnist --export_dir=exports/fashion_mnist
+  bazel run //tools:export -- --model=... --logdir=... --export_dir=...
+
+Rebuilds the model from the run's logdir/params.txt (so the run's
+--model_params_override values are honoured), restores its newest intact
+checkpoint and writes a SavedModel whose `serving_default` signature runs it
+in inference mode (batch norm on its moving averages, no dropout): inputs
+named after the batch key the task reads (`image` for the image
+experiments: float32 [batch, height, width, channels], preprocessed as the
+experiment's eval input gives it), outputs `logits` and `probabilities`. Any
+batch size works. Load it anywhere with TensorFlow alone:
+
+  serve = tf.saved_model.load(export_dir).signatures['serving_default']
+  serve(image=images)['probabilities']
+
+--devices: where the SavedModel runs.
+  (unset) or 1     the layers chained on one device (first GPU, else CPU:0)
+  /GPU:1           the same on that device
+  4                pipelined over 4 devices (GPUs, else 4 logical CPU
+                   devices), T micro-batches per chunk of
+                   --serving_batch_size rows (default: the run's batch size);
+                   a request is padded to whole chunks and sliced back
+  /GPU:0,/GPU:1    pipelined over these devices
+A loader without those devices places the ops on the ones it has.
+
+Mistakes end in one line `export: error: ...` on stderr naming the value and
+the fix (exit code 2): a logdir without params.txt or checkpoint, --model
+not the run's experiment, a checkpoint of another model, an export_dir that
+is not empty (pass --overwrite to replace it).
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from tools import paths
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('model', None, 'Registered experiment key of the run, e.g. '
+                    'image.fashion_mnist.ResNet4x8.')
+flags.DEFINE_string('logdir', None, "The trainer's logdir (params.txt and "
+                    'checkpoints/); relative paths are taken from the '
+                    'directory bazel run was called in.')
+flags.DEFINE_string('export_dir', None, 'Folder to write the SavedModel to; '
+                    'must be new or empty unless --overwrite.')
+flags.DEFINE_string('devices', None, 'Unset or 1: one device (first GPU, '
+                    'else /CPU:0); a device name: that one device; an int K '
+                    '>= 2: pipelined over K default devices; a comma-separated '
+                    'list of K names: pipelined over them.')
+flags.DEFINE_integer('serving_batch_size', None, 'Pipelined serving: rows per '
+                     'pipeline call (a multiple of the micro-batch count); '
+                     "default: the run's input.batch_size.")
+flags.DEFINE_bool('overwrite', False, 'Replace what --export_dir holds.')
+
+
+class _UserError(Exception):
+  """A mistake in the flags or the logdir: printed without traceback."""
+
+
+class _Placement:
+  """--devices parsed: pipelined or not, device names, partition count."""
+
+  def __init__(self, text):
+    self.pipelined = False
+    self.devices = None
+    self.num_partitions = None
+    text = (text or '').strip()
+    if not text or text == '1':
+      return
+    if text.isdigit():
+      k = int(text)
+      if k < 1:
+        raise _UserError(f'--devices={text}: give 1 (one device) or K >= 2 '
+                         '(pipelined over K devices)')
+      self.pipelined, self.num_partitions = True, k
+      return
+    names = [d.strip() for d in text.split(',')]
+    if any(not d.startswith('/') for d in names):
+      raise _UserError(f'--devices={text!r} is neither a count nor a list of '
+                       'device names; use e.g. --devices=4 or '
+                       '--devices=/GPU:0,/GPU:1')
+    self.devices = names
+    if len(names) > 1:
+      self.pipelined, self.num_partitions = True, len(names)
+
+
+def _Main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  logging.set_verbosity(logging.INFO)
+  try:
+    _Export()
+  except _UserError as e:
+    print(f'export: error: {e}', file=sys.stderr)
+    return 2
+  return 0
+
+
+def _OneLine(e: BaseException) -> str:
+  from tensorpipe import errors  # pylint: disable=g-import-not-at-top
+  return f'{type(e).__name__}: {errors.FirstLine(e, limit=2000)}'
+
+
+def _Export() -> None:
+  """Flags -> tensorpipe.export.ExportRun; raises _UserError for mistakes."""
+  # Nothing here may run a TensorFlow op before the devices are configured.
+  # pylint: disable=g-import-not-at-top
+  from tensorpipe import checkpoints
+  from tensorpipe import devices as devices_lib
+  from tensorpipe import export
+  from tensorpipe import hyperparams
+  from tensorpipe import model_registry
+  # pylint: enable=g-import-not-at-top
+  for name in ('model', 'logdir', 'export_dir'):
+    if not getattr(FLAGS, name):
+      raise _UserError(f'--{name} is required, e.g. --model=image.'
+                       'fashion_mnist.ResNet4x8 --logdir=logs/fashion_mnist '
+                       '--export_dir=exports/fashion_mnist')
+  placement = _Placement(FLAGS.devices)
+  if placement.pipelined is False and FLAGS.serving_batch_size is not None:
+    raise _UserError('--serving_batch_size is for pipelined serving '
+                     '(--devices=K with K >= 2); on one device any batch '
+                     'size is served as it is')
+  logdir = paths.UserPath(FLAGS.logdir)
+  export_dir = paths.UserPath(FLAGS.export_dir)
+  setup_errors = (ValueError, TypeError, OSError, RuntimeError,
+                  hyperparams.UnknownParamError, checkpoints.CheckpointError)
+  try:
+    # Pure Python: the export folder, the experiment and params.txt are
+    # checked before TensorFlow starts.
+    export.CheckExportDir(export_dir, FLAGS.overwrite)
+    experiment = model_registry.GetExperiment(FLAGS.model).ModelParams()
+    export.RunParams(experiment, logdir, FLAGS.model)
+    devices_lib.SetNumLogicalCpuDevices(
+        placement.num_partitions if placement.pipelined else 1)
+    export.ExportRun(experiment, FLAGS.model, logdir, export_dir,
+                     pipelined=placement.pipelined,
+                     devices=placement.devices,
+                     num_partitions=placement.num_partitions,
+                     serving_batch_size=FLAGS.serving_batch_size,
+                     overwrite=FLAGS.overwrite, log_fn=logging.info)
+  except setup_errors as e:
+    raise _UserError(_OneLine(e)) from None
+
+
+def main():
+  app.run(_Main)
+
+
+if __name__ == '__main__':
+  main()
