@@ -87,8 +87,10 @@ LossFn = Callable[[Any, Any], Any]
 # a partition may start its next tick's cell while a neighbour finishes the
 # current one: the cells then run as their data dependencies allow (the
 # real 1F1B dataflow), while the loop still bounds how far a partition runs
-# ahead (and with it the boundary activations in flight). Measured in
-# tools/benchmark (see the module's note in the README).
+# ahead (and with it the boundary activations in flight). One run, 8 dense
+# 512x512 tanh layers, batch 256, K=4, T=8, one thread per device (2 shared
+# cores): step time / GPipe's with recompute = 1.50 (1 tick in flight), 0.86
+# (2), 1.07 (3), 1.37 (8); at K=2, T=8 all within 0.94-1.03.
 PARALLEL_ITERATIONS = 2
 
 # 1F1B without recompute unrolls the schedule: 2 K T stage calls in the
@@ -111,7 +113,7 @@ class LossAndGrads(NamedTuple):
   """
   loss: tf.Tensor
   metrics: NestedMap
-  grads: NestedMap
+  grads: List[List[tf.Tensor]]
   stats: List[List[List[tf.Tensor]]]
   stats_layers: List[Tuple[Any, ...]]
 
