@@ -85,6 +85,7 @@ def RunInCleanProcess(export_dir: str,
   Raises:
     AssertionError: the process failed (its stderr's end in the message).
   """
+  export_dir = os.path.abspath(export_dir)
   work = tempfile.mkdtemp(prefix='clean_load_', dir=tmp_dir)
   inputs = os.path.join(work, 'inputs.npz')
   out = os.path.join(work, 'outputs.npz')
