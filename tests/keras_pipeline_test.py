@@ -17,6 +17,7 @@ import tensorflow as tf
 from tensorpipe import base_layer
 from tensorpipe import keras_pipeline
 from tensorpipe import test_utils
+from tests import export_testlib
 from tests import keras_testlib
 
 test_utils.ConfigureTestDevices()
@@ -185,6 +186,28 @@ class KerasModelApiTest(tf.test.TestCase):
         num_micro_batches=T, batch_size=16)
     other.load_weights(weights)
     _Close(self, other.predict(x, batch_size=16, verbose=0), expected)
+
+  def testExportServesAnyBatchWithoutTensorpipe(self):
+    model = keras_testlib.MakeSequential()
+    pipe = keras_pipeline.TensorPipeModel(model, num_partitions=2,
+                                          num_micro_batches=T, batch_size=16)
+    x, _ = keras_testlib.Batch(37, seed=6)
+    tmp = self.get_temp_dir()
+    one_device = pipe.export(os.path.join(tmp, 'one_device'))
+    pipelined = pipe.export_saved_model(os.path.join(tmp, 'pipelined'),
+                                        pipelined=True)
+    expected = model(x, training=False).numpy()
+    # 37 rows, then 5: neither a multiple of T nor of the batch size.
+    loaded = export_testlib.RunInCleanProcess(
+        one_device, [{'inputs': x}, {'inputs': x[:5]}], tmp)
+    self.assertEqual(loaded.modules, [])
+    self.assertEqual(loaded.inputs['inputs'], [[None, 6, 6, 2], 'float64'])
+    _Close(self, loaded.outputs[0]['outputs'], expected)
+    _Close(self, loaded.outputs[1]['outputs'], expected[:5])
+    serve = tf.saved_model.load(pipelined).signatures['serving_default']
+    for rows in (37, 5):
+      _Close(self, serve(inputs=tf.constant(x[:rows]))['outputs'],
+             expected[:rows], 'pipelined')
 
   def testVariablePathsDoNotDependOnK(self):
     model = keras_testlib.MakeSequential()

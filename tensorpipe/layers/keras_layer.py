@@ -274,18 +274,20 @@ def _DeclaredBatchSizes(obj) -> List[int]:
   return sizes
 
 
-def _CheckDeclaredBatch(p, obj, batch: Optional[int], shapes) -> None:
+def _CheckDeclaredBatch(p, declared: Sequence[int], batch: Optional[int],
+                        shapes) -> None:
+  """Raises if the Keras model's inputs fix a batch size other than batch."""
   if batch is None:
     return
-  for size in _DeclaredBatchSizes(obj):
+  for size in declared:
     if size != batch:
       raise ValueError(
-          f'{_Owner(p)}: the Keras {type(obj).__name__} {obj.name!r} is built '
-          f'for batch size {size} (its keras.Input has batch_size={size}) but '
-          f'gets inputs {shapes} with batch {batch}; a pipeline feeds each '
-          'partition micro-batches of N/T examples (and pads a last partial '
-          'batch), so build it without a fixed batch size: '
-          'keras.Input(shape=...) instead of keras.Input(batch_size=...)')
+          f'{_Owner(p)}: the Keras model is built for batch size {size} (its '
+          f'keras.Input has batch_size={size}) but gets inputs {shapes} with '
+          f'batch {batch}; a pipeline feeds each partition micro-batches of '
+          'N/T examples (and pads a last partial batch), so build it without '
+          'a fixed batch size: keras.Input(shape=...) instead of '
+          'keras.Input(batch_size=...)')
 
 
 def _CheckDenseSpecs(p, outputs) -> None:
@@ -636,6 +638,7 @@ class KerasLayer(base_layer.BaseLayer):
     object.__setattr__(self, '_bn_reporters', reporters)
     object.__setattr__(self, '_call_args', set(
         inspect.signature(obj.call).parameters))
+    object.__setattr__(self, '_declared_batch', _DeclaredBatchSizes(obj))
 
   # -- accessors -----------------------------------------------------------
 
@@ -716,7 +719,7 @@ class KerasLayer(base_layer.BaseLayer):
     shapes = [list(x.shape) for x in tf.nest.flatten(inputs)
               if hasattr(x, 'shape')]
     batch = shapes[0][0] if shapes and shapes[0] else None
-    _CheckDeclaredBatch(p, obj, batch, shapes)
+    _CheckDeclaredBatch(p, self._declared_batch, batch, shapes)
     training = py_utils.IsTraining()
     mapping = [(kv, theta[key]) for kv, key in self._weights]
     for gen, seed in self._seed_gens:
@@ -749,51 +752,60 @@ class KerasLayer(base_layer.BaseLayer):
         raise ValueError(f'{_Owner(p)}: input shape {s} needs a batch axis')
     batches = {s[0] for s in shapes}
     batch = batches.pop() if len(batches) == 1 else None
-    key = (_SpecKey(p), tuple(tuple(s.as_list()) for s in shapes))
+    per_example = tuple(tuple(s.as_list()[1:]) for s in shapes)
+    key = (_SpecKey(p), per_example)
     meta = _META_CACHE.get(key)
     if meta is None:
-      meta = cls._ComputeMeta(p, shapes, batch)
+      meta = cls._ComputeMeta(p, [list(s) for s in per_example])
       if len(_META_CACHE) > 512:
         _META_CACHE.clear()
       _META_CACHE[key] = meta
-    out_shapes, num_params, flops = meta
+    out_specs, num_params, flops_per_example, declared = meta
+    _CheckDeclaredBatch(p, declared, batch, [s.as_list() for s in shapes])
+
+    def WithBatch(shape):
+      return tf.TensorShape([batch] + shape.as_list()[1:]) if shape.rank else (
+          shape)
+    out_shapes = tf.nest.map_structure(WithBatch, out_specs)
     if p.flops_per_example is not None:
-      flops = float(p.flops_per_example) * (batch or 0)
-    return base_layer.FPropMetaResult(flops, out_shapes, num_params)
+      flops_per_example = float(p.flops_per_example)
+    return base_layer.FPropMetaResult(flops_per_example * (batch or 0),
+                                      out_shapes, num_params)
 
   @classmethod
-  def _ComputeMeta(cls, p, shapes, batch):
-    per_example = [s.as_list()[1:] for s in shapes]
+  def _ComputeMeta(cls, p, per_example: List[List[Any]]):
+    """(output shapes, batch None; weights; FLOPs per example; the batch
+    sizes the model's inputs are fixed to), for one example's shapes.
+
+    FLOPs are counted on a traced call of one example: a layer's forward
+    cost grows linearly with the batch (examples are independent).
+    """
     with NoAllocation():
       obj = cls._NewKerasObject(p, 0)
       dtype = p.input_dtype or obj.compute_dtype
+      declared = tuple(_DeclaredBatchSizes(obj))
       # The symbolic call builds the object on the given shapes (its
       # variables get no storage inside NoAllocation).
-      _CheckDeclaredBatch(p, obj, batch, [s.as_list() for s in shapes])
       try:
         out = obj(_SymbolicInputs(per_example, dtype))
       except (ValueError, TypeError) as e:
         first = (str(e).strip().splitlines() or [''])[0]
         raise ValueError(f'{_Owner(p)}: Keras {type(obj).__name__} '
-                         f'{obj.name!r} does not accept inputs of shape '
-                         f'{[s.as_list() for s in shapes]}: {first}') from None
+                         f'{obj.name!r} does not accept inputs of one-example '
+                         f'shape {per_example}: {first}') from None
       _CheckDenseSpecs(p, out)
-
-      def WithBatch(t):
-        dims = list(t.shape)
-        if dims:
-          dims[0] = batch
-        return tf.TensorShape(dims)
-      out_shapes = tf.nest.map_structure(WithBatch, out)
-      if isinstance(out_shapes, dict):
-        out_shapes = NestedMap(out_shapes)
-      elif isinstance(out_shapes, list):
-        out_shapes = tuple(out_shapes)
+      out_specs = tf.nest.map_structure(lambda t: tf.TensorShape(t.shape),
+                                        out)
+      if isinstance(out_specs, dict):
+        out_specs = NestedMap(out_specs)
+      elif isinstance(out_specs, list):
+        out_specs = tuple(out_specs)
       num_params = int(sum(int(np.prod(w.shape)) for w in obj.weights))
       flops = 0.0
-      if p.flops_per_example is None and batch is not None:
-        flops = _TracedFlops(obj, per_example, batch, dtype)
-    return out_shapes, num_params, flops
+      if p.flops_per_example is None:
+        batch = declared[0] if declared else 1
+        flops = _TracedFlops(obj, per_example, batch, dtype) / batch
+    return out_specs, num_params, flops, declared
 
 
 class _Holder:
