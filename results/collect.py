@@ -47,6 +47,11 @@ def Collect(name, logdir, console, time_file):
     text = f.read()
   signature = re.findall(r'BLEU: sacrebleu (\S+)', text)
   train = Scalars(os.path.join(logdir, 'train'))
+  # The console adds step 1 (not a summary step).
+  console_loss = {1: float(m.group(1)) for m in re.finditer(
+      r'step 1: loss ([0-9.]+)', text)}
+  train['loss'] = sorted({**console_loss, **dict(train.get('loss', []))}
+                         .items())
   with open(os.path.join(logdir, 'eval_metrics.json')) as f:
     metrics = json.load(f)
   run = dict(name=name, commands=sorted(set(commands)), wall_s=wall,
@@ -65,9 +70,9 @@ def Collect(name, logdir, console, time_file):
   ax.set_xlabel('step')
   ax.set_ylabel('loss')
   ax.set_title(name)
-  if 'lr' in train:
+  if 'learning_rate' in train:
     ax2 = ax.twinx()
-    s, lr = zip(*train['lr'])
+    s, lr = zip(*train['learning_rate'])
     ax2.plot(s, lr, color='gray', linestyle=':', label='learning rate')
     ax2.set_ylabel('learning rate')
   ax.legend(loc='upper right')

@@ -80,7 +80,7 @@ class TransformerMultiLowT1_4x8(TransformerMultiLow4x8):
 class _Short:
   """Mixin: a fixed reduced budget for results/ on the shared 2-core
   machine; BLEU on the whole test split; checkpoints every 50 steps."""
-  MAX_STEPS = 200
+  MAX_STEPS = 100
   WARMUP_STEPS = 50
   EVAL_STEPS = None
 
@@ -94,7 +94,7 @@ class _Short:
 
 @model_registry.RegisterSingleTaskModel
 class TransformerEnEs4x8Short(_Short, TransformerEnEs4x8):
-  """en->es, K=4, T=8, 200 steps, BLEU on the whole test split."""
+  """en->es, K=4, T=8, 100 steps, BLEU on the whole test split."""
 
 
 @model_registry.RegisterSingleTaskModel
