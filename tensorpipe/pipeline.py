@@ -6,10 +6,14 @@ micro-batches and pipelines them: at clock tick c partition k works on
 micro-batch t = c - k, so the K devices work at the same time on different
 micro-batches. The backward pass runs the mirrored schedule; both loops take
 t and the number of ticks from `schedules`, the schedule's one definition.
-Only the activations at partition boundaries are kept; each partition's
-forward pass is recomputed in the backward pass. Gradients are summed over
-micro-batches, so one optimizer step per mini-batch equals the step of the
-unpipelined model.
+Each pass runs as up to three tf.while_loops (`_TickLoops`): K - 1 ramp-up
+ticks, the ticks where every partition is busy (no tf.cond: the cond was
+most of a tick's fixed cost) and K - 1 ramp-down ticks; the graph does not
+grow with T. Only the activations at partition boundaries are kept (stage
+0's are the stacked inputs themselves); each partition's forward pass is
+recomputed in the backward pass. Gradients are summed over micro-batches,
+so one optimizer step per mini-batch equals the step of the unpipelined
+model.
 
 Pseudo-code of one training step (`recompute=True`):
 
@@ -81,6 +85,74 @@ _RECOMPUTE_IMPLS = ('explicit', 'tf_recompute_grad')
 # slower. GPipe's schedule is tick-synchronous anyway: within a tick the K
 # partitions still run concurrently on their devices.
 _PARALLEL_ITERATIONS = 1
+
+
+def _TickLoops(num_partitions: int, num_micro_batches: int,
+               split: bool) -> List[Tuple[int, int, bool]]:
+  """The while loops that run one pass's ticks: (first, end, guarded).
+
+  On ticks K - 1 .. T - 1 every partition has a micro-batch, in the forward
+  pass (t = c - k) and in the backward pass (t = T - 1 - (c - (K - 1 - k))),
+  so a loop over them needs no tf.cond, clamping or masking: only the K - 1
+  ticks before and after it have bubbles. `split` runs those three ranges
+  as three loops (the graph holds three copies of the loop body, whatever
+  T is); otherwise, or when T < K (no tick has every partition busy), one
+  guarded loop runs all ticks. The per-partition tf.cond of a guarded tick
+  was most of a tick's fixed cost (tools/benchmark --tick_cost); K=1 builds
+  no cond at all. The loops that TF's autodiff differentiates (recompute off
+  or 'tf_recompute_grad') and the timeline's recorded step (its stamps stay
+  unordered inside tf.cond only, see timeline.Unordered) use one loop.
+  """
+  ticks = schedules.NumClockTicks(num_partitions, num_micro_batches)
+  if not split or num_micro_batches < num_partitions:
+    return [(0, ticks, True)]
+  loops = [(0, num_partitions - 1, True),
+           (num_partitions - 1, num_micro_batches, False),
+           (num_micro_batches, ticks, True)]
+  return [loop for loop in loops if loop[1] > loop[0]]
+
+
+def _RunTickLoops(body: Any, state: Any, loops: List[Tuple[int, int, bool]],
+                  micro_batch_fn: Any, devices: List[str],
+                  with_clock: bool) -> Any:
+  """Runs `body` over the ticks of `loops` (`_TickLoops`); returns the state.
+
+  The loop state holds partition k's micro-batch index t on device k; the
+  loop advances it there by t(c + 1) - t(c) (+1 forward, -1 backward), so
+  no partition computes t from a clock received from another device on
+  every tick, and the loop's own iteration counter ends it.
+
+  Args:
+    body: (guarded, ts, clock, *state) -> state, for one tick; ts[k] is
+      `micro_batch_fn(clock, k)`; clock is the tick (a scalar tensor) if
+      `with_clock`, else None.
+    state: the loop state.
+    loops: `_TickLoops`.
+    micro_batch_fn: (tick, k) -> t, the schedule (`schedules`).
+    devices: the K partitions' devices.
+    with_clock: carry the tick itself too (the timeline's logs need it).
+  """
+  for first, end, guarded in loops:
+    ts, steps = [], []
+    for k, device in enumerate(devices):
+      t0 = micro_batch_fn(first, k)
+      steps.append(micro_batch_fn(first + 1, k) - t0)
+      with tf.device(device):
+        ts.append(tf.constant(t0))
+    clock = [tf.constant(first)] if with_clock else []
+
+    def Tick(ts, clock, *args, guarded=guarded, steps=steps):
+      out = body(guarded, ts, clock[0] if clock else None, *args)
+      new_ts = []
+      for t, step, device in zip(ts, steps, devices):
+        with tf.device(device):
+          new_ts.append(t + step)
+      return (new_ts, [c + 1 for c in clock]) + tuple(out)
+    state = tf.while_loop(
+        lambda *_: tf.constant(True), Tick, (ts, clock) + tuple(state),
+        maximum_iterations=end - first,
+        parallel_iterations=_PARALLEL_ITERATIONS)[2:]
+  return state
 
 
 def _Zeros(specs: Any) -> Any:
@@ -594,22 +666,30 @@ class TensorPipeLayer(base_layer.BaseLayer):
       return Cell
     cells = [MakeCell(*a) for a in zip(stages, specs, thetas)]
 
-    def Body(c, buffers, stats, out_tas, saved_tas, logs):
+    def Body(guarded, ts, c, buffers, stats, out_tas, saved_tas, logs):
       new_buffers, new_stats, new_saved, new_logs = [], [], [], []
       for k, (stage, spec) in enumerate(zip(stages, specs)):
-        t = schedules.GPipeForwardMicroBatch(c, k, num_k, num_mb)
-        valid = tf.logical_and(t >= 0, t < num_mb)
-        tc = tf.clip_by_value(t, 0, num_mb - 1)
-        slot = tf.where(valid, t, num_mb)  # slot num_mb collects bubble writes
         with tf.device(stage.device):
+          t = ts[k]
+          if guarded:
+            valid = tf.logical_and(t >= 0, t < num_mb)
+            tc = tf.clip_by_value(t, 0, num_mb - 1)
+            slot = tf.where(valid, t, num_mb)  # slot num_mb: bubble writes
+          else:
+            tc = slot = t  # every partition is busy (`_TickLoops`)
           if k == 0:
             x = [tf.gather(s, tc) for s in flat_stacked]
           else:
             x = buffers[k - 1]
-          if save_inputs:
+          if save_inputs and k > 0:
+            # Stage 0's inputs are the stacked micro-batches themselves.
             new_saved.append([ta.write(slot, v)
                               for ta, v in zip(saved_tas[k], x)])
-          if wrap_recompute_grad:
+          elif save_inputs:
+            new_saved.append([])
+          if not guarded:
+            cell = cells[k](x, tc)
+          elif wrap_recompute_grad:
             # The gradient of tf.recompute_grad inside a tf.cond inside a
             # while loop fails in cond_v2, so bubble ticks compute on a
             # clamped index; their outputs go nowhere and stats are masked.
@@ -631,7 +711,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
           else:
             out_tas = [ta.write(slot, v)
                        for ta, v in zip(out_tas, cell.outputs)]
-      return (c + 1, new_buffers, new_stats, out_tas,
+      return (new_buffers, new_stats, out_tas,
               new_saved if save_inputs else saved_tas, new_logs)
 
     buffers, stats, saved_tas, logs = [], [], [], []
@@ -644,16 +724,20 @@ class TensorPipeLayer(base_layer.BaseLayer):
         if save_inputs:
           saved_tas.append([
               tf.TensorArray(s.dtype, size=num_mb + 1, element_shape=s.shape)
-              for s in spec.in_specs])
+              for s in spec.in_specs] if k > 0 else [])
     with tf.device(stages[-1].device):
       out_tas = [tf.TensorArray(s.dtype, size=num_mb + 1,
                                 element_shape=s.shape)
                  for s in specs[-1].out_specs]
-    _, _, stats, out_tas, saved_tas, logs = tf.while_loop(
-        lambda c, *_: c < ticks, Body,
-        (tf.constant(0), buffers, stats, out_tas, saved_tas, logs),
-        maximum_iterations=ticks,
-        parallel_iterations=_PARALLEL_ITERATIONS)
+    # TF's autodiff of the loops sums each weight's gradient per loop: one
+    # loop keeps the summation order, so the recorded step (one guarded loop,
+    # see `_TickLoops`) stays bit-identical to the plain one.
+    loops = _TickLoops(num_k, num_mb, split=not (
+        probe.recording or place_gradients or wrap_recompute_grad))
+    _, stats, out_tas, saved_tas, logs = _RunTickLoops(
+        Body, (buffers, stats, out_tas, saved_tas, logs), loops,
+        lambda c, k: schedules.GPipeForwardMicroBatch(c, k, num_k, num_mb),
+        [stage.device for stage in stages], with_clock=probe.recording)
     for k, log in enumerate(logs):
       probe.Add('forward', k, num_k, num_mb, log)
     with tf.device(stages[-1].device):
@@ -661,7 +745,10 @@ class TensorPipeLayer(base_layer.BaseLayer):
     saved = None
     if save_inputs:
       saved = []
-      for stage, tas in zip(stages, saved_tas):
+      for k, (stage, tas) in enumerate(zip(stages, saved_tas)):
+        if k == 0:
+          saved.append(list(flat_stacked))
+          continue
         with tf.device(stage.device):
           saved.append([ta.gather(tf.range(num_mb)) for ta in tas])
     return _ForwardResult(outputs, stats, saved)
@@ -739,14 +826,17 @@ class TensorPipeLayer(base_layer.BaseLayer):
       return _GradCell(dxs, [a + g for a, g in zip(dtheta, dws)],
                        start + mid + end)
 
-    def Body(c, grads, dthetas, din_tas, logs):
+    def Body(guarded, ts, c, grads, dthetas, din_tas, logs):
       new_grads = [[] for _ in range(num_k)]
       new_dthetas, new_logs = [], []
       for k, (stage, spec) in enumerate(zip(stages, specs)):
-        t = schedules.GPipeBackwardMicroBatch(c, k, num_k, num_mb)
-        valid = tf.logical_and(t >= 0, t < num_mb)
-        tc = tf.clip_by_value(t, 0, num_mb - 1)
         with tf.device(stage.device):
+          t = ts[k]
+          if guarded:
+            valid = tf.logical_and(t >= 0, t < num_mb)
+            tc = tf.clip_by_value(t, 0, num_mb - 1)
+          else:
+            tc = t  # every partition is busy (`_TickLoops`)
           x = [tf.gather(s, tc) for s in saved[k]]
           if k == num_k - 1:
             dy = [tf.gather(dys_stacked[i], tc) for i in spec.float_out]
@@ -756,20 +846,23 @@ class TensorPipeLayer(base_layer.BaseLayer):
           # passes it through instead of adding a zero tensor the size of
           # the partition's weights (that add and the zeros were most of a
           # bubble tick's cost for large weights).
-          cell = probe.Cond(
-              valid,
-              lambda k=k, x=x, dy=dy, tc=tc, acc=dthetas[k]: Vjp(
-                  k, x, dy, tc, acc),
-              lambda spec=spec, acc=dthetas[k]: _GradCell(
-                  _Zeros(spec.DxSpecs()), list(acc), probe.Missing(3)))
+          if not guarded:
+            cell = Vjp(k, x, dy, tc, dthetas[k])
+          else:
+            cell = probe.Cond(
+                valid,
+                lambda k=k, x=x, dy=dy, tc=tc, acc=dthetas[k]: Vjp(
+                    k, x, dy, tc, acc),
+                lambda spec=spec, acc=dthetas[k]: _GradCell(
+                    _Zeros(spec.DxSpecs()), list(acc), probe.Missing(3)))
           new_logs.append(probe.Log(logs[k], c, cell.stamps))
           new_dthetas.append(cell.dtheta)
           if k == 0:
-            slot = tf.where(valid, t, num_mb)
+            slot = tf.where(valid, t, num_mb) if guarded else t
             din_tas = [ta.write(slot, v) for ta, v in zip(din_tas, cell.dx)]
           else:
             new_grads[k] = cell.dx
-      return c + 1, new_grads, new_dthetas, din_tas, new_logs
+      return new_grads, new_dthetas, din_tas, new_logs
 
     grads, dthetas, logs = [], [], []
     for k, (stage, spec) in enumerate(zip(stages, specs)):
@@ -782,11 +875,11 @@ class TensorPipeLayer(base_layer.BaseLayer):
       din_tas = [tf.TensorArray(s.dtype, size=num_mb + 1,
                                 element_shape=s.shape)
                  for s in specs[0].DxSpecs()]
-    _, _, dthetas, din_tas, logs = tf.while_loop(
-        lambda c, *_: c < ticks, Body,
-        (tf.constant(0), grads, dthetas, din_tas, logs),
-        maximum_iterations=ticks,
-        parallel_iterations=_PARALLEL_ITERATIONS)
+    loops = _TickLoops(num_k, num_mb, split=not probe.recording)
+    _, dthetas, din_tas, logs = _RunTickLoops(
+        Body, (grads, dthetas, din_tas, logs), loops,
+        lambda c, k: schedules.GPipeBackwardMicroBatch(c, k, num_k, num_mb),
+        [stage.device for stage in stages], with_clock=probe.recording)
     for k, log in enumerate(logs):
       probe.Add('backward', k, num_k, num_mb, log)
     d_inputs = [None] * len(specs[0].in_specs)

@@ -265,6 +265,11 @@ class Probe:
   def __init__(self, recorder: Optional[Recorder]):
     self._rec = recorder
 
+  @property
+  def recording(self) -> bool:
+    """Whether this probe stamps (inside a `Record()` block)."""
+    return self._rec is not None
+
   def Stamp(self, deps: Sequence[Any] = ()) -> List[tf.Tensor]:
     """[a `Stamp(deps)`], or [] when recording is off."""
     return [Stamp(deps)] if self._rec else []

@@ -27,6 +27,7 @@ the first model (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
       --steps=5 --timeline=K2-T8-rc
   bazel run //tools:benchmark -- --models=tiny --settings=plain,K2-T2-rc
   python -m tools.benchmark --report_from=benchmarks/results/grid/results.json
+  python -m tools.benchmark --tick_cost --tick_cost_repos=/tmp/old_worktree
   python -m tools.benchmark --models=conv16 \
       --settings=K2-T32-1f1b-rc,K2-T32-1f1b-norc \
       --memory_settings=K2-T32-rc,K2-T32-1f1b-rc --timeline=
@@ -49,6 +50,7 @@ from tools.benchmark_lib import results as results_lib
 from tools.benchmark_lib import settings as settings_lib
 from tools.benchmark_lib import spawn
 from tools.benchmark_lib import targets
+from tools.benchmark_lib import tick_cost
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list('models', ['dense16', 'conv16'], 'Built-in micro-benchmarks '
@@ -81,6 +83,18 @@ flags.DEFINE_boolean('pair', True, 'Time each setting\'s baselines (plain, '
 flags.DEFINE_string('report_from', None, 'Run nothing: re-render the tables '
                     '(targets re-evaluated) of this results.json and write '
                     'tables.md next to it.')
+flags.DEFINE_boolean('tick_cost', False, 'Run nothing else: measure the '
+                     'fixed cost of one pipeline clock tick per partition '
+                     '(forward and backward loops, K in {1, 2, 4}, T in '
+                     '{8, 32}, a tiny model; see benchmark_lib/tick_cost.py) '
+                     'and the consistency model\'s K=4,T=8 / K=1,T=8 step '
+                     'ratio; writes tick_cost.json under --out.')
+flags.DEFINE_list('tick_cost_repos', [], 'With --tick_cost: other checkouts '
+                  '(e.g. a `git worktree` of an earlier commit) measured in '
+                  'the same run, process by process in turn.')
+flags.DEFINE_integer('tick_cost_reps', 200, 'With --tick_cost: timed '
+                     'rounds per child process (the 10th percentile is '
+                     'kept).', lower_bound=10)
 flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
                      '(needed by the simulator predictions).')
 
@@ -106,6 +120,9 @@ def _Run(argv):
   del argv
   if FLAGS.report_from:
     _ReportFrom(paths.UserPath(FLAGS.report_from))
+    return
+  if FLAGS.tick_cost:
+    _TickCost()
     return
   settings = FLAGS.settings or settings_lib.GridSettings()
   for s in settings + FLAGS.memory_settings + FLAGS.timeline:
@@ -176,6 +193,26 @@ def _Run(argv):
   print(f'wrote {os.path.join(out, "results.json")}, tables.md and '
         f'{len(pngs)} plots in {time.time() - started:.0f} s (load average '
         f'at start {load:.2f})')
+
+
+def _TickCost() -> None:
+  """--tick_cost: per-tick fixed costs of this and --tick_cost_repos."""
+  repos = [paths.REPO_ROOT] + [paths.UserPath(r)
+                               for r in FLAGS.tick_cost_repos]
+  for repo in repos:
+    if not os.path.isdir(os.path.join(repo, 'tensorpipe')):
+      raise app.UsageError(f'--tick_cost_repos: {repo!r} has no tensorpipe/ '
+                           'folder; give a checkout of this repository')
+  out = _OutDir()
+  started = time.time()
+  results = tick_cost.Measure(repos, reps=FLAGS.tick_cost_reps,
+                              log=lambda line: print(line, flush=True))
+  with open(os.path.join(out, 'tick_cost.json'), 'w') as f:
+    json.dump(results, f, indent=1)
+  print()
+  print(tick_cost.Table(results))
+  print(f'wrote {os.path.join(out, "tick_cost.json")} in '
+        f'{time.time() - started:.0f} s')
 
 
 def _ReportFrom(path: str) -> None:

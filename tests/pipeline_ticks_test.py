@@ -1,0 +1,155 @@
+"""Tests of the GPipe loops' tick structure: the cond-free steady loop.
+
+The forward and backward passes each run as up to three tf.while_loops
+(`pipeline._TickLoops`): K - 1 guarded ticks (a tf.cond per partition for
+the bubbles), the ticks where every partition is busy (no cond), and K - 1
+guarded ticks. These tests check the split against the schedule, that the
+graph does not grow with T, that K=1 builds no cond at all, and that the
+split loops give bit-identical results to one guarded loop (the timeline's
+recorded step runs one guarded loop).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+import tensorpipe
+from tensorpipe import pipeline
+from tensorpipe import schedules
+from tensorpipe import test_utils
+from tensorpipe import timeline
+from tensorpipe.layers import linear
+from tensorpipe.layers import normalization
+
+test_utils.ConfigureTestDevices()
+
+_COND_OPS = ('If', 'StatelessIf')
+_WHILE_OPS = ('While', 'StatelessWhile')
+
+
+def _Layers(num_layers, dim=4, dtype=tf.float64, batch_norm=False):
+  layers = []
+  for i in range(num_layers):
+    layers.append(linear.FCLayer.Params().Set(
+        name=f'fc{i}', input_dim=dim, output_dim=dim, activation='RELU',
+        dtype=dtype))
+    if batch_norm and i == 0:
+      layers.append(normalization.BatchNormLayer.Params().Set(
+          name='bn', dim=dim, dtype=dtype))
+  return layers
+
+
+def _Pipe(num_partitions, num_micro_batches, **kwargs):
+  layers = _Layers(num_partitions, **kwargs)
+  if kwargs.get('batch_norm'):
+    parts = [layers[:2]] + [[lp] for lp in layers[2:]]
+  else:
+    parts = [[lp] for lp in layers]
+  return tensorpipe.TensorPipeLayer.Params().Set(
+      name='TensorPipe', partitions=parts,
+      num_micro_batches=num_micro_batches).Instantiate()
+
+
+def _StepGraph(layer, x):
+  """The training step's concrete function (forward, backward loops)."""
+  def Step(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(layer.FPropDefaultTheta(x))
+    return tape.gradient(loss, layer.trainable_variables)
+  return tf.function(Step, autograph=False).get_concrete_function(x)
+
+
+def _OpCounts(concrete):
+  """{function name (or '' for the top graph): [op types]}."""
+  graph_def = concrete.graph.as_graph_def()
+  out = {'': [n.op for n in graph_def.node]}
+  for f in graph_def.library.function:
+    out[f.signature.name] = [n.op for n in f.node_def]
+  return out
+
+
+class TickLoopsTest(tf.test.TestCase):
+
+  def testLoopsCoverEveryTickAndSteadyLoopHasNoBubble(self):
+    for k_total in range(1, 6):
+      for t_total in range(1, 10):
+        ticks = schedules.NumClockTicks(k_total, t_total)
+        loops = pipeline._TickLoops(k_total, t_total, split=True)  # pylint: disable=protected-access
+        # Contiguous, in order, all ticks, at most three loops.
+        self.assertEqual(loops[0][0], 0)
+        self.assertEqual(loops[-1][1], ticks)
+        for (_, end, _), (first, _, _) in zip(loops, loops[1:]):
+          self.assertEqual(end, first)
+        self.assertLessEqual(len(loops), 3)
+        for first, end, guarded in loops:
+          self.assertLess(first, end)
+          busy = all(
+              0 <= fn(c, k, k_total, t_total) < t_total
+              for c in range(first, end) for k in range(k_total)
+              for fn in (schedules.GPipeForwardMicroBatch,
+                         schedules.GPipeBackwardMicroBatch))
+          if not guarded:
+            self.assertTrue(busy, (k_total, t_total, first, end))
+        steady = [loop for loop in loops if not loop[2]]
+        # Every tick on which all partitions are busy is in the steady loop.
+        self.assertEqual(
+            sum(end - first for first, end, _ in steady),
+            max(0, t_total - k_total + 1))
+        if k_total == 1:
+          self.assertEqual(loops, [(0, t_total, False)])
+
+  def testUnsplitIsOneGuardedLoop(self):
+    self.assertEqual(pipeline._TickLoops(3, 8, split=False),  # pylint: disable=protected-access
+                     [(0, 10, True)])
+    self.assertEqual(pipeline._TickLoops(4, 2, split=True),  # pylint: disable=protected-access
+                     [(0, 5, True)])
+
+  def testGraphSizeDoesNotGrowWithT(self):
+    sizes = []
+    for t_total in (4, 16):
+      layer = _Pipe(2, t_total)
+      x = tf.zeros([2 * t_total, 4], tf.float64)
+      counts = _OpCounts(_StepGraph(layer, x))
+      sizes.append(sorted(len(ops) for ops in counts.values()))
+    self.assertEqual(sizes[0], sizes[1])
+
+  def testOnePartitionBuildsNoCond(self):
+    layer = _Pipe(1, 8)
+    counts = _OpCounts(_StepGraph(layer, tf.zeros([16, 4], tf.float64)))
+    all_ops = [op for ops in counts.values() for op in ops]
+    self.assertEqual(sum(op in _WHILE_OPS for op in all_ops), 2)  # one forward, one backward
+    self.assertNotIn('If', all_ops)
+    self.assertNotIn('StatelessIf', all_ops)
+
+  def testSteadyLoopBodiesHaveNoCond(self):
+    layer = _Pipe(3, 8)
+    counts = _OpCounts(_StepGraph(layer, tf.zeros([16, 4], tf.float64)))
+    all_ops = [op for ops in counts.values() for op in ops]
+    self.assertEqual(sum(op in _WHILE_OPS for op in all_ops), 6)  # 3 forward, 3 backward
+    bodies = {name: ops for name, ops in counts.items() if '_body_' in name}
+    self.assertLen(bodies, 6)
+    without_cond = [name for name, ops in bodies.items()
+                    if not any(op in _COND_OPS for op in ops)]
+    # The two steady loops; each guarded body holds one cond per partition.
+    self.assertLen(without_cond, 2)
+    for name, ops in bodies.items():
+      if name not in without_cond:
+        self.assertEqual(sum(op in _COND_OPS for op in ops), 3, name)
+
+  def testSplitLoopsMatchOneGuardedLoopBitForBit(self):
+    # The recorded step (timeline on) runs one guarded loop per pass; the
+    # plain step runs the split loops. Same ops on the same values: equal.
+    rng = np.random.RandomState(0)
+    for k_total, t_total, batch_norm in ((1, 3, False), (2, 4, True),
+                                         (3, 5, False), (4, 2, False),
+                                         (3, 3, True)):
+      layer = _Pipe(k_total, t_total, batch_norm=batch_norm)
+      x = tf.constant(rng.randn(2 * t_total, 4))
+      plain = test_utils.LossAndGrads(layer, tf.reduce_sum, x)
+      with timeline.Record():
+        recorded = test_utils.LossAndGrads(layer, tf.reduce_sum, x)
+      for a, b in zip(tf.nest.flatten(plain), tf.nest.flatten(recorded)):
+        self.assertAllEqual(a, b, msg=f'K={k_total} T={t_total}')
+
+
+if __name__ == '__main__':
+  tf.test.main()
