@@ -46,6 +46,7 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import hyperparams
+from tensorpipe import keras_utils
 from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe.layers import composite
@@ -56,8 +57,8 @@ KerasModelLike = Union[keras.Sequential, Sequence[Any]]
 
 def _KerasLayers(model: KerasModelLike) -> List[Any]:
   """The layers of a Sequential or a list, checked to be Keras 3 layers."""
-  if keras_layer.IsKeras2(model):
-    raise keras_layer.Keras2Error('keras_pipeline', 'the model', model)
+  if keras_utils.IsKeras2(model):
+    raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
   if isinstance(model, keras.Sequential):
     layers = list(model.layers)
   elif isinstance(model, keras.Model):
@@ -77,8 +78,8 @@ def _KerasLayers(model: KerasModelLike) -> List[Any]:
   for i, layer in enumerate(layers):
     if isinstance(layer, dict):
       continue  # a serialised layer (TensorPipeModel.from_config)
-    if keras_layer.IsKeras2(layer):
-      raise keras_layer.Keras2Error('keras_pipeline', f'layer {i}', layer)
+    if keras_utils.IsKeras2(layer):
+      raise keras_utils.Keras2Error('keras_pipeline', f'layer {i}', layer)
     if not isinstance(layer, keras.Layer):
       raise TypeError(f'keras_pipeline: layer {i} is a '
                       f'{type(layer).__name__}, not a Keras 3 layer')
@@ -177,17 +178,17 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
     TypeError / ValueError: a non-Sequential model, a Keras 2 object, an
       unknown input shape, bad partition sizes.
   """
-  if keras_layer.IsKeras2(model):
-    raise keras_layer.Keras2Error('keras_pipeline', 'the model', model)
+  if keras_utils.IsKeras2(model):
+    raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
   if callable(model) and not isinstance(model, (keras.Layer, list, tuple)):
-    with keras_layer.NoAllocation():
+    with keras_utils.NoAllocation():
       return PipelineParams(model(), num_partitions, num_micro_batches,
                             input_shape, batch_size, partition_sizes, name,
                             **pipeline_params)
   layers = _KerasLayers(model)
   shape = _InputShape(model, input_shape)
   if any(isinstance(layer, dict) for layer in layers):
-    with keras_layer.NoAllocation():
+    with keras_utils.NoAllocation():
       shapes = _LayerInputShapes(layers, shape)
   else:
     shapes = _LayerInputShapes(layers, shape)

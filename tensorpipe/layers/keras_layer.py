@@ -56,12 +56,9 @@ Usage:
       name='fc1', keras_config=keras.saving.serialize_keras_object(layer))
 """
 
-import contextlib
 import functools
-import importlib
 import inspect
 import json
-import random
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -71,100 +68,13 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import flops as flops_lib
+from tensorpipe import keras_utils
 from tensorpipe import py_utils
 from tensorpipe.nested_map import NestedMap
 
-# Types a text-serialisable Params value may hold (ToText / FromText).
-_TEXT_LEAVES = (type(None), bool, int, float, str)
 
 def _Owner(p) -> str:
   return f'KerasLayer {p.name!r}'
-
-
-def IsKeras2(obj: Any) -> bool:
-  """Whether `obj` is a Keras 2 (tf-keras) object (layer, model, class)."""
-  module = (obj.__module__ if isinstance(obj, type) else
-            type(obj).__module__) or ''
-  return module.split('.')[0] == 'tf_keras' or module.startswith(
-      'keras.engine') or module.startswith('keras.src.engine')
-
-
-def Keras2Error(owner: str, what: str, obj: Any) -> TypeError:
-  """The TypeError for a Keras 2 object where a Keras 3 one is needed."""
-  return TypeError(
-      f'{owner}: {what} is a Keras 2 (tf_keras) {type(obj).__name__}; '
-      'KerasLayer wraps Keras 3 objects (`import keras`, or tf.keras in TF '
-      '2.21) because only Keras 3 can run a layer on substituted weights '
-      '(keras.StatelessScope / stateless_call), which FProp(theta) and the '
-      'recompute pass need. Rebuild it with Keras 3: the same code with '
-      '`import keras` instead of tf_keras, or keras.layers.deserialize('
-      "{'class_name': ..., 'config': layer.get_config()})")
-
-
-def CheckTextValue(owner: str, key: str, value: Any) -> None:
-  """Raises TypeError unless `value` is plain text data (ToText-able).
-
-  Args:
-    owner: what the value belongs to, for the message.
-    key: the Params key (and path below it) holding the value.
-    value: None, bool, int, float, str, or lists / tuples / str-keyed dicts
-      of them.
-
-  Raises:
-    TypeError: naming the key path, the type found and the fix.
-  """
-  if isinstance(value, _TEXT_LEAVES):
-    if isinstance(value, float) and not np.isfinite(value):
-      raise TypeError(f'{owner}: {key}={value!r} is not a finite number')
-    return
-  if isinstance(value, (list, tuple)):
-    for i, v in enumerate(value):
-      CheckTextValue(owner, f'{key}[{i}]', v)
-    return
-  if isinstance(value, dict):
-    for k, v in value.items():
-      if not isinstance(k, str):
-        raise TypeError(f'{owner}: {key} has the non-string key {k!r}; '
-                        'Keras configs and keyword arguments use string keys')
-      CheckTextValue(owner, f'{key}[{k!r}]', v)
-    return
-  if IsKeras2(value):
-    raise Keras2Error(owner, key, value)
-  if isinstance(value, (keras.Layer, keras.Operation)) or hasattr(
-      value, 'get_config'):
-    raise TypeError(
-        f'{owner}: {key} holds the Keras object {type(value).__name__} '
-        f'{getattr(value, "name", "")!r}, which Params cannot write as text '
-        '(ToText / FromText, params.txt); give its config instead: '
-        'keras.saving.serialize_keras_object(obj), or a factory name')
-  raise TypeError(
-      f'{owner}: {key} holds a {type(value).__module__}.'
-      f'{type(value).__qualname__} ({value!r:.60}), which Params cannot '
-      'write as text (ToText / FromText, params.txt); use numbers, strings, '
-      'lists and dicts (a Keras config: keras.saving.serialize_keras_object), '
-      'or build the object inside a factory named by keras_factory')
-
-
-def _ResolveFactory(owner: str, name: str):
-  """Imports `module.path.attr` (the longest importable module prefix)."""
-  parts = name.split('.')
-  for i in range(len(parts) - 1, 0, -1):
-    try:
-      obj = importlib.import_module('.'.join(parts[:i]))
-    except ImportError:
-      continue
-    try:
-      for attr in parts[i:]:
-        obj = getattr(obj, attr)
-    except AttributeError:
-      continue
-    if not callable(obj):
-      raise TypeError(f'{owner}: keras_factory={name!r} is a '
-                      f'{type(obj).__name__}, not a callable')
-    return obj
-  raise ValueError(f'{owner}: keras_factory={name!r} names nothing '
-                   'importable; give module.path.name of a module-level '
-                   "function or class, e.g. 'keras.layers.Dense'")
 
 
 def _PerExampleShape(p) -> Optional[List[Any]]:
@@ -178,58 +88,9 @@ def _PerExampleShape(p) -> Optional[List[Any]]:
   return [list(shape)]
 
 
-class _SeededPythonRandom:
-  """Seeds Python's `random` (Keras' default initializer seeds) in a block.
-
-  Keras initializers without a seed draw one from Python's `random` when
-  they are made; seeding it while the object is built makes the initial
-  weights a function of the layer path and random_seed, like every
-  TensorPipe layer's. The caller's random state is restored afterwards.
-  """
-
-  def __init__(self, seed: int):
-    self._seed = seed
-
-  def __enter__(self):
-    self._state = random.getstate()
-    random.seed(self._seed)
-
-  def __exit__(self, *args):
-    random.setstate(self._state)
-
-
-@contextlib.contextmanager
-def NoAllocation():
-  """Keras variables made inside get no storage (deferred initialisation).
-
-  Keras defers the initialisation of variables created in a StatelessScope
-  and registers them for a later `initialize_all_variables`; the
-  registrations made inside are dropped on exit so that nothing allocates
-  them later: objects built inside are only good for shapes, configs and
-  costs. Building a Keras model inside runs no TensorFlow op, so it does not
-  initialise TensorFlow's devices (experiments make Params before the
-  trainer sets up logical devices).
-  """
-  from keras.src.backend.common import global_state  # pylint: disable=g-import-not-at-top
-  key = 'uninitialized_variables'
-  before = list(global_state.get_global_attribute(key, []) or [])
-  try:
-    with keras.StatelessScope(initialize_variables=False):
-      yield
-  finally:
-    global_state.set_global_attribute(key, before)
-
-
 def _SymbolicInputs(shapes: List[List[Any]], dtype) -> Any:
   inputs = [keras.KerasTensor([None] + list(s), dtype=dtype) for s in shapes]
   return inputs[0] if len(inputs) == 1 else inputs
-
-
-def _FlattenLayers(obj) -> List[Any]:
-  """The Keras object and all its sublayers, depth first, deduplicated."""
-  # Keras 3 has no public recursive walk; _flatten_layers is what its own
-  # Model.summary and saving use.
-  return list(obj._flatten_layers(include_self=True, recursive=True))  # pylint: disable=protected-access
 
 
 def _IsValidKey(key: str) -> bool:
@@ -477,8 +338,8 @@ class KerasLayer(base_layer.BaseLayer):
                        f'got keras_factory={p.keras_factory!r} and '
                        f'keras_config of type {type(p.keras_config).__name__}')
     if p.keras_factory is not None and not isinstance(p.keras_factory, str):
-      if IsKeras2(p.keras_factory):
-        raise Keras2Error(owner, 'keras_factory', p.keras_factory)
+      if keras_utils.IsKeras2(p.keras_factory):
+        raise keras_utils.Keras2Error(owner, 'keras_factory', p.keras_factory)
       what = getattr(p.keras_factory, '__qualname__', type(
           p.keras_factory).__name__)
       raise TypeError(f'{owner}: keras_factory must be the dotted name (a '
@@ -493,13 +354,13 @@ class KerasLayer(base_layer.BaseLayer):
       if p.keras_factory is None:
         raise ValueError(f'{owner}: keras_kwargs is set without '
                          'keras_factory; put them in the config instead')
-      CheckTextValue(owner, 'keras_kwargs', p.keras_kwargs)
+      keras_utils.CheckTextValue(owner, 'keras_kwargs', p.keras_kwargs)
     if p.keras_config is not None:
       if not isinstance(p.keras_config, dict):
-        CheckTextValue(owner, 'keras_config', p.keras_config)
+        keras_utils.CheckTextValue(owner, 'keras_config', p.keras_config)
         raise TypeError(f'{owner}: keras_config must be a dict, got '
                         f'{type(p.keras_config).__name__}')
-      CheckTextValue(owner, 'keras_config', p.keras_config)
+      keras_utils.CheckTextValue(owner, 'keras_config', p.keras_config)
     if p.input_shape is not None:
       for shape in _PerExampleShape(p):
         if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
@@ -517,9 +378,9 @@ class KerasLayer(base_layer.BaseLayer):
   def _NewKerasObject(cls, p, seed: int):
     """Builds the Keras object described by `p` (unbuilt or built)."""
     owner = _Owner(p)
-    with _SeededPythonRandom(seed):
+    with keras_utils.SeededPythonRandom(seed):
       if p.keras_factory is not None:
-        factory = _ResolveFactory(owner, p.keras_factory)
+        factory = keras_utils.ResolveFactory(owner, p.keras_factory)
         try:
           obj = factory(**(p.keras_kwargs or {}))
         except TypeError as e:
@@ -538,8 +399,8 @@ class KerasLayer(base_layer.BaseLayer):
               '@keras.saving.register_keras_serializable, or name a factory)'
           ) from None
         what = 'the object keras_config describes'
-    if IsKeras2(obj):
-      raise Keras2Error(owner, what, obj)
+    if keras_utils.IsKeras2(obj):
+      raise keras_utils.Keras2Error(owner, what, obj)
     if not isinstance(obj, keras.Layer):
       raise TypeError(f'{owner}: {what} is a {type(obj).__name__}, not a '
                       'Keras 3 layer or model')
@@ -557,9 +418,9 @@ class KerasLayer(base_layer.BaseLayer):
             'not built and input_shape is not set; set input_shape to one '
             "example's shape, e.g. [28, 28, 1]")
       dtype = p.input_dtype or obj.compute_dtype
-      with _SeededPythonRandom(seed + 1):
+      with keras_utils.SeededPythonRandom(seed + 1):
         obj(_SymbolicInputs(shapes, dtype))
-    for layer in _FlattenLayers(obj):
+    for layer in keras_utils.FlattenLayers(obj):
       if isinstance(layer, keras.layers.BatchNormalization):
         if layer.renorm or layer.synchronized:
           flag = 'renorm' if layer.renorm else 'synchronized'
@@ -590,7 +451,7 @@ class KerasLayer(base_layer.BaseLayer):
     self._Validate(p)
     abstract = base_layer._abstract_scope.records is not None  # pylint: disable=protected-access
     if abstract:
-      with NoAllocation():
+      with keras_utils.NoAllocation():
         obj = self._BuildKerasObject(p, self.LayerSeed())
     else:
       obj = self._BuildKerasObject(p, self.LayerSeed())
@@ -606,13 +467,13 @@ class KerasLayer(base_layer.BaseLayer):
         kv._value = var  # pylint: disable=protected-access
       weights.append((kv, key))
     seeds = {}
-    for i, layer in enumerate(_FlattenLayers(obj)):
+    for i, layer in enumerate(keras_utils.FlattenLayers(obj)):
       seeds[id(layer)] = py_utils.LayerSeed(
           f'{self.path or self.layer_name}/keras_{i}', p.random_seed)
     reporters = []
     if not abstract:
       by_id = {id(kv): key for kv, key in weights}
-      for layer in _FlattenLayers(obj):
+      for layer in keras_utils.FlattenLayers(obj):
         if isinstance(layer, keras.layers.BatchNormalization):
           reporter = KerasBatchNormStats(
               f'{self.path or self.layer_name}/{layer.name}',
@@ -625,7 +486,7 @@ class KerasLayer(base_layer.BaseLayer):
           object.__setattr__(layer, 'call', functools.partial(
               _DropoutCall, layer, seeds[id(layer)]))
     gens = []
-    for layer in _FlattenLayers(obj):
+    for layer in keras_utils.FlattenLayers(obj):
       for gen in getattr(layer, '_seed_generators', []):
         if all(gen is not g for g, _ in gens):
           gens.append((gen, seeds[id(layer)]))
@@ -780,7 +641,7 @@ class KerasLayer(base_layer.BaseLayer):
     FLOPs are counted on a traced call of one example: a layer's forward
     cost grows linearly with the batch (examples are independent).
     """
-    with NoAllocation():
+    with keras_utils.NoAllocation():
       obj = cls._NewKerasObject(p, 0)
       dtype = p.input_dtype or obj.compute_dtype
       declared = tuple(_DeclaredBatchSizes(obj))

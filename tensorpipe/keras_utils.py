@@ -1,0 +1,160 @@
+"""Keras 3 interop helpers shared by KerasLayer and the Keras front door.
+
+Everything here is about Keras objects as TensorPipe sees them: telling Keras
+2 (tf_keras) objects apart and saying why they are refused, checking that a
+value can live in text Params, importing a factory by its dotted name,
+building Keras objects reproducibly (SeededPythonRandom) or without
+allocating weights (NoAllocation), and walking a Keras object's sublayers.
+
+Keras 2 is refused, not wrapped: it has no supported way to run a layer on
+substituted weights (Keras 3 has keras.StatelessScope and stateless_call),
+and a TensorPipe layer's FProp(theta) and the pipeline's recompute pass
+must run the layer on the weights they are handed.
+"""
+
+import contextlib
+import importlib
+import random
+from typing import Any, List
+
+import keras
+import numpy as np
+
+# Types a text-serialisable Params value may hold (ToText / FromText).
+_TEXT_LEAVES = (type(None), bool, int, float, str)
+
+
+def IsKeras2(obj: Any) -> bool:
+  """Whether `obj` is a Keras 2 (tf-keras) object (layer, model, class)."""
+  module = (obj.__module__ if isinstance(obj, type) else
+            type(obj).__module__) or ''
+  return module.split('.')[0] == 'tf_keras' or module.startswith(
+      'keras.engine') or module.startswith('keras.src.engine')
+
+
+def Keras2Error(owner: str, what: str, obj: Any) -> TypeError:
+  """The TypeError for a Keras 2 object where a Keras 3 one is needed."""
+  return TypeError(
+      f'{owner}: {what} is a Keras 2 (tf_keras) {type(obj).__name__}; '
+      'KerasLayer wraps Keras 3 objects (`import keras`, or tf.keras in TF '
+      '2.21) because only Keras 3 can run a layer on substituted weights '
+      '(keras.StatelessScope / stateless_call), which FProp(theta) and the '
+      'recompute pass need. Rebuild it with Keras 3: the same code with '
+      '`import keras` instead of tf_keras, or keras.layers.deserialize('
+      "{'class_name': ..., 'config': layer.get_config()})")
+
+
+def CheckTextValue(owner: str, key: str, value: Any) -> None:
+  """Raises TypeError unless `value` is plain text data (ToText-able).
+
+  Args:
+    owner: what the value belongs to, for the message.
+    key: the Params key (and path below it) holding the value.
+    value: None, bool, int, float, str, or lists / tuples / str-keyed dicts
+      of them.
+
+  Raises:
+    TypeError: naming the key path, the type found and the fix.
+  """
+  if isinstance(value, _TEXT_LEAVES):
+    if isinstance(value, float) and not np.isfinite(value):
+      raise TypeError(f'{owner}: {key}={value!r} is not a finite number')
+    return
+  if isinstance(value, (list, tuple)):
+    for i, v in enumerate(value):
+      CheckTextValue(owner, f'{key}[{i}]', v)
+    return
+  if isinstance(value, dict):
+    for k, v in value.items():
+      if not isinstance(k, str):
+        raise TypeError(f'{owner}: {key} has the non-string key {k!r}; '
+                        'Keras configs and keyword arguments use string keys')
+      CheckTextValue(owner, f'{key}[{k!r}]', v)
+    return
+  if IsKeras2(value):
+    raise Keras2Error(owner, key, value)
+  if isinstance(value, (keras.Layer, keras.Operation)) or hasattr(
+      value, 'get_config'):
+    raise TypeError(
+        f'{owner}: {key} holds the Keras object {type(value).__name__} '
+        f'{getattr(value, "name", "")!r}, which Params cannot write as text '
+        '(ToText / FromText, params.txt); give its config instead: '
+        'keras.saving.serialize_keras_object(obj), or a factory name')
+  raise TypeError(
+      f'{owner}: {key} holds a {type(value).__module__}.'
+      f'{type(value).__qualname__} ({value!r:.60}), which Params cannot '
+      'write as text (ToText / FromText, params.txt); use numbers, strings, '
+      'lists and dicts (a Keras config: keras.saving.serialize_keras_object), '
+      'or build the object inside a factory named by keras_factory')
+
+
+def ResolveFactory(owner: str, name: str):
+  """Imports `module.path.attr` (the longest importable module prefix)."""
+  parts = name.split('.')
+  for i in range(len(parts) - 1, 0, -1):
+    try:
+      obj = importlib.import_module('.'.join(parts[:i]))
+    except ImportError:
+      continue
+    try:
+      for attr in parts[i:]:
+        obj = getattr(obj, attr)
+    except AttributeError:
+      continue
+    if not callable(obj):
+      raise TypeError(f'{owner}: keras_factory={name!r} is a '
+                      f'{type(obj).__name__}, not a callable')
+    return obj
+  raise ValueError(f'{owner}: keras_factory={name!r} names nothing '
+                   'importable; give module.path.name of a module-level '
+                   "function or class, e.g. 'keras.layers.Dense'")
+
+
+
+class SeededPythonRandom:
+  """Seeds Python's `random` (Keras' default initializer seeds) in a block.
+
+  Keras initializers without a seed draw one from Python's `random` when
+  they are made; seeding it while the object is built makes the initial
+  weights a function of the layer path and random_seed, like every
+  TensorPipe layer's. The caller's random state is restored afterwards.
+  """
+
+  def __init__(self, seed: int):
+    self._seed = seed
+
+  def __enter__(self):
+    self._state = random.getstate()
+    random.seed(self._seed)
+
+  def __exit__(self, *args):
+    random.setstate(self._state)
+
+
+@contextlib.contextmanager
+def NoAllocation():
+  """Keras variables made inside get no storage (deferred initialisation).
+
+  Keras defers the initialisation of variables created in a StatelessScope
+  and registers them for a later `initialize_all_variables`; the
+  registrations made inside are dropped on exit so that nothing allocates
+  them later: objects built inside are only good for shapes, configs and
+  costs. Building a Keras model inside runs no TensorFlow op, so it does not
+  initialise TensorFlow's devices (experiments make Params before the
+  trainer sets up logical devices).
+  """
+  from keras.src.backend.common import global_state  # pylint: disable=g-import-not-at-top
+  key = 'uninitialized_variables'
+  before = list(global_state.get_global_attribute(key, []) or [])
+  try:
+    with keras.StatelessScope(initialize_variables=False):
+      yield
+  finally:
+    global_state.set_global_attribute(key, before)
+
+
+def FlattenLayers(obj) -> List[Any]:
+  """The Keras object and all its sublayers, depth first, deduplicated."""
+  # Keras 3 has no public recursive walk; _flatten_layers is what its own
+  # Model.summary and saving use.
+  return list(obj._flatten_layers(include_self=True, recursive=True))  # pylint: disable=protected-access
