@@ -503,13 +503,16 @@ class SequenceTask(BaseTask):
     dec = NestedMap(batch)
     dec.tgt_paddings = tf.zeros_like(batch.tgt_paddings)
     dec.tgt_labels = tf.zeros_like(batch.tgt_labels)
+    step_logits = self._DecodeStepLogits(dec)
 
     def Body(i, ids, hyp):
       step_batch = NestedMap(dec)
       step_batch.tgt_ids = tf.cast(ids, batch.tgt_ids.dtype)
-      logits = self.Logits(step_batch)
-      next_ids = tf.argmax(tf.gather(logits, i, axis=1), -1,
-                           output_type=tf.int32)
+      if step_logits is None:
+        logits_i = tf.gather(self.Logits(step_batch), i, axis=1)
+      else:
+        logits_i = step_logits(step_batch, i)
+      next_ids = tf.argmax(logits_i, -1, output_type=tf.int32)
       at_i = tf.one_hot(i, length, dtype=tf.int32)[tf.newaxis]
       at_next = tf.one_hot(i + 1, length, dtype=tf.int32)[tf.newaxis]
       ids = ids * (1 - at_next) + next_ids[:, tf.newaxis] * at_next
@@ -520,3 +523,50 @@ class SequenceTask(BaseTask):
     _, _, hyp = tf.while_loop(lambda i, *_: i < length, Body,
                               (tf.constant(0), ids, tf.zeros_like(tgt_ids)))
     return hyp
+
+  def _DecodeStepLogits(self, batch: NestedMap):
+    """fn(step_batch, i) -> logits [b, V] at target position i, or None.
+
+    For models laid out as models/transformer.py's TransformerLayers
+    (embedding, encoder layers, decoder layers, SequenceSoftmaxLayer) the
+    encoder runs once here on `batch`; each step runs only the embedding,
+    the decoder layers and the softmax of position i: what Logits gives at
+    position i, without recomputing the encoder and the other positions'
+    softmax every step. None for any other layout (GreedyDecode then runs
+    Logits on the whole model each step).
+    """
+    layers = self._LayersWithTheta()
+    kinds = [type(layer) for layer, _ in layers]
+    if transformer.TransformerDecoderLayer not in kinds:
+      return None
+    first_dec = kinds.index(transformer.TransformerDecoderLayer)
+    if (first_dec < 2 or kinds[-1] is not transformer.SequenceSoftmaxLayer or
+        any(k is not transformer.TransformerEncoderLayer
+            for k in kinds[1:first_dec]) or
+        any(k is not transformer.TransformerDecoderLayer
+            for k in kinds[first_dec:-1])):
+      return None
+    args = (batch,)
+    for layer, theta in layers[:first_dec]:
+      args = composite.AsArgs(layer.FProp(theta, *args))
+    encoded = composite.FromArgs(args)
+    if not isinstance(encoded, dict) or 'src_vecs' not in encoded:
+      return None
+    src_vecs = encoded['src_vecs']
+    (emb, emb_theta), (softmax, softmax_theta) = layers[0], layers[-1]
+
+    def StepLogits(step_batch, i):
+      nm = emb.FProp(emb_theta, step_batch)
+      if not isinstance(nm, dict) or 'src_vecs' not in nm:
+        raise ValueError(f'{type(emb).__name__} {emb.params.name!r} must '
+                         'return a NestedMap with src_vecs to decode')
+      nm = NestedMap(nm)
+      nm.src_vecs = src_vecs  # the encoder's output, computed once
+      args = (nm,)
+      for layer, theta in layers[first_dec:-1]:
+        args = composite.AsArgs(layer.FProp(theta, *args))
+      out = NestedMap(composite.FromArgs(args))
+      key = softmax.params.input_key
+      out[key] = tf.gather(out[key], [i], axis=1)
+      return tf.cast(softmax.Logits(softmax_theta, out), tf.float32)[:, 0]
+    return StepLogits

@@ -1,5 +1,6 @@
 """Tests of tensorpipe/decode_metrics.py and the tasks' decoding hook."""
 
+import numpy as np
 import tensorflow as tf
 
 from models import transformer
@@ -8,6 +9,7 @@ from tensorpipe import synthetic_input
 from tensorpipe import tasks
 from tensorpipe import test_utils
 from tensorpipe.layers import composite
+from tensorpipe.nested_map import NestedMap
 
 test_utils.ConfigureTestDevices()
 
@@ -115,6 +117,34 @@ class TaskHookTest(tf.test.TestCase):
       refs += [inp.IdsToString(r) for r in batch.tgt_labels.numpy()]
     self.assertAllClose(m.Finalize()['bleu'],
                         decode_metrics.ComputeBleu(hyps, refs))
+
+  def testGreedyDecodeEqualsRecomputingTheWholeModelEachStep(self):
+    # GreedyDecode runs the encoder once and one softmax position per step;
+    # the reference reruns Logits on the whole model for every position.
+    model = transformer.TransformerPipeline(
+        2, 2, 4, 6, 6, num_layers=2, hidden_dim=16, num_heads=2, model_dim=8,
+        vocab_size=16, max_len=6, dropout=0.0)
+    task = tasks.SequenceTask.Params().Set(
+        name='task', vocab_size=16, model=model).Instantiate()
+    for v in task.trainable_variables:  # logits far from ties
+      v.assign(v * 4.0)
+    batch = next(iter(_NmtInput().Dataset()))
+    batch, _ = tasks.BaseTask.SplitExampleWeights(batch)
+    self.assertIsNotNone(task._DecodeStepLogits(batch))  # pylint: disable=protected-access
+    ids = batch.tgt_ids.numpy().copy()
+    ids[:, 1:] = 0
+    want = np.zeros_like(ids)
+    for i in range(ids.shape[1]):
+      step = dict(batch, tgt_ids=tf.constant(ids),
+                  tgt_paddings=tf.zeros_like(batch.tgt_paddings),
+                  tgt_labels=tf.zeros_like(batch.tgt_labels))
+      logits = task.Logits(NestedMap(step)).numpy()[:, i]
+      want[:, i] = logits.argmax(-1)
+      if i + 1 < ids.shape[1]:
+        ids[:, i + 1] = want[:, i]
+    got = task.GreedyDecode(batch).numpy()
+    self.assertAllEqual(got, want)
+    self.assertGreater(len(set(want.ravel().tolist())), 2)
 
   def testLanguageModelAndClassificationDecodeNothing(self):
     lm = synthetic_input.SyntheticSequenceInput.Params().Set(
