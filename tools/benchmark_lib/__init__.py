@@ -11,6 +11,8 @@
   targets   the issue's targets, written as data, and their evaluation.
   report    the markdown tables (printed and written to tables.md).
   plots     the PNG plots (speed-up, memory, Gantt chart of a step).
+  tick_cost --tick_cost: the fixed cost of a pipeline clock tick per
+            partition (its child runs as a script on any checkout).
 
 Importing the package imports none of them (in particular no TensorFlow).
 """
