@@ -353,6 +353,10 @@ class SequenceTask(BaseTask):
     p.Define('label_smoothing', 0.0, 'Label smoothing s in [0, 1) when the '
              'model returns logits (a model computing its own loss smooths '
              'with its own setting).')
+    p.Define('decode_eos_id', None, 'End-of-sentence id: greedy decoding '
+             'stops once every row has produced it (later positions stay 0; '
+             'detokenisers stop at the first </s>). None decodes the full '
+             'target length.')
     return p
 
   def __init__(self, params):
@@ -520,7 +524,16 @@ class SequenceTask(BaseTask):
       return i + 1, ids, hyp
 
     ids = tf.concat([tgt_ids[:, :1], tf.zeros_like(tgt_ids[:, 1:])], 1)
-    _, _, hyp = tf.while_loop(lambda i, *_: i < length, Body,
+    eos = self.params.decode_eos_id
+
+    def Continue(i, unused_ids, hyp):
+      if eos is None:
+        return i < length
+      # Every row has emitted </s> (at a position < i): nothing left to do.
+      ended = tf.reduce_all(tf.reduce_any(tf.equal(hyp, eos), axis=1))
+      return tf.logical_and(i < length, tf.logical_not(ended))
+
+    _, _, hyp = tf.while_loop(Continue, Body,
                               (tf.constant(0), ids, tf.zeros_like(tgt_ids)))
     return hyp
 

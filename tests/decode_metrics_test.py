@@ -145,6 +145,23 @@ class TaskHookTest(tf.test.TestCase):
     got = task.GreedyDecode(batch).numpy()
     self.assertAllEqual(got, want)
     self.assertGreater(len(set(want.ravel().tolist())), 2)
+    # decode_eos_id: the same up to each row's first </s>, zeros after, and
+    # it stops early once all rows have one.
+    eos = int(want[0, 1])
+    stopping = tasks.SequenceTask.Params().Set(
+        name='task', vocab_size=16, model=model,
+        decode_eos_id=eos).Instantiate()
+    for v, w in zip(stopping.variables, task.variables):
+      v.assign(w)
+    got = stopping.GreedyDecode(batch).numpy()
+    for row_got, row_want in zip(got, want):
+      hits = np.flatnonzero(row_want == eos)
+      end = hits[0] + 1 if hits.size else len(row_want)
+      self.assertAllEqual(row_got[:end], row_want[:end])
+    ends = [np.flatnonzero(r == eos) for r in want]
+    if all(e.size for e in ends):
+      last = max(e[0] for e in ends)
+      self.assertTrue(np.all(got[:, last + 1:] == 0))
 
   def testLanguageModelAndClassificationDecodeNothing(self):
     lm = synthetic_input.SyntheticSequenceInput.Params().Set(

@@ -34,6 +34,12 @@ class _BibleBase(base_transformer.TransformerExperiment):
         max_src_len=self.MAX_LEN, max_tgt_len=self.MAX_LEN,
         data_dir=self.DATA_DIR)
 
+  def Task(self):
+    from tensorpipe.inputs import vocab  # pylint: disable=g-import-not-at-top
+    p = super().Task()
+    p.decode_eos_id = vocab.EOS_ID  # greedy decoding stops after </s>
+    return p
+
   def Model(self):
     from models import transformer  # pylint: disable=g-import-not-at-top
     return transformer.TransformerPipeline(
