@@ -1,0 +1,152 @@
+"""Slow tests of the 1F1B schedule: the full transparency grid and training.
+
+- Loss and every gradient equal the micro-batch oracle: on the consistency
+  CNN for K in {1, 2, 4} x T in {1, 4, 8}, with and without recompute, both
+  training entry points (float64); on a tiny AmoebaNet (float64 but for its
+  float32 head; dropout, drop-path and batch norm on) and a tiny Transformer (dropout on; float32,
+  its softmax computes in float32) for a subset of that grid (each traces
+  for minutes on 2 cores), through FPropLoss under a tape (what tasks use;
+  FPropLossAndGrads runs the same engine).
+- The trainer binary: 20 steps of ResNet4x8 on Fashion-MNIST with
+  schedule='1f1b' (set by --model_params_override), with and without
+  recompute, give GPipe's losses (in float64, see the test).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from models import consistency_cnn
+from models import transformer as transformer_models
+from tensorpipe import test_utils
+from tests.models import amoebanet_testlib
+from tests.models import transformer_testlib
+
+test_utils.ConfigureTestDevices()
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRID = [(k, t, rc) for rc in (True, False) for k in (1, 2, 4)
+        for t in (1, 4, 8)]
+# K=1, T=1 (no loop); the loop at K=2 and K=4; the unrolled schedule.
+SUBSET = [(1, 1, True), (2, 4, True), (4, 8, True), (4, 8, False)]
+
+
+def _SquareSinSum(out, unused_targets):
+  return 0.5 * tf.reduce_sum(tf.square(out)) + tf.reduce_sum(tf.sin(out))
+
+
+def _AmoebaLossSum(out, labels):
+  """Summed CE(logits) + 0.4 * CE(aux_logits), amoebanet_testlib.Loss x B."""
+
+  def Ce(logits):
+    return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+  return Ce(out['logits']) + 0.4 * Ce(out['aux_logits'])
+
+
+class TransparencyGridTest(tf.test.TestCase):
+
+  def testConsistencyCnn(self):
+    x = tf.random.stateless_normal([8, 8, 8, 1], seed=[3, 1])
+    for k, t, rc in GRID:
+      with self.subTest(k=k, t=t, recompute=rc):
+        test_utils.AssertOneFOneBMatchesOracle(
+            self, consistency_cnn.ConsistencyLayers(8), k, t, [x], None,
+            _SquareSinSum, normalizer=1.0, recompute=rc)
+
+  def testTinyAmoebaNetWithDropPathDropoutAndBatchNorm(self):
+    # 8 examples: T = 8 leaves one per micro-batch.
+    x = tf.random.stateless_normal([8, amoebanet_testlib.SIZE,
+                                    amoebanet_testlib.SIZE, 3], seed=[1, 7])
+    labels = tf.range(8) % amoebanet_testlib.CLASSES
+    for k, t, rc in SUBSET:
+      with self.subTest(k=k, t=t, recompute=rc):
+        # The weights and activations are float64, but the head casts the
+        # logits to float32 (amoebanet_cells.py): 1F1B takes the loss of
+        # each micro-batch ([1, 5] logits at T=8), the oracle of the whole
+        # batch ([8, 5]), and float32 softmax kernels round differently per
+        # shape: a few eps32 (1.2e-7) of the gradients' scale (measured
+        # 2.5e-7 at K=4, T=8). 1e-5 bounds that; a wrong mask or micro-batch
+        # changes them by O(1e-2).
+        test_utils.AssertOneFOneBMatchesOracle(
+            self, amoebanet_testlib.TinyLayers('D'), k, t, [x], labels,
+            _AmoebaLossSum, normalizer=8.0, recompute=rc, rtol=1e-5,
+            entry_points=('FPropLoss',))
+
+  def testTinyTransformerWithDropout(self):
+    layers = transformer_models.TransformerLayers(
+        dropout=0.2, atten_dropout=0.1, relu_dropout=0.1,
+        shared_embeddings=False, **transformer_testlib.TINY)
+    batch = transformer_testlib.TranslationBatch(seed=1)
+    tokens = float(tf.reduce_sum(1.0 - batch.tgt_paddings))
+
+    def LossSum(out, unused_targets):
+      return tf.reduce_sum(out.per_example_loss)
+    for k, t, rc in SUBSET:
+      with self.subTest(k=k, t=t, recompute=rc):
+        # float32 softmax: sums in another order differ by ~n eps32; 1e-5
+        # as in transformer_testlib.
+        test_utils.AssertOneFOneBMatchesOracle(
+            self, layers, k, t, [batch], None, LossSum, normalizer=tokens,
+            dtype=None, rtol=1e-5, recompute=rc, entry_points=('FPropLoss',))
+
+
+def _Losses(logdir):
+  out = {}
+  for f in tf.io.gfile.glob(os.path.join(logdir, 'train', 'events*')):
+    for event in tf.compat.v1.train.summary_iterator(f):
+      for v in event.summary.value:
+        if v.tag == 'loss':
+          out[event.step] = float(tf.make_ndarray(v.tensor))
+  return [out[s] for s in sorted(out)]
+
+
+class TrainerTest(tf.test.TestCase):
+
+  def testOneFOneBTrainerLossesEqualGPipeOnFashionMnist(self):
+    """20 steps, ResNet4x8 (K=4, T=8, batch norm), GPipe vs 1F1B.
+
+    1F1B sums the micro-batch gradients in another order (t = 0 .. T-1
+    instead of T-1 .. 0) and the loss as per-micro-batch sums: rounding
+    differences only. This ResNet with batch norm over micro-batches of 16
+    amplifies them by about 3x per step: in float32 the losses agree to
+    5e-7 at step 3, 2e-5 at step 5 and 5e-3 at step 14 (one run), although
+    GPipe with and without recompute agree bitwise. So the run is in
+    float64 (task.dtype), where the same amplification leaves the losses
+    far inside the 1e-4 bound and any real difference (a dropped
+    micro-batch, a wrong mask or normaliser) would not be.
+    """
+    test_utils.CheckPrepared(self, 'fashion_mnist')
+    tmp = tempfile.mkdtemp(prefix='trainer_1f1b_',
+                           dir=os.environ.get('TEST_TMPDIR'))
+    self.addCleanup(shutil.rmtree, tmp, True)
+    losses = {}
+    for schedule, recompute in (('gpipe', True), ('1f1b', True),
+                                ('1f1b', False)):
+      logdir = os.path.join(tmp, f'{schedule}_{recompute}')
+      subprocess.run(
+          [sys.executable, '-m', 'tools.trainer',
+           '--model=image.fashion_mnist.ResNet4x8', f'--logdir={logdir}',
+           '--mode=train', '--max_steps=20', '--num_cpu_devices=4',
+           '--model_params_override='
+           f'task.model.schedule="{schedule}"; '
+           f'task.model.recompute={recompute}; task.dtype=dtype:float64; '
+           'task.train.summary_interval_steps=1'],
+          cwd=_REPO, capture_output=True, text=True, check=True, timeout=900)
+      losses[(schedule, recompute)] = _Losses(logdir)
+    want = losses[('gpipe', True)]
+    self.assertLen(want, 20)
+    for key in (('1f1b', True), ('1f1b', False)):
+      np.testing.assert_allclose(losses[key], want, rtol=1e-4, atol=0,
+                                 err_msg=str(key))
+    # The run trained: the losses are not all equal.
+    self.assertGreater(np.ptp(want), 1e-1)
+
+
+if __name__ == '__main__':
+  tf.test.main()
