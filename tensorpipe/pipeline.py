@@ -198,7 +198,9 @@ def _GradientOnDevice(fn, device: str):
     floats = [a for a in args if a.dtype.is_floating]
     with tf.GradientTape(watch_accessed_variables=False) as tape:
       tape.watch(floats)
-      outs = fn(*args)
+      # tf.identity: custom_gradient needs every output made in this graph
+      # (a stage may pass through a tensor captured from outside).
+      outs = [tf.identity(o) for o in fn(*args)]
 
     def Grad(*dys, variables=None):
       ys, out_grads = [], []

@@ -77,7 +77,15 @@ class ModelRegistryTest(unittest.TestCase):
     renamed = {'consistency.Consistency16': 'consistency.Consistency4x8',
                'consistency.Consistency16K1': 'consistency.Consistency1x8',
                'image.imagenet.AmoebaNetB_18x512_8x32':
-                   'image.imagenet.AmoebaNetBLarge8x32'}
+                   'image.imagenet.AmoebaNetBLarge8x32',
+               'lm.brown.TransformerLm4x8Short':
+                   'lm.brown.TransformerLmShort4x8',
+               'lm.brown.TransformerLm1x8Short':
+                   'lm.brown.TransformerLmShort1x8',
+               'nmt.bible.TransformerEnEs4x8Short':
+                   'nmt.bible.TransformerEnEsShort4x8',
+               'nmt.bible.TransformerEnEs1x8Short':
+                   'nmt.bible.TransformerEnEsShort1x8'}
     for data_set in ('birdsnap', 'cifar10', 'cifar100', 'fgvc_aircraft',
                      'food101', 'imagenet', 'oxford_pets', 'stanford_cars'):
       renamed[f'image.{data_set}.AmoebaNetB_4x8'] = (

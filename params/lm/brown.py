@@ -42,7 +42,7 @@ class TransformerLm1x8(TransformerLm4x8):
 
 
 @model_registry.RegisterSingleTaskModel
-class TransformerLm4x8Short(TransformerLm4x8):
+class TransformerLmShort4x8(TransformerLm4x8):
   """K=4, T=8 on a fixed 150-step budget (results/: about 10 minutes on the
   shared 2-core machine; the LR warm-up shortened to match)."""
   MAX_STEPS = 150
@@ -55,6 +55,11 @@ class TransformerLm4x8Short(TransformerLm4x8):
 
 
 @model_registry.RegisterSingleTaskModel
-class TransformerLm1x8Short(TransformerLm4x8Short):
+class TransformerLmShort1x8(TransformerLmShort4x8):
   """The same 150 steps unpipelined (K=1, T=8): equal within noise."""
   NUM_PARTITIONS = 1
+
+
+# The keys the runs in results/ were launched with (renamed to <Model><K>x<T>).
+model_registry.RegisterAlias('TransformerLm4x8Short', TransformerLmShort4x8)
+model_registry.RegisterAlias('TransformerLm1x8Short', TransformerLmShort1x8)

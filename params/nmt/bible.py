@@ -78,7 +78,7 @@ class TransformerMultiLow4x8(TransformerMulti4x8):
 
 
 @model_registry.RegisterSingleTaskModel
-class TransformerMultiLowT1_4x8(TransformerMultiLow4x8):
+class TransformerMultiLowProportional4x8(TransformerMultiLow4x8):
   """The same sampled in proportion to size (T=1)."""
   TEMPERATURE = 1.0
 
@@ -99,21 +99,27 @@ class _Short:
 
 
 @model_registry.RegisterSingleTaskModel
-class TransformerEnEs4x8Short(_Short, TransformerEnEs4x8):
+class TransformerEnEsShort4x8(_Short, TransformerEnEs4x8):
   """en->es, K=4, T=8, 100 steps, BLEU on the whole test split."""
 
 
 @model_registry.RegisterSingleTaskModel
-class TransformerEnEs1x8Short(TransformerEnEs4x8Short):
+class TransformerEnEsShort1x8(TransformerEnEsShort4x8):
   """The same unpipelined (K=1, T=8)."""
   NUM_PARTITIONS = 1
 
 
 @model_registry.RegisterSingleTaskModel
-class TransformerMultiLow4x8Short(_Short, TransformerMultiLow4x8):
+class TransformerMultiLowShort4x8(_Short, TransformerMultiLow4x8):
   """TransformerMultiLow4x8 (T=5) on the reduced budget; BLEU per direction."""
 
 
 @model_registry.RegisterSingleTaskModel
-class TransformerMultiLowT1_4x8Short(_Short, TransformerMultiLowT1_4x8):
-  """TransformerMultiLowT1_4x8 (T=1) on the reduced budget."""
+class TransformerMultiLowProportionalShort4x8(
+    _Short, TransformerMultiLowProportional4x8):
+  """TransformerMultiLowProportional4x8 (T=1) on the reduced budget."""
+
+
+# The keys the runs in results/ were launched with (renamed to <Model><K>x<T>).
+model_registry.RegisterAlias('TransformerEnEs4x8Short', TransformerEnEsShort4x8)
+model_registry.RegisterAlias('TransformerEnEs1x8Short', TransformerEnEsShort1x8)

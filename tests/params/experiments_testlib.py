@@ -75,7 +75,7 @@ def _SyntheticLike(input_p, exp):
 _TWINS = ('consistency.Consistency1x8', 'image.fashion_mnist.ResNet1x8',
           'lm.brown.TransformerLm1x8', 'nmt.bible.TransformerEsEn4x8',
           'nmt.bible.TransformerMulti4x8',
-          'nmt.bible.TransformerMultiLowT1_4x8')
+          'nmt.bible.TransformerMultiLowProportional4x8')
 
 
 # One AmoebaNet experiment per code path.
