@@ -1,12 +1,20 @@
 """Helpers for TensorPipe tests: logical devices and oracle comparisons."""
 
+import json
 import os
+import re
+import subprocess
+import sys
+import tempfile
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import base_layer
 from tensorpipe import devices
+from tensorpipe import distribute
+from tensorpipe import optimizers
 from tensorpipe import py_utils
 
 NUM_TEST_DEVICES = 8
@@ -360,3 +368,71 @@ def AssertOneFOneBMatchesOracle(test: tf.test.TestCase,
         checked += 1
     test.assertGreater(checked, 0)
   return pipe
+
+
+# "name: (Op): /job:localhost/replica:0/task:0/device:CPU:3", one line per op
+# in TensorFlow's log_device_placement report.
+_PLACEMENT_LINE = re.compile(r'^(\S+): \((\w+)\): (\S+)$')
+
+
+def DeviceIndex(name: str) -> Optional[int]:
+  """'/job:localhost/replica:0/task:0/device:CPU:3' -> 3 (None: no CPU:n)."""
+  m = re.search(r'CPU:(\d+)$', name)
+  return int(m.group(1)) if m else None
+
+
+def RunPlacementChild(script: str, child_env: str,
+                      timeout_s: float = 300) -> Tuple[Any, List[Tuple[
+                          str, str, str]]]:
+  """Runs `script` as a child that logs op placements; returns its report.
+
+  The placer prints its report on the process's stdout, so a test re-runs
+  its own file in a child with `child_env` set to a JSON path the child
+  writes (whatever else the test needs: devices, variables).
+
+  Returns:
+    (the child's JSON, [(op name, op type, device)] of every placed op).
+
+  Raises:
+    AssertionError: the child failed (its stderr's tail in the message).
+  """
+  with tempfile.TemporaryDirectory() as d:
+    out_path = os.path.join(d, 'report.json')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env[child_env] = out_path
+    env.pop('TF_CPP_MIN_LOG_LEVEL', None)
+    proc = subprocess.run([sys.executable, os.path.abspath(script)], env=env,
+                          capture_output=True, text=True, timeout=timeout_s,
+                          check=False)
+    if proc.returncode:
+      raise AssertionError(f'placement child failed:\n{proc.stderr[-3000:]}')
+    with open(out_path) as f:
+      report = json.load(f)
+  ops = [m.groups() for m in map(_PLACEMENT_LINE.match,
+                                 proc.stdout.splitlines()) if m]
+  return report, ops
+
+
+def ReplicatedSgdStep(task_params: Any, groups: Sequence[Sequence[str]],
+                      lr: float = 0.1, momentum: float = 0.9):
+  """R replicas of `task_params` on device `groups`, and their train step.
+
+  Returns:
+    (topology, replicas, optimizers, Step) where Step(batch, step) is a
+    tf.function running `distribute.TrainStep` in training mode with the
+    step's seed and SGD with momentum.
+  """
+  topology = distribute.LocalTopology(groups)
+  replicas = distribute.BuildReplicas(task_params, topology)
+  opts = []
+  for task in replicas:
+    opt = optimizers.SGD.Params().Set(momentum=momentum).Instantiate()
+    opt.Build(base_layer.VariablesByPath(task, trainable_only=True))
+    opts.append(opt)
+
+  @tf.function(autograph=False)
+  def Step(batch, step):
+    with py_utils.TrainingMode(True), py_utils.StepSeed(step):
+      return distribute.TrainStep(topology, replicas, opts, batch,
+                                  tf.constant(lr, tf.float32))
+  return topology, replicas, opts, Step

@@ -12,11 +12,10 @@ prefix (none for replica 0).
 import json
 import os
 import re
-import subprocess
-import sys
-import tempfile
 
 import tensorflow as tf
+
+from tensorpipe import test_utils
 
 _CHILD_ENV = 'TENSORPIPE_DISTRIBUTE_PLACEMENT_CHILD'
 _GROUPS = [['/CPU:0', '/CPU:1'], ['/CPU:2', '/CPU:3']]
@@ -24,19 +23,13 @@ _GROUPS = [['/CPU:0', '/CPU:1'], ['/CPU:2', '/CPU:3']]
 # names' scopes tell the layers apart.
 _LAYERS = ['pl_fc0', 'pl_bn', 'pl_drop', 'pl_fc1']
 _PER_PARTITION = 2
-_PLACEMENT_LINE = re.compile(r'^(\S+): \((\w+)\): (\S+)$')
 
 
 def _Child(out_path):
-  """Runs two replicated train steps with placement logging."""
+  """Runs one replicated train step with placement logging."""
   # pylint: disable=g-import-not-at-top
-  from tensorpipe import base_layer
-  from tensorpipe import distribute
-  from tensorpipe import optimizers
   from tensorpipe import pipeline
-  from tensorpipe import py_utils
   from tensorpipe import tasks
-  from tensorpipe import test_utils
   from tensorpipe.layers import dropout
   from tensorpipe.layers import linear
   from tensorpipe.layers import normalization
@@ -57,30 +50,12 @@ def _Child(out_path):
       partitions=[layers[k * n:(k + 1) * n] for k in range(len(_GROUPS[0]))])
   task_p = tasks.ClassificationTask.Params().Set(
       name='task', model=pipe, num_classes=3, input_key='image')
-  topology = distribute.LocalTopology(_GROUPS)
-  replicas = distribute.BuildReplicas(task_p, topology)
-  opts = []
-  for task in replicas:
-    opt = optimizers.SGD.Params().Set(momentum=0.9).Instantiate()
-    opt.Build(base_layer.VariablesByPath(task, trainable_only=True))
-    opts.append(opt)
-
-  @tf.function(autograph=False)
-  def Step(batch, step):
-    with py_utils.TrainingMode(True), py_utils.StepSeed(step):
-      return distribute.TrainStep(topology, replicas, opts, batch,
-                                  tf.constant(0.1, tf.float32))
+  _, replicas, _, step = test_utils.ReplicatedSgdStep(task_p, _GROUPS)
   batch = NestedMap(image=tf.random.stateless_normal([8, 5], seed=[1, 2]),
                     label=tf.constant([0, 1, 2, 0, 1, 2, 0, 1]))
-  Step(batch, tf.constant(0, tf.int64))
+  step(batch, tf.constant(0, tf.int64))
   with open(out_path, 'w') as f:
     json.dump({'devices': [r.children.model.devices for r in replicas]}, f)
-
-
-def _DeviceIndex(name):
-  """'/job:localhost/replica:0/task:0/device:CPU:3' -> 3."""
-  m = re.search(r'CPU:(\d+)$', name)
-  return int(m.group(1)) if m else None
 
 
 class ReplicatedPlacementTest(tf.test.TestCase):
@@ -88,25 +63,10 @@ class ReplicatedPlacementTest(tf.test.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    with tempfile.TemporaryDirectory() as d:
-      out_path = os.path.join(d, 'report.json')
-      env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-      env[_CHILD_ENV] = out_path
-      env.pop('TF_CPP_MIN_LOG_LEVEL', None)
-      proc = subprocess.run([sys.executable, os.path.abspath(__file__)],
-                            env=env, capture_output=True, text=True,
-                            timeout=300, check=False)
-      if proc.returncode:
-        raise AssertionError(f'placement child failed:\n{proc.stderr[-3000:]}')
-      with open(out_path) as f:
-        cls.report = json.load(f)
+    cls.report, placed = test_utils.RunPlacementChild(__file__, _CHILD_ENV)
     # {(replica, layer): [(op name, op type, device index)]}
     cls.ops = {}
-    for line in proc.stdout.splitlines():
-      m = _PLACEMENT_LINE.match(line)
-      if not m:
-        continue
-      name, op_type, device = m.groups()
+    for name, op_type, device in placed:
       parts = name.split('/')
       layer = next((p for p in parts if p in _LAYERS), None)
       if layer is None:
@@ -114,18 +74,18 @@ class ReplicatedPlacementTest(tf.test.TestCase):
       replica = next((int(p[len('replica_'):]) for p in parts
                       if re.fullmatch(r'replica_\d+', p)), 0)
       cls.ops.setdefault((replica, layer), []).append(
-          (name, op_type, _DeviceIndex(device)))
+          (name, op_type, test_utils.DeviceIndex(device)))
 
   def testPipelinesUseTheirReplicasDeviceGroup(self):
-    want = [[_DeviceIndex(d) for d in group] for group in _GROUPS]
-    got = [[_DeviceIndex(d) for d in devices]
+    want = [[test_utils.DeviceIndex(d) for d in group] for group in _GROUPS]
+    got = [[test_utils.DeviceIndex(d) for d in devices]
            for devices in self.report['devices']]
     self.assertEqual(got, want)
 
   def testEveryLayerOpRunsOnItsStageDeviceOfItsReplica(self):
     for r, group in enumerate(_GROUPS):
       for i, layer in enumerate(_LAYERS):
-        want = _DeviceIndex(group[i // _PER_PARTITION])
+        want = test_utils.DeviceIndex(group[i // _PER_PARTITION])
         ops = self.ops.get((r, layer), [])
         self.assertNotEmpty(ops, f'no ops of replica {r} {layer}')
         wrong = [op for op in ops if op[2] != want]

@@ -113,21 +113,8 @@ class OracleModel:
 
 
 def Replicated():
-  topology = distribute.LocalTopology([['/CPU:0', '/CPU:1'],
-                                       ['/CPU:2', '/CPU:3']])
-  replicas = distribute.BuildReplicas(TaskParams(), topology)
-  opts = []
-  for task in replicas:
-    opt = Sgd()
-    opt.Build(base_layer.VariablesByPath(task, trainable_only=True))
-    opts.append(opt)
-
-  @tf.function(autograph=False)
-  def Step(batch, step):
-    with py_utils.TrainingMode(True), py_utils.StepSeed(step):
-      return distribute.TrainStep(topology, replicas, opts, batch,
-                                  tf.constant(LR, tf.float32))
-  return topology, replicas, opts, Step
+  return test_utils.ReplicatedSgdStep(
+      TaskParams(), [['/CPU:0', '/CPU:1'], ['/CPU:2', '/CPU:3']], lr=LR)
 
 
 def ByPath(layer, trainable_only=False):

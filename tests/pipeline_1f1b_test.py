@@ -23,8 +23,6 @@ import tensorflow as tf
 from models import consistency_cnn
 from models import transformer as transformer_models
 from tensorpipe import base_layer
-from tensorpipe import distribute
-from tensorpipe import optimizers
 from tensorpipe import pipeline
 from tensorpipe import pipeline_1f1b
 from tensorpipe import py_utils
@@ -245,20 +243,8 @@ class ReplicatedTaskTest(tf.test.TestCase):
     """distribute.TrainStep, R=2 x K=2: 1F1B's steps are GPipe's."""
 
     def Run(schedule):
-      topology = distribute.LocalTopology([['/CPU:0', '/CPU:1'],
-                                           ['/CPU:2', '/CPU:3']])
-      replicas = distribute.BuildReplicas(_TaskParams(schedule), topology)
-      opts = []
-      for task in replicas:
-        opt = optimizers.SGD.Params().Set(momentum=0.9).Instantiate()
-        opt.Build(base_layer.VariablesByPath(task, trainable_only=True))
-        opts.append(opt)
-
-      @tf.function(autograph=False)
-      def Step(batch, step):
-        with py_utils.TrainingMode(True), py_utils.StepSeed(step):
-          return distribute.TrainStep(topology, replicas, opts, batch,
-                                      tf.constant(0.1, tf.float32))
+      _, replicas, _, train_step = test_utils.ReplicatedSgdStep(
+          _TaskParams(schedule), [['/CPU:0', '/CPU:1'], ['/CPU:2', '/CPU:3']])
       history = []
       for step in range(2):
         batch = NestedMap(
@@ -266,7 +252,7 @@ class ReplicatedTaskTest(tf.test.TestCase):
                                              dtype=tf.float64),
             label=tf.random.stateless_uniform([16], seed=[step, 2], maxval=3,
                                               dtype=tf.int32))
-        history.append(Step(batch, tf.constant(step, tf.int64)))
+        history.append(train_step(batch, tf.constant(step, tf.int64)))
       return history, replicas
 
     want, want_replicas = Run('gpipe')

@@ -14,12 +14,10 @@ The partitions run on explicitly named devices (`devices=['/CPU:3',
 
 import json
 import os
-import re
-import subprocess
-import sys
-import tempfile
 
 import tensorflow as tf
+
+from tensorpipe import test_utils
 
 _CHILD_ENV = 'TENSORPIPE_PLACEMENT_CHILD'
 _DEVICES = ['/CPU:3', '/CPU:1']
@@ -31,8 +29,6 @@ _MODES = {
     'norecompute': dict(recompute=False),
     'tfrecompute': dict(recompute=True, recompute_impl='tf_recompute_grad'),
 }
-# "name: (Op): /job:localhost/replica:0/task:0/device:CPU:3"
-_PLACEMENT_LINE = re.compile(r'^(\S+): \((\w+)\): (\S+)$')
 
 
 def _LayerName(mode, i):
@@ -73,43 +69,23 @@ def _Child(out_path):
     json.dump(report, f)
 
 
-def _DeviceIndex(name):
-  """'/job:localhost/replica:0/task:0/device:CPU:3' -> 3."""
-  m = re.search(r'CPU:(\d+)$', name)
-  return int(m.group(1)) if m else None
-
-
 class PlacementTest(tf.test.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    with tempfile.TemporaryDirectory() as d:
-      out_path = os.path.join(d, 'variables.json')
-      env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-      env[_CHILD_ENV] = out_path
-      env.pop('TF_CPP_MIN_LOG_LEVEL', None)
-      proc = subprocess.run([sys.executable, os.path.abspath(__file__)],
-                            env=env, capture_output=True, text=True,
-                            timeout=300, check=False)
-      if proc.returncode:
-        raise AssertionError(f'placement child failed:\n{proc.stderr[-3000:]}')
-      with open(out_path) as f:
-        cls.report = json.load(f)
+    cls.report, placed = test_utils.RunPlacementChild(__file__, _CHILD_ENV)
     # Op placements, per layer: {layer name: [(op name, op type, device)]}.
     cls.ops = {}
-    for line in proc.stdout.splitlines():
-      m = _PLACEMENT_LINE.match(line)
-      if not m:
-        continue
-      for part in m.group(1).split('/'):
+    for op in placed:
+      for part in op[0].split('/'):
         if part.startswith(tuple(_MODES)) and 'conv' in part:
-          cls.ops.setdefault(part, []).append(m.groups())
+          cls.ops.setdefault(part, []).append(op)
           break
 
   def _AssertOpsOnTheirPartitionsDevice(self, mode):
-    want_devices = [_DeviceIndex(d) for d in _DEVICES]
-    self.assertEqual([_DeviceIndex(d) for d in self.report[mode]['devices']],
+    want_devices = [test_utils.DeviceIndex(d) for d in _DEVICES]
+    self.assertEqual([test_utils.DeviceIndex(d) for d in self.report[mode]['devices']],
                      want_devices)
     for i in range(_LAYERS_PER_PARTITION * len(_DEVICES)):
       name = _LayerName(mode, i)
@@ -120,11 +96,11 @@ class PlacementTest(tf.test.TestCase):
           {'Conv2D', 'Conv2DBackpropInput', 'Conv2DBackpropFilter'},
           {op_type for _, op_type, _ in ops}, msg=name)
       wrong = [(op, op_type, device) for op, op_type, device in ops
-               if _DeviceIndex(device) != want]
+               if test_utils.DeviceIndex(device) != want]
       self.assertEqual(wrong, [], f'{mode}: ops of {name} not on CPU:{want}')
       for var_name, device in self.report[mode]['variables'].items():
         if var_name.startswith(name + '/'):
-          self.assertEqual(_DeviceIndex(device), want, var_name)
+          self.assertEqual(test_utils.DeviceIndex(device), want, var_name)
 
   def testRecomputingPipelineRunsEveryOpOnItsPartitionsDevice(self):
     self._AssertOpsOnTheirPartitionsDevice('explicit')
