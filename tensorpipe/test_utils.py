@@ -16,6 +16,9 @@ from tensorpipe import devices
 from tensorpipe import distribute
 from tensorpipe import optimizers
 from tensorpipe import py_utils
+from tensorpipe.layers import conv
+from tensorpipe.layers import dropout
+from tensorpipe.layers import linear
 
 NUM_TEST_DEVICES = 8
 
@@ -436,3 +439,21 @@ def ReplicatedSgdStep(task_params: Any, groups: Sequence[Sequence[str]],
       return distribute.TrainStep(topology, replicas, opts, batch,
                                   tf.constant(lr, tf.float32))
   return topology, replicas, opts, Step
+
+
+def ConvTestModel(num_classes: int = 5) -> List[Any]:
+  """Layer Params: conv+BN, dropout, strided conv, flatten, FC.
+
+  [b, 8, 8, 2] -> [b, num_classes]; batch norm and dropout make it check
+  micro-batch statistics and per-example masks.
+  """
+  c = conv.Conv2DLayer.Params
+  return [
+      c().Set(name='stem', filter_shape=(3, 3, 2, 4), batch_norm=True),
+      dropout.DropoutLayer.Params().Set(name='drop1', keep_prob=0.7),
+      c().Set(name='conv2', filter_shape=(3, 3, 4, 4), filter_stride=(2, 2),
+              bias=True),
+      linear.FlattenLayer.Params().Set(name='flat'),
+      linear.FCLayer.Params().Set(name='fc', input_dim=64,
+                                  output_dim=num_classes, activation='NONE'),
+  ]

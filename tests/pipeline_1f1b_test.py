@@ -29,7 +29,6 @@ from tensorpipe import py_utils
 from tensorpipe import tasks
 from tensorpipe import test_utils
 from tensorpipe import timeline
-from tensorpipe.layers import conv
 from tensorpipe.layers import dropout
 from tensorpipe.layers import linear
 from tensorpipe.layers import normalization
@@ -40,20 +39,6 @@ test_utils.ConfigureTestDevices()
 
 BATCH = 8
 CLASSES = 5
-
-
-def _ConvModel():
-  """Conv+BN, dropout, strided conv, flatten, FC: [8, 8, 8, 2] -> [8, 5]."""
-  c = conv.Conv2DLayer.Params
-  return [
-      c().Set(name='stem', filter_shape=(3, 3, 2, 4), batch_norm=True),
-      dropout.DropoutLayer.Params().Set(name='drop1', keep_prob=0.7),
-      c().Set(name='conv2', filter_shape=(3, 3, 4, 4), filter_stride=(2, 2),
-              bias=True),
-      linear.FlattenLayer.Params().Set(name='flat'),
-      linear.FCLayer.Params().Set(name='fc', input_dim=64, output_dim=CLASSES,
-                                  activation='NONE'),
-  ]
 
 
 def _DenseModel():
@@ -93,7 +78,7 @@ class TransparencyTest(tf.test.TestCase):
                             (4, 8, False)]:
       with self.subTest(k=k, t=t, recompute=recompute):
         test_utils.AssertOneFOneBMatchesOracle(
-            self, _ConvModel(), k, t, [_Images()], _Labels(), _XentSum,
+            self, test_utils.ConvTestModel(), k, t, [_Images()], _Labels(), _XentSum,
             normalizer=float(BATCH), recompute=recompute)
 
   def testConsistencyCnnMatchesOracle(self):
@@ -104,7 +89,7 @@ class TransparencyTest(tf.test.TestCase):
 
   def testMetricsAreSummedOverMicroBatches(self):
     pipe = pipeline.TensorPipeLayer.Params().Set(
-        name='TensorPipe', layers=_ConvModel(), num_partitions=2,
+        name='TensorPipe', layers=test_utils.ConvTestModel(), num_partitions=2,
         num_micro_batches=4, input_shapes=[[BATCH, 8, 8, 2]],
         schedule='1f1b').Instantiate()
 
@@ -404,7 +389,7 @@ class TimelineTest(tf.test.TestCase):
 class BadInputTest(tf.test.TestCase):
 
   def _Pipe(self, **kwargs):
-    settings = dict(name='TensorPipe', layers=_ConvModel(), num_partitions=2,
+    settings = dict(name='TensorPipe', layers=test_utils.ConvTestModel(), num_partitions=2,
                     num_micro_batches=2, input_shapes=[[BATCH, 8, 8, 2]],
                     schedule='1f1b')
     settings.update(kwargs)

@@ -17,8 +17,6 @@ from tensorpipe import py_utils
 from tensorpipe import test_utils
 from tensorpipe import timeline
 from tensorpipe.layers import composite
-from tensorpipe.layers import conv
-from tensorpipe.layers import dropout
 from tensorpipe.layers import linear
 from tensorpipe.layers import normalization
 
@@ -28,20 +26,6 @@ test_utils.ConfigureTestDevices()
 def _Pipe(**kwargs):
   return tensorpipe.TensorPipeLayer.Params().Set(
       name='TensorPipe', **kwargs).Instantiate()
-
-
-def _ConvModel():
-  """Conv+BN, dropout, strided conv, flatten, FC: [8, 8, 8, 2] -> [8, 5]."""
-  c = conv.Conv2DLayer.Params
-  return [
-      c().Set(name='stem', filter_shape=(3, 3, 2, 4), batch_norm=True),
-      dropout.DropoutLayer.Params().Set(name='drop1', keep_prob=0.7),
-      c().Set(name='conv2', filter_shape=(3, 3, 4, 4), filter_stride=(2, 2),
-              bias=True),
-      linear.FlattenLayer.Params().Set(name='flat'),
-      linear.FCLayer.Params().Set(name='fc', input_dim=64, output_dim=5,
-                                  activation='NONE'),
-  ]
 
 
 def _InFloat64(layer_ps):
@@ -79,7 +63,7 @@ def _OutputAndInputGrad(layer, x, num_micro_batches=None):
 class InputGradientTest(tf.test.TestCase):
 
   def testInputGradientsEqualUnpipelinedOracleInFloat64(self):
-    layer_ps = _InFloat64(_ConvModel())
+    layer_ps = _InFloat64(test_utils.ConvTestModel())
     x = tf.random.stateless_normal([8, 8, 8, 2], seed=[5, 6], dtype=tf.float64)
     ref = composite.SequentialLayer.Params().Set(
         name='Sequential', sub=layer_ps).Instantiate()
@@ -221,7 +205,7 @@ class TimelineLeavesResultsUnchangedTest(tf.test.TestCase):
     x = tf.random.stateless_normal([6, 8, 8, 2], seed=[3, 3])
     for recompute in (True, False):
       with self.subTest(recompute=recompute):
-        pipe = _Pipe(layers=_ConvModel(), num_partitions=2,
+        pipe = _Pipe(layers=test_utils.ConvTestModel(), num_partitions=2,
                      num_micro_batches=3, input_shapes=[[6, 8, 8, 2]],
                      recompute=recompute)
         variables = pipe.trainable_variables
