@@ -14,8 +14,6 @@
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
@@ -26,10 +24,10 @@ from models import transformer as transformer_models
 from tensorpipe import test_utils
 from tests.models import amoebanet_testlib
 from tests.models import transformer_testlib
+from tests.tools import tool_testlib
 
 test_utils.ConfigureTestDevices()
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRID = [(k, t, rc) for rc in (True, False) for k in (1, 2, 4)
         for t in (1, 4, 8)]
 # K=1, T=1 (no loop); the loop at K=2 and K=4; the unrolled schedule.
@@ -96,16 +94,6 @@ class TransparencyGridTest(tf.test.TestCase):
             dtype=None, rtol=1e-5, recompute=rc, entry_points=('FPropLoss',))
 
 
-def _Losses(logdir):
-  out = {}
-  for f in tf.io.gfile.glob(os.path.join(logdir, 'train', 'events*')):
-    for event in tf.compat.v1.train.summary_iterator(f):
-      for v in event.summary.value:
-        if v.tag == 'loss':
-          out[event.step] = float(tf.make_ndarray(v.tensor))
-  return [out[s] for s in sorted(out)]
-
-
 class TrainerTest(tf.test.TestCase):
 
   def testOneFOneBTrainerLossesEqualGPipeOnFashionMnist(self):
@@ -129,16 +117,16 @@ class TrainerTest(tf.test.TestCase):
     for schedule, recompute in (('gpipe', True), ('1f1b', True),
                                 ('1f1b', False)):
       logdir = os.path.join(tmp, f'{schedule}_{recompute}')
-      subprocess.run(
-          [sys.executable, '-m', 'tools.trainer',
-           '--model=image.fashion_mnist.ResNet4x8', f'--logdir={logdir}',
-           '--mode=train', '--max_steps=20', '--num_cpu_devices=4',
-           '--model_params_override='
-           f'task.model.schedule="{schedule}"; '
-           f'task.model.recompute={recompute}; task.dtype=dtype:float64; '
-           'task.train.summary_interval_steps=1'],
-          cwd=_REPO, capture_output=True, text=True, check=True, timeout=900)
-      losses[(schedule, recompute)] = _Losses(logdir)
+      run = tool_testlib.RunTool(
+          'trainer', '--model=image.fashion_mnist.ResNet4x8',
+          f'--logdir={logdir}', '--mode=train', '--max_steps=20',
+          '--num_cpu_devices=4',
+          '--model_params_override='
+          f'task.model.schedule="{schedule}"; '
+          f'task.model.recompute={recompute}; task.dtype=dtype:float64; '
+          'task.train.summary_interval_steps=1', timeout_s=900)
+      self.assertEqual(run.returncode, 0, msg=run.stderr[-3000:])
+      losses[(schedule, recompute)] = tool_testlib.SummaryScalars(logdir)
     want = losses[('gpipe', True)]
     self.assertLen(want, 20)
     for key in (('1f1b', True), ('1f1b', False)):
