@@ -83,7 +83,9 @@ class BleuMetrics(DecodeMetrics):
                detokenize: Callable[[Sequence[int]], str],
                reference_texts: Callable[[], Optional[List[str]]],
                reference_groups: Optional[
-                   Callable[[], Optional[List[Tuple[str, int]]]]] = None):
+                   Callable[[], Optional[List[Tuple[str, int]]]]] = None,
+               score_fn: Optional[Callable[[NestedMap], Tuple[
+                   tf.Tensor, tf.Tensor]]] = None):
     """Creates an empty accumulator.
 
     Args:
@@ -95,13 +97,20 @@ class BleuMetrics(DecodeMetrics):
       reference_groups: optional () -> [(name, count)], consecutive groups
         of those texts (BaseInput.ReferenceGroups); when the whole split was
         decoded, Finalize adds bleu_<name> for each group.
+      score_fn: optional batch -> ([b] summed negative log-likelihood of
+        each row's reference tokens, [b] its token count), wrapped in a
+        tf.function; with groups, Finalize adds log_pplx_<name> per group
+        (the split-wide log_pplx is the task's own metric).
     """
     self._decode = tf.function(decode_fn)
     self._detokenize = detokenize
     self._reference_texts = reference_texts
     self._reference_groups = reference_groups or (lambda: None)
+    self._score = None if score_fn is None else tf.function(score_fn)
     self._hyps: List[str] = []
     self._refs: List[str] = []
+    self._nll: List[float] = []
+    self._tokens: List[float] = []
 
   def Update(self, batch: NestedMap) -> None:
     """Decodes the batch; rows of example weight 0 (padding) are skipped."""
@@ -111,6 +120,10 @@ class BleuMetrics(DecodeMetrics):
       if k:
         self._hyps.append(self._detokenize(h))
         self._refs.append(self._detokenize(r))
+    if self._score is not None:
+      nll, tokens = (np.asarray(x, np.float64) for x in self._score(batch))
+      self._nll.extend(nll[keep].tolist())
+      self._tokens.extend(tokens[keep].tolist())
 
   def Finalize(self) -> Dict[str, float]:
     if not self._hyps:
@@ -126,6 +139,10 @@ class BleuMetrics(DecodeMetrics):
       for name, n in groups:
         out[GroupMetricName('bleu', name)] = ComputeBleu(
             self._hyps[start:start + n], refs[start:start + n])
+        if len(self._nll) == len(self._hyps):
+          tokens = sum(self._tokens[start:start + n])
+          out[GroupMetricName('log_pplx', name)] = (
+              sum(self._nll[start:start + n]) / max(tokens, 1.0))
         start += n
     return out
 

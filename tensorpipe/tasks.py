@@ -475,7 +475,8 @@ class SequenceTask(BaseTask):
 
   def CreateDecodeMetrics(self, eval_input: base_input.BaseInput) -> Optional[
       decode_metrics.DecodeMetrics]:
-    """BLEU of greedy decodes for translation inputs with a detokenizer.
+    """BLEU of greedy decodes for translation inputs with a detokenizer,
+    and BLEU and log_pplx per reference group (e.g. direction).
 
     Needs batches with tgt_labels (translation) and
     `eval_input.Detokenizer()`; else None (e.g. language modelling).
@@ -489,9 +490,19 @@ class SequenceTask(BaseTask):
     def Decode(batch):
       with py_utils.EvalMode():
         return self.GreedyDecode(batch)
+
+    def Score(batch):
+      """Per-row summed unsmoothed token loss and tokens (log_pplx_<group>)."""
+      with py_utils.EvalMode():
+        logits = self.Logits(batch)
+      labels, weights = self._LabelsAndWeights(batch)
+      xent = losses.SoftmaxCrossEntropyLoss(logits, labels, 0.0,
+                                            self.params.vocab_size)
+      return (tf.reduce_sum(xent * weights, axis=1),
+              tf.reduce_sum(weights, axis=1))
     return decode_metrics.BleuMetrics(Decode, detokenize,
                                       eval_input.ReferenceTexts,
-                                      eval_input.ReferenceGroups)
+                                      eval_input.ReferenceGroups, Score)
 
   def GreedyDecode(self, batch: NestedMap) -> tf.Tensor:
     """Greedy decoding of translation targets, [b, Lt] int32 token ids.

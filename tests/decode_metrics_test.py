@@ -118,6 +118,33 @@ class TaskHookTest(tf.test.TestCase):
     self.assertAllClose(m.Finalize()['bleu'],
                         decode_metrics.ComputeBleu(hyps, refs))
 
+  def testGroupsGetLogPerplexityOfTheirOwnRows(self):
+    task = self._SequenceTask()
+
+    class Grouped(synthetic_input.SyntheticSequenceInput):
+
+      def ReferenceGroups(self):
+        return [('en->es', 5), ('es->en', 3)]
+
+    inp = Grouped.Params().Set(task='nmt', batch_size=4, max_length=6,
+                               num_examples=8, split='test').Instantiate()
+    m = task.CreateDecodeMetrics(inp)
+    nll, tokens = [], []
+    for batch in inp.Dataset():
+      m.Update(batch)
+      logp = tf.nn.log_softmax(task.Logits(batch)).numpy().astype(np.float64)
+      labels = batch.tgt_labels.numpy()
+      w = 1.0 - batch.tgt_paddings.numpy()
+      picked = np.take_along_axis(logp, labels[..., None], -1)[..., 0]
+      nll += list(-(picked * w).sum(1))
+      tokens += list(w.sum(1))
+    out = m.Finalize()
+    for name, rows in (('en_es', slice(0, 5)), ('es_en', slice(5, 8))):
+      want = sum(nll[rows]) / sum(tokens[rows])
+      self.assertAllClose(out['log_pplx_' + name], want, rtol=1e-5)
+    self.assertNotAlmostEqual(out['log_pplx_en_es'], out['log_pplx_es_en'],
+                              places=4)
+
   def testGreedyDecodeEqualsRecomputingTheWholeModelEachStep(self):
     # GreedyDecode runs the encoder once and one softmax position per step;
     # the reference reruns Logits on the whole model for every position.
