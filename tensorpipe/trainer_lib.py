@@ -53,6 +53,7 @@ from tensorpipe import overrides
 from tensorpipe import py_utils
 from tensorpipe import summaries
 from tensorpipe import tasks
+from tensorpipe.layers import normalization
 from tensorpipe.nested_map import NestedMap
 
 PARAMS_FILE = logdir_lib.PARAMS_FILE
@@ -555,6 +556,10 @@ class Trainer:
       return {}
     self._log(f'training {self._params.name} from step {start_step} to '
               f'{max_steps} (batch size {batch_size}); logdir {self._logdir}')
+    if self._is_chief:
+      for message in normalization.MovingAverageWarnings(self.task,
+                                                         max_steps):
+        self._Warn(message)
     last = {}
     t_start = time.perf_counter()
     t_window, steps_window = t_start, 0

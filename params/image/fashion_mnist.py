@@ -21,6 +21,7 @@ from tensorpipe import model_registry
 from tensorpipe import optimizers
 from tensorpipe import pipeline
 from tensorpipe import tasks
+from tensorpipe.layers import normalization
 
 NUM_TRAIN_EXAMPLES = 60000
 
@@ -41,6 +42,11 @@ class _FashionMnistBase(base_experiment.BaseExperiment):
   WARMUP_STEPS = 100
   WEIGHT_DECAY = 5e-5
   LABEL_SMOOTHING = 0.0
+  # Batch-norm moving averages: 0.99 averages about the last 100 steps. The
+  # layers' default 0.999 (Lingvo's, for runs of 100k+ steps) still held 39%
+  # of the initial values after 936 steps: 62% test accuracy against 90.5%
+  # with statistics recomputed on training batches (the trainer warns).
+  BN_DECAY = 0.99
   DATA_DIR = None           # None: tfds_utils' default (data/tfds)
 
   @property
@@ -63,8 +69,10 @@ class _FashionMnistBase(base_experiment.BaseExperiment):
     raise NotImplementedError
 
   def Task(self):
+    model = self.Model()
+    normalization.SetBatchNormDecay(model, self.BN_DECAY)
     p = tasks.ClassificationTask.Params().Set(
-        name='task', model=self.Model(), num_classes=10,
+        name='task', model=model, num_classes=10,
         label_smoothing=self.LABEL_SMOOTHING)
     tp = p.train
     tp.optimizer = optimizers.SGD.Params().Set(momentum=0.9, nesterov=True)

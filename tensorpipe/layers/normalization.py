@@ -15,10 +15,14 @@ input. A BatchNormLayer therefore warns once, when traced in training, if a
 call normalises fewer than `MIN_VALUES_PER_CHANNEL` values per channel.
 """
 
+import math
+from typing import Any, List
+
 from absl import logging
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import hyperparams
 from tensorpipe import py_utils
 
 # Approximate FLOPs per element: moments (sum, square, sum) and the
@@ -179,6 +183,77 @@ class BatchNormLayer(base_layer.BaseLayer):
     shape = _CheckChannels(cls.__name__, p, x_shape)
     return base_layer.FPropMetaResult(
         _BN_FLOPS_PER_ELEMENT * base_layer.NumElements(shape), shape, 4 * p.dim)
+
+
+# Past this share of their initial values left in the moving averages at the
+# end of training, the trainer warns (MovingAverageWarnings).
+MAX_INITIAL_SHARE = 0.01
+
+
+def SetBatchNormDecay(params: Any, decay: float) -> int:
+  """Sets `decay` of every BatchNormLayer Params nested in `params`.
+
+  Walks nested Params, lists, tuples and dicts (layer lists, templates such
+  as a conv layer's bn_tpl). Returns how many were set.
+
+  Raises:
+    ValueError: decay is not in [0, 1].
+  """
+  if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not (
+      0.0 <= decay <= 1.0):
+    raise ValueError(f'batch norm decay={decay!r} must be a number in [0, 1], '
+                     'e.g. 0.99')
+  count = 0
+  stack = [params]
+  while stack:
+    value = stack.pop()
+    if isinstance(value, hyperparams.Params):
+      cls = value.Get('cls') if 'cls' in value else None
+      if isinstance(cls, type) and issubclass(cls, BatchNormLayer):
+        value.decay = float(decay)
+        count += 1
+      stack.extend(v for _, v in value.IterParams())
+    elif isinstance(value, (list, tuple)):
+      stack.extend(value)
+    elif isinstance(value, dict):
+      stack.extend(value.values())
+  return count
+
+
+def MovingAverageWarnings(layer: base_layer.BaseLayer,
+                          num_steps: int) -> List[str]:
+  """Warnings for batch-norm layers whose averages a run leaves stale.
+
+  After n updates, moving = decay^n x initial value + the statistics of the
+  last ~1 / (1 - decay) steps. Evaluation normalises with it, so while
+  decay^n is large the eval model differs from the trained one (measured:
+  Fashion-MNIST ResNet, 936 steps, decay 0.999: 62% test accuracy with the
+  moving averages, 90.5% with statistics recomputed on training batches).
+  One line per distinct decay, naming the layers' count and a first path.
+
+  Args:
+    layer: the model (every descendant is checked).
+    num_steps: the updates the run makes (training steps).
+  """
+  by_decay = {}
+  for sub in base_layer.Layers(layer):
+    if isinstance(sub, BatchNormLayer) and num_steps > 0:
+      decay = sub.params.decay
+      if decay ** num_steps > MAX_INITIAL_SHARE:
+        by_decay.setdefault(decay, []).append(sub.path or sub.layer_name)
+  out = []
+  for decay, paths in sorted(by_decay.items()):
+    suggested = MAX_INITIAL_SHARE ** (1.0 / num_steps)
+    out.append(
+        f'{len(paths)} batch norm layer(s) (e.g. {paths[0]!r}) have '
+        f'decay={decay}: after {num_steps} training steps their moving '
+        f'averages still hold {decay ** num_steps:.0%} of their initial '
+        'values and weigh early-training statistics heavily, and evaluation '
+        'normalises with them, so eval accuracy can be far below training '
+        f'accuracy. Set decay <= {math.floor(suggested * 1e4) / 1e4} (the '
+        'layers\' `decay` param, or normalization.SetBatchNormDecay on the '
+        'model params) or train longer.')
+  return out
 
 
 class LayerNormLayer(base_layer.BaseLayer):

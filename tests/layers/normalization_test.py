@@ -207,6 +207,46 @@ class BatchNormLayerTest(tf.test.TestCase):
               name='bn', **bad).Instantiate()
 
 
+class MovingAverageDecayTest(tf.test.TestCase):
+
+  def _Model(self):
+    from models import resnet  # pylint: disable=g-import-not-at-top
+    from tensorpipe import pipeline  # pylint: disable=g-import-not-at-top
+    return pipeline.TensorPipeLayer.Params().Set(
+        name='pipe', layers=resnet.SmallResNetLayers(4, 1),
+        num_partitions=1, num_micro_batches=1)
+
+  def testSetBatchNormDecayReachesTemplatesInLayerLists(self):
+    p = self._Model()
+    n = normalization.SetBatchNormDecay(p, 0.97)
+    decays = {line.split(' : ')[1] for line in p.ToText().splitlines()
+              if line.split(' : ')[0].endswith('.decay')}
+    self.assertEqual(decays, {'0.97'})
+    self.assertGreaterEqual(n, 9)  # stem, 3 x 2 branch convs, 2 downsamples
+    with self.assertRaisesRegex(ValueError, r'decay=1\.5 must be a number '
+                                r'in \[0, 1\]'):
+      normalization.SetBatchNormDecay(p, 1.5)
+
+  def testWarnsWhenTheInitialValuesOutliveTheRun(self):
+    p = self._Model()
+    layer = p.Instantiate()
+    # decay 0.999: 0.999^936 = 39% of the initial values left.
+    (message,) = normalization.MovingAverageWarnings(layer, 936)
+    self.assertIn('decay=0.999', message)
+    self.assertIn('still hold 39% of their initial values', message)
+    # 0.01^(1/936) = 0.99509...: rounded down, so it meets the 1% bound.
+    self.assertIn('Set decay <= 0.995 ', message)
+    self.assertLessEqual(0.995 ** 936, normalization.MAX_INITIAL_SHARE)
+    self.assertEmpty(normalization.MovingAverageWarnings(layer, 10000))
+    normalization.SetBatchNormDecay(p, 0.99)
+    self.assertEmpty(normalization.MovingAverageWarnings(p.Instantiate(),
+                                                         936))
+    # A model without batch norm: nothing to say.
+    fc = normalization.LayerNormLayer.Params().Set(name='ln', dim=3)
+    self.assertEmpty(normalization.MovingAverageWarnings(fc.Instantiate(),
+                                                         5))
+
+
 class LayerNormLayerTest(tf.test.TestCase):
 
   def testMatchesNumpy(self):
