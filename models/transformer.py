@@ -16,8 +16,9 @@ The embeddings are in the first partition and the softmax in the last; the
 encoder output travels in the NestedMap with the decoder's input through the
 decoder partitions. The input is a NestedMap batch (src_ids, src_paddings,
 tgt_ids, tgt_labels, tgt_paddings; tensorpipe/base_input.py); the output is
-NestedMap(per_example_loss, per_example_tokens, per_example_correct), each
-[batch], so the mean loss over real tokens is `MeanTokenLoss(out)`.
+NestedMap(per_example_loss, per_example_log_pplx, per_example_tokens,
+per_example_correct), each [batch], so the mean loss over real tokens is
+`MeanTokenLoss(out)`.
 
 Shared embeddings share the source and target tables. The softmax has its own
 weights: tying it to the embedding would put one variable in the first and

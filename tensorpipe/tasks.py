@@ -337,7 +337,8 @@ class SequenceTask(BaseTask):
   """Token-level loss for translation and language modelling.
 
   The model maps the whole batch NestedMap either to
-  NestedMap(per_example_loss, per_example_tokens, per_example_correct) (a
+  NestedMap(per_example_loss, per_example_tokens, per_example_correct and,
+  if the loss is label-smoothed, per_example_log_pplx without smoothing) (a
   model ending in a SequenceSoftmaxLayer, which computes the loss inside the
   pipeline, models/transformer.py), or to logits [b, L, V] (or
   NestedMap(logits=...)), scored here against batch.tgt_labels /
@@ -385,7 +386,11 @@ class SequenceTask(BaseTask):
     if isinstance(out, dict) and 'per_example_loss' in out:
       w = 1.0 if example_weights is None else example_weights
       loss_sum = tf.reduce_sum(out['per_example_loss'] * w)
-      return (loss_sum, loss_sum,
+      # log_pplx must not include label smoothing: a model that smooths
+      # reports its unsmoothed sums as per_example_log_pplx.
+      plain_sum = (tf.reduce_sum(out['per_example_log_pplx'] * w)
+                   if 'per_example_log_pplx' in out else loss_sum)
+      return (loss_sum, plain_sum,
               tf.reduce_sum(out['per_example_tokens'] * w),
               tf.reduce_sum(out['per_example_correct'] * w))
     logits = out['logits'] if isinstance(out, dict) else out

@@ -136,6 +136,21 @@ class TasksTest(tf.test.TestCase):
     out = task.FPropDefaultTheta(NestedMap(ids=tf.zeros([2, 2], tf.int32)))
     self.assertAllClose(float(out.loss), 1.0)
     self.assertAllClose(float(out.metrics.token_accuracy[0]), 0.75)
+    # Without per_example_log_pplx the loss is unsmoothed: log_pplx = loss.
+    self.assertAllClose(float(out.metrics.log_pplx[0]), 1.0)
+
+    class _SmoothedModel(_SumsModel):
+
+      def FProp(self, theta, batch):
+        out = super().FProp(theta, batch)
+        out.per_example_log_pplx = tf.constant([2.0, 0.4])
+        return out
+    task = tasks.SequenceTask.Params().Set(
+        name='task', vocab_size=5,
+        model=_SmoothedModel.Params()).Instantiate()
+    out = task.FPropDefaultTheta(NestedMap(ids=tf.zeros([2, 2], tf.int32)))
+    self.assertAllClose(float(out.loss), 1.0)        # the smoothed loss
+    self.assertAllClose(float(out.metrics.log_pplx[0]), 0.6)  # 2.4 / 4
 
   def testTransformerLogitsAndGreedyDecode(self):
     from models import transformer  # pylint: disable=g-import-not-at-top

@@ -397,6 +397,9 @@ class SequenceSoftmaxLayer(base_layer.BaseLayer):
   Output NestedMap ([b] = examples of the batch):
     per_example_loss [b] float32: sum over real target tokens of the
       label-smoothed cross-entropy.
+    per_example_log_pplx [b] float32: the same without label smoothing (the
+      negative log-likelihood behind perplexity; per_example_loss itself
+      when label_smoothing is 0).
     per_example_tokens [b] float32: number of real (unpadded) tokens.
     per_example_correct [b] float32: real tokens whose argmax is the label.
   """
@@ -458,8 +461,16 @@ class SequenceSoftmaxLayer(base_layer.BaseLayer):
                                           p.vocab_size)  # [b, L] float32
     correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
                                labels), tf.float32)
+    loss = tf.reduce_sum(xent * weights, axis=1)
+    log_pplx = loss
+    if p.label_smoothing:
+      # A metric only: no gradient flows through it.
+      plain = losses.SoftmaxCrossEntropyLoss(tf.stop_gradient(logits), labels,
+                                             0.0, p.vocab_size)
+      log_pplx = tf.reduce_sum(plain * weights, axis=1)
     return NestedMap(
-        per_example_loss=tf.reduce_sum(xent * weights, axis=1),
+        per_example_loss=loss,
+        per_example_log_pplx=log_pplx,
         per_example_tokens=tf.reduce_sum(weights, axis=1),
         per_example_correct=tf.reduce_sum(correct * weights, axis=1))
 
@@ -476,8 +487,8 @@ class SequenceSoftmaxLayer(base_layer.BaseLayer):
     # softmax cross-entropy (~5 per logit), argmax (1 per logit)
     flops = m.flops + 6 * base_layer.NumElements(logits)
     b = tf.TensorShape([x[0]])
-    out = NestedMap(per_example_loss=b, per_example_tokens=b,
-                    per_example_correct=b)
+    out = NestedMap(per_example_loss=b, per_example_log_pplx=b,
+                    per_example_tokens=b, per_example_correct=b)
     return base_layer.FPropMetaResult(flops, out, m.num_params)
 
 

@@ -253,6 +253,11 @@ class SequenceSoftmaxLayerTest(tf.test.TestCase):
     self.assertAllClose(out.per_example_loss, (xent * weights).sum(1),
                         rtol=1e-5)
     self.assertAllClose(out.per_example_tokens, weights.sum(1))
+    nll = -np.take_along_axis(log_probs, nm.tgt_labels.numpy()[..., None],
+                              -1)[..., 0]
+    self.assertAllClose(out.per_example_log_pplx, (nll * weights).sum(1),
+                        rtol=1e-5)
+    self.assertNotAllClose(out.per_example_log_pplx, out.per_example_loss)
     correct = (log_probs.argmax(-1) == nm.tgt_labels.numpy()) * weights
     self.assertAllClose(out.per_example_correct, correct.sum(1))
     self.assertAllClose(transformer.MeanTokenLoss(out),
