@@ -9,7 +9,8 @@
   FPropLossAndGrads runs the same engine).
 - The trainer binary: 20 steps of ResNet4x8 on Fashion-MNIST with
   schedule='1f1b' (set by --model_params_override), with and without
-  recompute, give GPipe's losses (in float64, see the test).
+  recompute, give GPipe's losses in float32 (1F1B sums the gradients in
+  GPipe's order, see the test).
 """
 
 import os
