@@ -14,6 +14,7 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config  # pylint: disable=g-direct-tensorflow-import
 
 from tensorpipe import base_experiment
+from tensorpipe import base_layer
 from tensorpipe import checkpoints
 from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
@@ -28,6 +29,7 @@ from tensorpipe import trainer_lib
 from tensorpipe.layers import conv
 from tensorpipe.layers import dropout
 from tensorpipe.layers import linear
+from tensorpipe.layers import normalization
 from tensorpipe.layers import pooling
 
 test_utils.ConfigureTestDevices()
@@ -195,6 +197,48 @@ class TrainerLibTest(tf.test.TestCase):
     self.assertAllClose(metrics['bleu'], want)
     self.assertAllClose(metrics['perplexity'], np.exp(metrics['log_pplx']))
     self.assertEqual(metrics['num_batches'], 2.0)
+
+  def testRecomputedBatchNormStatsAreThoseOfTheTrainingBatches(self):
+    logdir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    exp = type('Tiny', (_Tiny,), {'NUM_PARTITIONS': 1,
+                                  'NUM_MICRO_BATCHES': 1})()
+    log = []
+    trainer = trainer_lib.Trainer(exp.ModelParams(), logdir,
+                                  log_fn=log.append)
+    trainer.Train()
+    bns = [layer for layer in base_layer.Layers(trainer.task)
+           if isinstance(layer, normalization.BatchNormLayer)]
+    self.assertLen(bns, 2)
+    batches = list(trainer.TrainInput().Dataset().take(2))
+    conv1 = [l for l in base_layer.Layers(trainer.task)
+             if l.params.name == 'conv1'][0]
+    # One batch: conv1's batch norm then normalises that batch in eval mode
+    # exactly as in training (its input does not depend on dropout).
+    self.assertEqual(trainer.RecomputeBatchNormStats(1), 2)
+    with py_utils.TrainingMode(True):
+      want = conv1.FPropDefaultTheta(batches[0].image)
+    got = conv1.FPropDefaultTheta(batches[0].image)  # eval: moving stats
+    self.assertAllClose(got, want, rtol=1e-4, atol=1e-4)
+    # Two batches: the averages of the two batches' mean and variance.
+    self.assertEqual(trainer.RecomputeBatchNormStats(2), 2)
+    means, variances = [], []
+    for batch in batches:
+      with py_utils.TrainingMode(True), \
+          py_utils.CollectBatchStats() as collected:
+        trainer.task.FPropDefaultTheta(batch)
+      stats = {id(layer): s.MeanAndVariance() for layer, s in collected}
+      means.append([stats[id(bn)][0] for bn in bns])
+      variances.append([stats[id(bn)][1] for bn in bns])
+    for i, bn in enumerate(bns):
+      self.assertAllClose(bn.vars.moving_mean,
+                          (means[0][i] + means[1][i]) / 2, rtol=1e-5)
+      self.assertAllClose(bn.vars.moving_variance,
+                          (variances[0][i] + variances[1][i]) / 2, rtol=1e-5)
+      self.assertNotAllClose(means[0][i], means[1][i])
+    self.assertIn('recomputed from 2 training batches', log[-1])
+    with self.assertRaisesRegex(ValueError, r'num_batches=0 must be an int '
+                                r'>= 1'):
+      trainer.RecomputeBatchNormStats(0)
 
   def testComputeBleu(self):
     self.assertAllClose(trainer_lib.ComputeBleu(

@@ -46,6 +46,11 @@ flags.DEFINE_string('model_params_override', '', "Params overrides, 'key=value' 
 flags.DEFINE_integer('max_steps', None, 'Overrides task.train.max_steps.')
 flags.DEFINE_integer('eval_steps', None, 'Eval batches (overrides '
                      'task.train.eval_steps; default the whole eval split).')
+flags.DEFINE_integer('recompute_bn_stats', 0, 'Before the final evaluation '
+                     '(--mode=eval or train_and_eval), set every batch-norm '
+                     "layer's moving averages from this many training "
+                     'batches (Trainer.RecomputeBatchNormStats; in memory '
+                     'only, checkpoints keep the trained averages). 0: off.')
 flags.DEFINE_integer('num_cpu_devices', None, 'Logical CPU devices to create '
                      'when there is no accelerator; default: enough for the '
                      "model's partitions.")
@@ -149,6 +154,11 @@ def _Setup():
   if FLAGS.num_cpu_devices is not None and FLAGS.num_cpu_devices < 1:
     raise _UserError(f'--num_cpu_devices={FLAGS.num_cpu_devices} must be >= '
                      '1 (leave it unset for one device per partition)')
+  if FLAGS.recompute_bn_stats < 0 or (FLAGS.recompute_bn_stats and
+                                      FLAGS.mode == 'train'):
+    raise _UserError(f'--recompute_bn_stats={FLAGS.recompute_bn_stats} needs '
+                     '--mode=eval or train_and_eval and a count >= 0 (0: '
+                     'off)')
   if FLAGS.eval_steps is not None and FLAGS.eval_steps < 1:
     raise _UserError(f'--eval_steps={FLAGS.eval_steps} must be >= 1 (leave '
                      'it unset to read the whole eval split)')
@@ -182,6 +192,12 @@ def _Setup():
     # Before any other TF op: a cluster starts this process's server.
     topology = distribute.MakeTopology(FLAGS.num_replicas, num_partitions,
                                        cluster)
+    if FLAGS.recompute_bn_stats and topology.num_replicas > 1:
+      raise ValueError(
+          f'--recompute_bn_stats runs in one process, but this run has '
+          f'{topology.num_replicas} replicas: train without it, then '
+          'evaluate the logdir with --mode=eval --recompute_bn_stats=N and '
+          'no cluster')
     if topology.num_replicas > 1:
       logging.info('%d replicas x %d partitions; this process: replicas '
                    '%d..%d on %s%s', topology.num_replicas, num_partitions,
@@ -208,7 +224,13 @@ def _Run(trainer) -> None:
     trainer.Train(eval_fn=eval_fn)
   if mode in ('eval', 'train_and_eval'):
     # After training the weights in memory are those of the last checkpoint.
-    metrics = trainer.Evaluate(restore=mode == 'eval')
+    restore = mode == 'eval'
+    if FLAGS.recompute_bn_stats:
+      if restore:
+        trainer.RestoreForEval()
+        restore = False
+      trainer.RecomputeBatchNormStats(FLAGS.recompute_bn_stats)
+    metrics = trainer.Evaluate(restore=restore)
     print('final eval: ' + ', '.join(f'{k}={v:.4f}'
                                      for k, v in sorted(metrics.items())))
 

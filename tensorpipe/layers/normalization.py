@@ -252,7 +252,9 @@ def MovingAverageWarnings(layer: base_layer.BaseLayer,
         'normalises with them, so eval accuracy can be far below training '
         f'accuracy. Set decay <= {math.floor(suggested * 1e4) / 1e4} (the '
         'layers\' `decay` param, or normalization.SetBatchNormDecay on the '
-        'model params) or train longer.')
+        'model params), train longer, or evaluate with statistics '
+        'recomputed from training batches (tools/trainer '
+        '--recompute_bn_stats=N).')
   return out
 
 

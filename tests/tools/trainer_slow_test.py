@@ -161,6 +161,26 @@ class TrainerSlowTest(unittest.TestCase):
     self.assertIn('num_partitions : 4', params)
     self.assertIn('num_micro_batches : 8', params)
     self.assertTrue(_Losses(logdir), 'no loss summaries written')
+    # Eval with batch-norm statistics recomputed from training batches:
+    # other metrics, and the checkpoint keeps the trained averages.
+    ckpt = tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints'))
+    stored = {name: tf.train.load_variable(ckpt, name)
+              for name, _ in tf.train.list_variables(ckpt)
+              if 'moving_mean' in name}
+    self.assertTrue(stored)
+    result = _Run([sys.executable, '-m', 'tools.trainer',
+                   '--model=image.fashion_mnist.ResNet4x8',
+                   f'--logdir={logdir}', '--mode=eval', '--eval_steps=2',
+                   '--recompute_bn_stats=2'])
+    self.assertIn('recomputed from 2 training batches', result.stderr)
+    with open(os.path.join(logdir, 'eval_metrics.json')) as f:
+      recomputed = json.load(f)
+    self.assertEqual(recomputed['step'], 4)
+    self.assertNotAlmostEqual(recomputed['loss'], metrics['loss'], places=4)
+    self.assertEqual(
+        tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints')), ckpt)
+    for name, value in stored.items():
+      np.testing.assert_array_equal(tf.train.load_variable(ckpt, name), value)
 
   def _AssertAccuracyOfTheLogits(self, model, logdir, metrics, batches):
     """metrics' top-1 / top-5 accuracy == NumPy's on the restored model's
@@ -194,6 +214,8 @@ class TrainerSlowTest(unittest.TestCase):
           '--model_params_override=input.data_dir="/nonexistent"'],
          'tools/prepare_data.sh'),
         ([f'--logdir={logdir}'], '--model is required'),
+        ([f'--model={_MODEL}', f'--logdir={logdir}', '--mode=train',
+          '--recompute_bn_stats=2'], 'needs --mode=eval or train_and_eval'),
     ]
     for flags, message in cases:
       out = _Run([sys.executable, '-m', 'tools.trainer', *flags], check=False)
