@@ -27,12 +27,15 @@ One step, in pseudo-code (replica r of R, per-replica batch n = N / R):
   with ReplicaExampleOffset(n):                 # masks of rows r n ...
     loss_r, w_r = task_r(rows)                  # w_r: examples or tokens
   W = all_reduce(w_r)
-  objective_r = loss_r * w_r / W + regulariser / R
+  objective_r = loss_r * w_r / W
   g = all_reduce(grad(objective_r, theta_r))    # = grad of the global loss
+  g += grad(regulariser, theta_r)               # once, after the all-reduce
   optimizer_r.Apply(lr, clip(g), theta_r)
 
-With R = 1 no collective runs and objective = loss + regulariser, bit for
-bit the single-replica step.
+With R = 1 no collective runs and g = grad(loss) + grad(regulariser), bit
+for bit the single-replica step. With R = 2, power-of-two batch shares and
+the pipelines' grad_sum='pairwise' (grad_sum.py), g equals the single
+process's bit for bit.
 """
 
 import dataclasses
@@ -368,6 +371,11 @@ def _OnDevice(x: tf.Tensor, device: str) -> tf.Tensor:
     return tf.identity(x)
 
 
+def _AddOnDevice(a: tf.Tensor, b: Any, device: str) -> tf.Tensor:
+  with tf.device(device):
+    return a + tf.convert_to_tensor(b)
+
+
 def _CheckGrads(grads, variables, names) -> None:
   missing = [n for g, n in zip(grads, names) if g is None]
   if missing:
@@ -411,16 +419,26 @@ def TrainStep(topology: Topology, tasks: Sequence[Any],
         out = task.FPropDefaultTheta(rows)
       weight = tf.cast(out.metrics.loss[1], tf.float32)
       total_weight = AllReduceSum(weight)
+      # R = 1: weight / total_weight == 1.0 exactly.
+      objective = out.loss * (weight / total_weight)
+    with tf.GradientTape() as reg_tape:
       reg = task.RegularizationLoss()
-      # R = 1: weight / total_weight == 1.0 and reg / 1 == reg exactly.
-      objective = out.loss * (weight / total_weight) + reg / num_replicas
     grads = tape.gradient(objective, variables)
-    _CheckGrads(grads, variables, [v.name for v in variables])
+    reg_grads = reg_tape.gradient(reg, variables)
+    _CheckGrads([g if g is not None else r for g, r in zip(grads, reg_grads)],
+                variables, [v.name for v in variables])
     # Pinned to their stage's device, stage k's gradients are all-reduced
     # there (the strategy reduces each value on its first replica's copy and
     # broadcasts to the copies' devices), not on the replica's first device.
-    grads = [_OnDevice(g, v.device) for g, v in zip(grads, variables)]
+    grads = [_OnDevice(tf.zeros_like(v) if g is None else g, v.device)
+             for g, v in zip(grads, variables)]
     grads = AllReduceSum(grads)
+    # The regulariser's gradient is the same in every replica: added once,
+    # after the all-reduce, the sum is data + regulariser as with R = 1 (two
+    # terms add exactly alike in any order), so replicated runs can equal
+    # the single-process one bit for bit (grad_sum.py).
+    grads = [g if r is None else _AddOnDevice(g, r, v.device)
+             for g, r, v in zip(grads, reg_grads, variables)]
     grad_norm = tf.linalg.global_norm(grads)
     if grad_norm_clip:
       grads, _ = tf.clip_by_global_norm(grads, grad_norm_clip,

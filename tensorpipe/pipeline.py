@@ -66,6 +66,7 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import devices as devices_lib
+from tensorpipe import grad_sum
 from tensorpipe import hyperparams
 from tensorpipe import microbatch
 from tensorpipe import partitioning
@@ -282,6 +283,12 @@ class TensorPipeLayer(base_layer.BaseLayer):
              'then for inference). With recompute=False the 1F1B schedule '
              'is unrolled in the graph (2 K T stage calls). See '
              'pipeline_1f1b.py.')
+    p.Define('grad_sum', 'sequential', "How each partition sums its weight "
+             "gradients over micro-batches: 'sequential' (one running sum) "
+             "or 'pairwise' (a binary tree, T.bit_length() weight-sized "
+             'buffers: R = 2 replicas of T / 2 micro-batches then train '
+             'bit for bit like one of T; needs the explicit recompute of '
+             'recompute=True). See grad_sum.py.')
     return p
 
   def __init__(self, params):
@@ -297,6 +304,16 @@ class TensorPipeLayer(base_layer.BaseLayer):
     if not isinstance(p.batch_dim, int) or p.batch_dim < 0:
       raise ValueError(f'batch_dim={p.batch_dim!r} must be an int >= 0')
     pipeline_1f1b.CheckScheduleParams(p)
+    grad_sum.CheckMode(p.grad_sum, f'TensorPipeLayer {p.name!r}')
+    if p.grad_sum == 'pairwise' and not (p.recompute and
+                                         p.recompute_impl == 'explicit'):
+      raise ValueError(
+          f"TensorPipeLayer {p.name!r}: grad_sum='pairwise' sums in the "
+          'explicit recompute loops, but recompute='
+          f'{p.recompute!r}, recompute_impl={p.recompute_impl!r} (without '
+          'recompute TF or the unrolled 1F1B schedule adds the gradients); '
+          "set recompute=True, recompute_impl='explicit', or "
+          "grad_sum='sequential'")
     stages = []
     for k, layer_ps in enumerate(stage_params):
       with tf.device(self._devices[k]):
@@ -805,6 +822,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     stages = self._stages
     num_k = len(stages)
     ticks = schedules.NumClockTicks(num_k, num_mb)
+    acc = grad_sum.GradSum(self.params.grad_sum, num_mb)
 
     def Vjp(k, x, dy, tc, dtheta) -> _GradCell:
       """Recompute + backprop of one cell; `dtheta`: the weight-grad sum."""
@@ -825,8 +843,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
             ys, (xs, theta_flat), output_gradients=dy,
             unconnected_gradients=tf.UnconnectedGradients.ZERO)
       end = probe.Stamp([dxs, dws])
-      return _GradCell(dxs, [a + g for a, g in zip(dtheta, dws)],
-                       start + mid + end)
+      return _GradCell(dxs, acc.Add(dtheta, dws, tc), start + mid + end)
 
     def Body(guarded, ts, c, grads, dthetas, din_tas, logs):
       new_grads = [[] for _ in range(num_k)]
@@ -872,7 +889,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
         logs.append(probe.NewLog(ticks, 3))
         # While-loop state cannot hold None: stage 0 has no incoming gradient.
         grads.append(_Zeros(spec.DxSpecs()) if k > 0 else [])
-        dthetas.append([tf.zeros_like(w) for w in tf.nest.flatten(thetas[k])])
+        dthetas.append(acc.Init(tf.nest.flatten(thetas[k])))
     with tf.device(stages[0].device):
       din_tas = [tf.TensorArray(s.dtype, size=num_mb + 1,
                                 element_shape=s.shape)
@@ -888,4 +905,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     with tf.device(stages[0].device):
       for ta, i in zip(din_tas, specs[0].float_in):
         d_inputs[i] = ta.gather(tf.range(num_mb))
-    return d_inputs, dthetas
+    totals = []
+    for stage, dtheta in zip(stages, dthetas):
+      with tf.device(stage.device):
+        totals.append(acc.Total(dtheta))
+    return d_inputs, totals

@@ -70,6 +70,7 @@ from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
 from absl import logging
 import tensorflow as tf
 
+from tensorpipe import grad_sum
 from tensorpipe import microbatch
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
@@ -218,7 +219,8 @@ def NumSlots(k: int, num_partitions: int, num_micro_batches: int) -> int:
 def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
         inputs: Tuple[Any, ...], targets: Any, loss_fn: LossFn,
         normalizer: tf.Tensor, num_mb: int, batch_dim: int,
-        recompute: bool = True) -> LossAndGrads:
+        recompute: bool = True,
+        grad_sum_mode: str = 'sequential') -> LossAndGrads:
   """One 1F1B step: loss, metrics and weight gradients of a mini-batch.
 
   Args:
@@ -234,6 +236,7 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     recompute: True: the tf.while_loop, recomputing each forward cell in
       its backward cell; False: the schedule unrolled in Python
       (`_RunUnrolled`), keeping each cell's activations until its backward.
+    grad_sum_mode: grad_sum.MODES ('pairwise' needs recompute).
 
   Returns:
     A `LossAndGrads`.
@@ -274,7 +277,11 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
 
   # K = 1, T = 1: the recompute would run right after the forward and save
   # no memory (as for GPipe, recompute is ignored there).
+  acc = grad_sum.GradSum(grad_sum_mode, num_mb)
   if not recompute or (num_k == 1 and num_mb == 1):
+    if grad_sum_mode != 'sequential' and num_mb > 1:
+      raise ValueError(f'grad_sum={grad_sum_mode!r} needs recompute=True '
+                       '(the unrolled 1F1B schedule sums in Python)')
     return _RunUnrolled(stages, thetas, specs, flat_stacked, LossOf,
                         loss_spec, normalizer, num_mb, mb_size, probe)
 
@@ -334,7 +341,7 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
       dxs, dws = tape.gradient(
           ys, (xs, theta_flat), output_gradients=dy,
           unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    dtheta = [a + g for a, g in zip(state.dtheta, dws)]
+    dtheta = acc.Add(state.dtheta, dws, t)
     stamps = start + mid + probe.Stamp([dxs, dtheta])
     return state._replace(dx=list(dxs) if k > 0 else [],
                           dtheta=dtheta), stamps
@@ -374,7 +381,7 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
                                 element_shape=s.shape)
                  for s in spec.in_specs] if k > 0 else [],
           stats=[zeros(s) for s in spec.StatsSpecs()],
-          dtheta=[tf.zeros_like(w) for w in tf.nest.flatten(thetas[k])],
+          dtheta=acc.Init(tf.nest.flatten(thetas[k])),
           loss=loss))
   logs = []
   for stage in stages:
@@ -385,8 +392,12 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
       maximum_iterations=ticks, parallel_iterations=PARALLEL_ITERATIONS)
   for k, log in enumerate(logs):
     probe.Add('1f1b', k, num_k, num_mb, log)
+  totals = []
+  for stage, state in zip(stages, states):
+    with tf.device(stage.device):
+      totals.append(acc.Total(state.dtheta))
   return _Result(last.device, states[-1].loss, normalizer, loss_spec,
-                 [s.dtheta for s in states], [s.stats for s in states], specs)
+                 totals, [s.stats for s in states], specs)
 
 
 def _Result(device, sums, normalizer, loss_spec, dthetas, stats,
@@ -536,7 +547,8 @@ def FPropLossAndGrads(layer, theta: NestedMap, inputs: Tuple[Any, ...],
   stages, thetas, num_mb = _Setup(layer, theta, inputs)
   with py_utils.BatchAxis(layer.params.batch_dim):
     res = Run(stages, thetas, inputs, targets, loss_fn, normalizer, num_mb,
-              layer.params.batch_dim, layer.params.recompute)
+              layer.params.batch_dim, layer.params.recompute,
+              layer.params.grad_sum)
   if py_utils.IsTraining():
     _ReportStats(res.stats_layers, stages, res.stats)
   grads = NestedMap({f'partition_{k}': tf.nest.pack_sequence_as(
@@ -565,7 +577,8 @@ def FPropLoss(layer, theta: NestedMap, inputs: Tuple[Any, ...], targets: Any,
     th = tf.nest.pack_sequence_as(thetas, list(flat))
     with py_utils.BatchAxis(layer.params.batch_dim):
       res = Run(stages, th, inputs, targets, loss_fn, normalizer, num_mb,
-                layer.params.batch_dim, layer.params.recompute)
+                layer.params.batch_dim, layer.params.recompute,
+              layer.params.grad_sum)
     stats_layers.append((res.stats_layers, res.metrics, res.stats))
     grads = tf.nest.flatten(res.grads)
 

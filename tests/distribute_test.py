@@ -291,5 +291,63 @@ class ReplicaParamsTest(tf.test.TestCase):
                            distribute.Checksums([b]))
 
 
+class PairwiseSumTest(tf.test.TestCase):
+  """grad_sum='pairwise': R = 2 replicas x T = 4 train bit for bit like one
+  process with T = 8 (grad_sum.py), in float32, with batch norm, dropout
+  and an L2 regulariser; the sequential sum does not."""
+
+  def _Run(self, grad_sum, groups, num_micro_batches):
+    batch = 32   # micro-batches of 4 either way
+    pipe = pipeline.TensorPipeLayer.Params().Set(
+        name='TensorPipe', layers=Layers(), num_partitions=K,
+        num_micro_batches=num_micro_batches,
+        input_shapes=[[batch // len(groups), 5]], grad_sum=grad_sum)
+    p = tasks.ClassificationTask.Params().Set(
+        name='task', model=pipe, num_classes=CLASSES, input_key='image',
+        label_smoothing=SMOOTHING)
+    p.train.l2_regularizer_weight = 1e-2
+    _, replicas, _, step = test_utils.ReplicatedSgdStep(p, groups, lr=LR)
+    losses = []
+    for i in range(3):
+      x = tf.random.stateless_normal([batch, 5], seed=[i, 1])
+      labels = tf.random.stateless_uniform([batch], seed=[i, 2],
+                                           maxval=CLASSES, dtype=tf.int32)
+      out = step(NestedMap(image=x, label=labels), tf.constant(i, tf.int64))
+      losses.append(float(out['loss']))
+    return losses, [{k: v.numpy() for k, v in ByPath(r, True).items()}
+                    for r in replicas]
+
+  def testTwoReplicasEqualOneProcessBitForBit(self):
+    one, two = [['/CPU:0', '/CPU:1']], [['/CPU:0', '/CPU:1'],
+                                         ['/CPU:2', '/CPU:3']]
+    _, (want,) = self._Run('pairwise', one, 8)
+    _, got = self._Run('pairwise', two, 4)
+    for r, weights in enumerate(got):
+      self.assertEqual(sorted(weights), sorted(want))
+      for path, value in weights.items():
+        self.assertAllEqual(value, want[path], msg=f'replica {r} {path}')
+    # The control: summed sequentially, the replicas' halves are added in
+    # another order than the single process's running sum.
+    _, (seq_one,) = self._Run('sequential', one, 8)
+    _, seq_two = self._Run('sequential', two, 4)
+    self.assertTrue(any(not np.array_equal(seq_two[0][k], seq_one[k])
+                        for k in seq_one))
+
+  def testPairwiseWithoutExplicitRecomputeIsRejected(self):
+    for settings in (dict(recompute=False),
+                     dict(recompute_impl='tf_recompute_grad')):
+      with self.subTest(**settings):
+        with self.assertRaisesRegex(ValueError, "grad_sum='pairwise' sums in "
+                                    'the explicit recompute loops'):
+          pipeline.TensorPipeLayer.Params().Set(
+              name='p', layers=Layers(), num_partitions=2,
+              num_micro_batches=2, input_shapes=[[8, 5]],
+              grad_sum='pairwise', **settings).Instantiate()
+    with self.assertRaisesRegex(ValueError, "grad_sum='tree' is not one of"):
+      pipeline.TensorPipeLayer.Params().Set(
+          name='p', layers=Layers(), num_partitions=2, num_micro_batches=2,
+          input_shapes=[[8, 5]], grad_sum='tree').Instantiate()
+
+
 if __name__ == '__main__':
   tf.test.main()

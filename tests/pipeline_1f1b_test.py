@@ -131,14 +131,15 @@ class GradientsEqualGPipeBitwiseTest(tf.test.TestCase):
     def Square(out, unused_targets=None):
       return 0.5 * tf.reduce_sum(tf.square(out))
 
-    for k_total, t_total, recompute in [(2, 4, True), (4, 8, True),
-                                        (4, 8, False)]:
+    for k_total, t_total, recompute, grad_sum in [
+        (2, 4, True, 'sequential'), (4, 8, True, 'sequential'),
+        (4, 8, False, 'sequential'), (2, 4, True, 'pairwise')]:
       def Build(schedule):
         return pipeline.TensorPipeLayer.Params().Set(
             name='TensorPipe', layers=test_utils.ConvTestModel(),
             num_partitions=k_total, num_micro_batches=t_total,
             input_shapes=[list(x.shape)], recompute=recompute,
-            schedule=schedule).Instantiate()
+            schedule=schedule, grad_sum=grad_sum).Instantiate()  # pylint: disable=cell-var-from-loop
       gpipe, ofob = Build('gpipe'), Build('1f1b')
       for a, b in zip(gpipe.variables, ofob.variables):
         b.assign(a)
@@ -160,7 +161,7 @@ class GradientsEqualGPipeBitwiseTest(tf.test.TestCase):
       self.assertLen(got, 7)
       for v, a, b in zip(gpipe.trainable_variables, want, got):
         self.assertAllEqual(a, b, msg=f'K={k_total} T={t_total} '
-                            f'recompute={recompute} {v.name}')
+                            f'recompute={recompute} {grad_sum} {v.name}')
 
 
 class MovingAveragesTest(tf.test.TestCase):
