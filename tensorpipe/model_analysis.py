@@ -12,7 +12,8 @@ Memory model of partition k (layers s..e-1, mini-batch of N examples split
 into T micro-batches of N/T):
 
   parameters      P_k weights * bytes(param_dtype)
-  gradients       the same again (one accumulator per weight)
+  gradients       the same again (one accumulator per weight; T.bit_length()
+                  of them with grad_sum='pairwise', grad_sum.py)
   optimizer state slots(optimizer) per weight (see OPTIMIZER_SLOTS);
                   Adafactor keeps rows + cols per matrix and the full size of
                   vectors (needs the weight shapes: the layers are
@@ -59,6 +60,7 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import checks
+from tensorpipe import grad_sum
 from tensorpipe import partitioning
 from tensorpipe import schedules
 from tensorpipe import simulator
@@ -407,7 +409,8 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
                   param_dtype: Any = tf.float32,
                   activation_dtype: Any = tf.float32,
                   method: str = 'min_max',
-                  exact_optimizer_state: bool = True) -> Report:
+                  exact_optimizer_state: bool = True,
+                  grad_sum_mode: str = 'sequential') -> Report:
   """Analyses a sequence of layers and its partition plan from Params alone.
 
   Args:
@@ -426,6 +429,9 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
       needed for exact Adafactor state and to leave out non-trainable
       weights (batch-norm moving statistics). False estimates from
       parameter counts.
+    grad_sum_mode: how the pipeline sums micro-batch gradients
+      (TensorPipeLayer's grad_sum): 'pairwise' keeps T.bit_length()
+      gradient buffers.
 
   Returns:
     A `Report`.
@@ -438,6 +444,7 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
   if optimizer not in OPTIMIZER_SLOTS:
     raise ValueError(f'optimizer={optimizer!r} is not one of '
                      f'{sorted(OPTIMIZER_SLOTS)}')
+  grad_sum.CheckMode(grad_sum_mode, 'AnalyzeLayers')
   layer_params_list = list(layer_params_list)
   if not layer_params_list:
     raise ValueError('layer_params_list is empty; give the model\'s layer '
@@ -517,7 +524,8 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
         share=plan.partition_costs[k] / total if total else 1.0 / len(
             plan.sizes),
         num_params=n_params, param_bytes=n_params * p_bytes,
-        grad_bytes=n_params * p_bytes,
+        grad_bytes=n_params * p_bytes * grad_sum.GradSum(
+            grad_sum_mode, t).num_levels,
         optimizer_bytes=sum(opt_elements[start:end]) * p_bytes,
         boundary_bytes=boundary, internal_bytes_per_micro_batch=internal_one,
         activation_bytes_recompute=boundary + internal_one,
@@ -677,7 +685,9 @@ def PlanScaleOut(report: Report, num_replicas: Sequence[int],
   t = report.num_micro_batches
   fwd = [p.flops / t / assumptions.device_flops for p in report.partitions]
   bwd = [f * assumptions.backward_flops_ratio for f in fwd]
-  grads = [p.grad_bytes for p in report.partitions]
+  # What is all-reduced: one gradient per weight (a pairwise sum's extra
+  # buffers are collapsed first).
+  grads = [p.param_bytes for p in report.partitions]
   results = tuple(
       (r, simulator.SimulateDataParallel(
           fwd, bwd, t, grads, r, assumptions.link_bytes_per_s,

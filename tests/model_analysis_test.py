@@ -167,6 +167,28 @@ class PartitionPlanTest(tf.test.TestCase):
     self.assertEqual(report.num_trainable_params, 10)
     self.assertEqual(report.partitions[0].optimizer_bytes, 4 * 2 * 10)
 
+  def testPairwiseGradSumCountsItsBuffers(self):
+    fc = [linear.FCLayer.Params().Set(name='fc', input_dim=6, output_dim=3)]
+    for t, levels in ((1, 1), (4, 3), (8, 4), (6, 3)):
+      report = model_analysis.AnalyzeLayers(fc, [[24, 6]],
+                                            num_micro_batches=t,
+                                            grad_sum_mode='pairwise')
+      self.assertEqual(report.partitions[0].grad_bytes, 4 * 21 * levels,
+                       msg=f'T={t}')
+    seq = model_analysis.AnalyzeLayers(fc, [[24, 6]], num_micro_batches=8)
+    self.assertEqual(seq.partitions[0].grad_bytes, 4 * 21)
+    # What the replicas all-reduce is one gradient per weight either way.
+    assumptions = model_analysis.ScaleOutAssumptions(
+        device_flops=1e12, link_bytes_per_s=1e9)
+    pairwise = model_analysis.AnalyzeLayers(fc, [[24, 6]],
+                                            num_micro_batches=8,
+                                            grad_sum_mode='pairwise')
+    plans = [model_analysis.PlanScaleOut(r, [2], assumptions)
+             for r in (seq, pairwise)]
+    self.assertEqual(plans[0].results, plans[1].results)
+    with self.assertRaisesRegex(ValueError, "grad_sum='tree' is not one of"):
+      model_analysis.AnalyzeLayers(fc, [[24, 6]], grad_sum_mode='tree')
+
   def testDtypes(self):
     report = model_analysis.AnalyzeLayers(
         self.layers, self.shapes, param_dtype='bfloat16',

@@ -92,6 +92,10 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_enum('optimizer', 'adam', ['sgd', 'momentum', 'rmsprop', 'adam',
                                           'adafactor'],
                     'Optimizer whose state is counted.', flag_values=fv)
+  flags.DEFINE_enum('grad_sum', 'sequential', ['sequential', 'pairwise'],
+                    "The pipeline's grad_sum: 'pairwise' keeps T.bit_length() "
+                    'gradient buffers per weight instead of one.',
+                    flag_values=fv)
   flags.DEFINE_string('param_dtype', 'float32', 'Dtype of weights, gradients '
                       'and optimizer state.', flag_values=fv)
   flags.DEFINE_string('activation_dtype', 'float32', 'Dtype of activations.',
@@ -230,7 +234,7 @@ def Run(fv: flags.FlagValues) -> str:
       layers, input_shapes, num_partitions=fv.num_partitions,
       num_micro_batches=fv.num_micro_batches, optimizer=fv.optimizer,
       param_dtype=fv.param_dtype, activation_dtype=fv.activation_dtype,
-      method=fv.partition_method)
+      method=fv.partition_method, grad_sum_mode=fv.grad_sum)
   text = title + '\n' + report.ToText(max_layer_rows=fv.max_layer_rows or None)
   if fv.num_replicas:
     replicas = _PositiveInts('num_replicas', fv.num_replicas)
