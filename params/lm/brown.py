@@ -60,6 +60,26 @@ class TransformerLmShort1x8(TransformerLmShort4x8):
   NUM_PARTITIONS = 1
 
 
+@model_registry.RegisterSingleTaskModel
+class TransformerLmMedium4x8(TransformerLmShort4x8):
+  """K=4, T=8 on a 600-step budget (results/: about 20 minutes on the
+  2-core machine when it is not shared)."""
+  MAX_STEPS = 600
+  WARMUP_STEPS = 100
+
+  def Task(self):
+    p = super().Task()
+    p.train.save_interval_steps = 100
+    p.train.summary_interval_steps = 10   # curves for results/
+    return p
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerLmMedium1x8(TransformerLmMedium4x8):
+  """The same 600 steps unpipelined (K=1, T=8)."""
+  NUM_PARTITIONS = 1
+
+
 # The keys the runs in results/ were launched with (renamed to <Model><K>x<T>).
 model_registry.RegisterAlias('TransformerLm4x8Short', TransformerLmShort4x8)
 model_registry.RegisterAlias('TransformerLm1x8Short', TransformerLmShort1x8)
