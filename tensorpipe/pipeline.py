@@ -116,7 +116,7 @@ def _TickLoops(num_partitions: int, num_micro_batches: int,
 
 def _RunTickLoops(body: Any, state: Any, loops: List[Tuple[int, int, bool]],
                   micro_batch_fn: Any, devices: List[str],
-                  with_clock: bool) -> Any:
+                  with_clock: bool, self_bounded: bool = False) -> Any:
   """Runs `body` over the ticks of `loops` (`_TickLoops`); returns the state.
 
   The loop state holds partition k's micro-batch index t on device k; the
@@ -133,6 +133,10 @@ def _RunTickLoops(body: Any, state: Any, loops: List[Tuple[int, int, bool]],
     micro_batch_fn: (tick, k) -> t, the schedule (`schedules`).
     devices: the K partitions' devices.
     with_clock: carry the tick itself too (the timeline's logs need it).
+    self_bounded: with one partition and no clock, end each loop on the
+      partition's own t (no iteration counter: two ops less per tick, a
+      tenth of K=1's fixed tick cost). Only for loops TF does not
+      differentiate (autodiff of a while loop counts its iterations).
   """
   for first, end, guarded in loops:
     ts, steps = [], []
@@ -150,6 +154,16 @@ def _RunTickLoops(body: Any, state: Any, loops: List[Tuple[int, int, bool]],
         with tf.device(device):
           new_ts.append(t + step)
       return (new_ts, [c + 1 for c in clock]) + tuple(out)
+    if self_bounded and len(devices) == 1 and not with_clock:
+      # t after the loop's last tick; t moves by steps[0] (+1 or -1).
+      t_end = micro_batch_fn(end, 0)
+      if steps[0] > 0:
+        cond = lambda ts, *_, t_end=t_end: ts[0] < t_end
+      else:
+        cond = lambda ts, *_, t_end=t_end: ts[0] > t_end
+      state = tf.while_loop(cond, Tick, (ts, clock) + tuple(state),
+                            parallel_iterations=_PARALLEL_ITERATIONS)[2:]
+      continue
     state = tf.while_loop(
         lambda *_: tf.constant(True), Tick, (ts, clock) + tuple(state),
         maximum_iterations=end - first,
@@ -757,7 +771,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     _, stats, out_tas, saved_tas, logs = _RunTickLoops(
         Body, (buffers, stats, out_tas, saved_tas, logs), loops,
         lambda c, k: schedules.GPipeForwardMicroBatch(c, k, num_k, num_mb),
-        [stage.device for stage in stages], with_clock=probe.recording)
+        [stage.device for stage in stages], with_clock=probe.recording,
+        self_bounded=not (place_gradients or wrap_recompute_grad))
     for k, log in enumerate(logs):
       probe.Add('forward', k, num_k, num_mb, log)
     with tf.device(stages[-1].device):
@@ -899,7 +914,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     _, dthetas, din_tas, logs = _RunTickLoops(
         Body, (grads, dthetas, din_tas, logs), loops,
         lambda c, k: schedules.GPipeBackwardMicroBatch(c, k, num_k, num_mb),
-        [stage.device for stage in stages], with_clock=probe.recording)
+        [stage.device for stage in stages], with_clock=probe.recording,
+        self_bounded=True)
     for k, log in enumerate(logs):
       probe.Add('backward', k, num_k, num_mb, log)
     d_inputs = [None] * len(specs[0].in_specs)

@@ -119,6 +119,9 @@ class TickLoopsTest(tf.test.TestCase):
     self.assertEqual(sum(op in _WHILE_OPS for op in all_ops), 2)  # one forward, one backward
     self.assertNotIn('If', all_ops)
     self.assertNotIn('StatelessIf', all_ops)
+    # The loops end on the partition's own micro-batch index: no iteration
+    # counter (maximum_iterations adds one, and-ed into the condition).
+    self.assertNotIn('LogicalAnd', all_ops)
 
   def testSteadyLoopBodiesHaveNoCond(self):
     layer = _Pipe(3, 8)
