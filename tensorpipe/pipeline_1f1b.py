@@ -578,7 +578,7 @@ def FPropLoss(layer, theta: NestedMap, inputs: Tuple[Any, ...], targets: Any,
     with py_utils.BatchAxis(layer.params.batch_dim):
       res = Run(stages, th, inputs, targets, loss_fn, normalizer, num_mb,
                 layer.params.batch_dim, layer.params.recompute,
-              layer.params.grad_sum)
+                layer.params.grad_sum)
     stats_layers.append((res.stats_layers, res.metrics, res.stats))
     grads = tf.nest.flatten(res.grads)
 

@@ -62,7 +62,7 @@ class TransformerLmShort1x8(TransformerLmShort4x8):
 
 @model_registry.RegisterSingleTaskModel
 class TransformerLmMedium4x8(TransformerLmShort4x8):
-  """K=4, T=8 on a 600-step budget (results/: about 20 minutes on the
+  """K=4, T=8 on a 600-step budget (results/: about 12 minutes on the
   2-core machine when it is not shared)."""
   MAX_STEPS = 600
   WARMUP_STEPS = 100

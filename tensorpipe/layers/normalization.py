@@ -235,15 +235,17 @@ def MovingAverageWarnings(layer: base_layer.BaseLayer,
     layer: the model (every descendant is checked).
     num_steps: the updates the run makes (training steps).
   """
+  if num_steps <= 0:
+    return []
   by_decay = {}
   for sub in base_layer.Layers(layer):
-    if isinstance(sub, BatchNormLayer) and num_steps > 0:
-      decay = sub.params.decay
-      if decay ** num_steps > MAX_INITIAL_SHARE:
-        by_decay.setdefault(decay, []).append(sub.path or sub.layer_name)
+    if (isinstance(sub, BatchNormLayer) and
+        sub.params.decay ** num_steps > MAX_INITIAL_SHARE):
+      by_decay.setdefault(sub.params.decay, []).append(
+          sub.path or sub.layer_name)
+  suggested = MAX_INITIAL_SHARE ** (1.0 / num_steps)
   out = []
   for decay, paths in sorted(by_decay.items()):
-    suggested = MAX_INITIAL_SHARE ** (1.0 / num_steps)
     out.append(
         f'{len(paths)} batch norm layer(s) (e.g. {paths[0]!r}) have '
         f'decay={decay}: after {num_steps} training steps their moving '
