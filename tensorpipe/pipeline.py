@@ -8,8 +8,8 @@ micro-batches. The backward pass runs the mirrored schedule; both loops take
 t and the number of ticks from `schedules`, the schedule's one definition.
 Each pass runs as up to three tf.while_loops (`_TickLoops`): K - 1 ramp-up
 ticks, the ticks where every partition is busy (no tf.cond: the cond was
-most of a tick's fixed cost) and K - 1 ramp-down ticks; the graph does not
-grow with T. Only the activations at partition boundaries are kept (stage
+most of a tick's fixed cost; `unroll_ticks` of them per loop iteration) and
+K - 1 ramp-down ticks; the graph does not grow with T. Only the activations at partition boundaries are kept (stage
 0's are the stacked inputs themselves); each partition's forward pass is
 recomputed in the backward pass. Gradients are summed over micro-batches,
 so one optimizer step per mini-batch equals the step of the unpipelined
@@ -89,32 +89,43 @@ _RECOMPUTE_IMPLS = ('explicit', 'tf_recompute_grad')
 _PARALLEL_ITERATIONS = 1
 
 
-def _TickLoops(num_partitions: int, num_micro_batches: int,
-               split: bool) -> List[Tuple[int, int, bool]]:
-  """The while loops that run one pass's ticks: (first, end, guarded).
+def _TickLoops(num_partitions: int, num_micro_batches: int, split: bool,
+               unroll: int = 1) -> List[Tuple[int, int, bool, int]]:
+  """The while loops that run one pass's ticks: (first, end, guarded, unroll).
 
   On ticks K - 1 .. T - 1 every partition has a micro-batch, in the forward
   pass (t = c - k) and in the backward pass (t = T - 1 - (c - (K - 1 - k))),
   so a loop over them needs no tf.cond, clamping or masking: only the K - 1
   ticks before and after it have bubbles. `split` runs those three ranges
-  as three loops (the graph holds three copies of the loop body, whatever
-  T is); otherwise, or when T < K (no tick has every partition busy), one
-  guarded loop runs all ticks. The per-partition tf.cond of a guarded tick
-  was most of a tick's fixed cost (tools/benchmark --tick_cost); K=1 builds
-  no cond at all. The loops that TF's autodiff differentiates (recompute off
-  or 'tf_recompute_grad') and the timeline's recorded step (its stamps stay
-  unordered inside tf.cond only, see timeline.Unordered) use one loop.
+  as three loops; otherwise, or when T < K (no tick has every partition
+  busy), one guarded loop runs all ticks. The per-partition tf.cond of a
+  guarded tick was most of a tick's fixed cost (tools/benchmark --tick_cost);
+  K=1 builds no cond at all. The loops that TF's autodiff differentiates
+  (recompute off or 'tf_recompute_grad') and the timeline's recorded step
+  (its stamps stay unordered inside tf.cond only, see timeline.Unordered)
+  use one loop.
+
+  The steady loop runs `unroll` ticks per iteration (the loop's own cost,
+  its control ops per loop variable and, with K devices, the loop condition
+  sent to each of them, is then paid once per `unroll` ticks). Its ticks
+  left over by `unroll` join the ramp-up loop (guarded, so it runs any
+  tick); with K=1 there is none, and they run as a loop of their own. The
+  graph holds at most unroll + 2 copies of each partition's tick, whatever
+  T is.
   """
   ticks = schedules.NumClockTicks(num_partitions, num_micro_batches)
   if not split or num_micro_batches < num_partitions:
-    return [(0, ticks, True)]
-  loops = [(0, num_partitions - 1, True),
-           (num_partitions - 1, num_micro_batches, False),
-           (num_micro_batches, ticks, True)]
+    return [(0, ticks, True, 1)]
+  k1 = num_partitions - 1
+  left = (num_micro_batches - k1) % unroll
+  loops = [(0, k1 + left, num_partitions > 1, 1),
+           (k1 + left, num_micro_batches, False, unroll),
+           (num_micro_batches, ticks, True, 1)]
   return [loop for loop in loops if loop[1] > loop[0]]
 
 
-def _RunTickLoops(body: Any, state: Any, loops: List[Tuple[int, int, bool]],
+def _RunTickLoops(body: Any, state: Any,
+                  loops: List[Tuple[int, int, bool, int]],
                   micro_batch_fn: Any, devices: List[str],
                   with_clock: bool, self_bounded: bool = False) -> Any:
   """Runs `body` over the ticks of `loops` (`_TickLoops`); returns the state.
@@ -122,7 +133,8 @@ def _RunTickLoops(body: Any, state: Any, loops: List[Tuple[int, int, bool]],
   The loop state holds partition k's micro-batch index t on device k; the
   loop advances it there by t(c + 1) - t(c) (+1 forward, -1 backward), so
   no partition computes t from a clock received from another device on
-  every tick, and the loop's own iteration counter ends it.
+  every tick, and the loop's own iteration counter ends it. A loop with
+  `unroll` u > 1 runs u ticks per iteration ((end - first) % u == 0).
 
   Args:
     body: (guarded, ts, clock, *state) -> state, for one tick; ts[k] is
@@ -138,7 +150,7 @@ def _RunTickLoops(body: Any, state: Any, loops: List[Tuple[int, int, bool]],
       tenth of K=1's fixed tick cost). Only for loops TF does not
       differentiate (autodiff of a while loop counts its iterations).
   """
-  for first, end, guarded in loops:
+  for first, end, guarded, unroll in loops:
     ts, steps = [], []
     for k, device in enumerate(devices):
       t0 = micro_batch_fn(first, k)
@@ -147,13 +159,27 @@ def _RunTickLoops(body: Any, state: Any, loops: List[Tuple[int, int, bool]],
         ts.append(tf.constant(t0))
     clock = [tf.constant(first)] if with_clock else []
 
-    def Tick(ts, clock, *args, guarded=guarded, steps=steps):
+    def Tick(ts, clock, *args, guarded=guarded, steps=steps, barrier=False):
       out = body(guarded, ts, clock[0] if clock else None, *args)
       new_ts = []
       for t, step, device in zip(ts, steps, devices):
-        with tf.device(device):
+        # Inside an unrolled loop body the next tick's index on device k
+        # waits for this tick's state there: then no sum that this tick
+        # leaves (a weight-gradient or batch-norm sum) can be merged by
+        # Grappler's arithmetic optimizer with the next tick's addition
+        # into one AddN, which adds in another order (it leaves nodes that
+        # drive a control dependency alone): the sums stay bit for bit
+        # those of unroll_ticks=1 and of any K.
+        deps = _TensorsOn(device, out) if barrier else []
+        with tf.device(device), tf.control_dependencies(deps):
           new_ts.append(t + step)
       return (new_ts, [c + 1 for c in clock]) + tuple(out)
+
+    def Ticks(*args, unroll=unroll, tick=Tick):
+      for i in range(unroll):
+        args = tick(*args, barrier=i < unroll - 1)
+      return args
+    loop_vars = (ts, clock) + tuple(state)
     if self_bounded and len(devices) == 1 and not with_clock:
       # t after the loop's last tick; t moves by steps[0] (+1 or -1).
       t_end = micro_batch_fn(end, 0)
@@ -161,14 +187,25 @@ def _RunTickLoops(body: Any, state: Any, loops: List[Tuple[int, int, bool]],
         cond = lambda ts, *_, t_end=t_end: ts[0] < t_end
       else:
         cond = lambda ts, *_, t_end=t_end: ts[0] > t_end
-      state = tf.while_loop(cond, Tick, (ts, clock) + tuple(state),
+      state = tf.while_loop(cond, Ticks, loop_vars,
                             parallel_iterations=_PARALLEL_ITERATIONS)[2:]
       continue
     state = tf.while_loop(
-        lambda *_: tf.constant(True), Tick, (ts, clock) + tuple(state),
-        maximum_iterations=end - first,
+        lambda *_: tf.constant(True), Ticks, loop_vars,
+        maximum_iterations=(end - first) // unroll,
         parallel_iterations=_PARALLEL_ITERATIONS)[2:]
   return state
+
+
+def _TensorsOn(device: str, structure: Any) -> List[tf.Tensor]:
+  """The tensors of `structure` placed on `device` (TensorArrays skipped)."""
+  spec = tf.DeviceSpec.from_string(device)
+  out = []
+  for x in tf.nest.flatten(structure):
+    if isinstance(x, tf.Tensor) and x.device:
+      if spec.make_merged_spec(tf.DeviceSpec.from_string(x.device)) == spec:
+        out.append(x)
+  return out
 
 
 def _Zeros(specs: Any) -> Any:
@@ -304,6 +341,14 @@ class TensorPipeLayer(base_layer.BaseLayer):
              'buffers: R = 2 replicas of T / 2 micro-batches then train '
              'bit for bit like one of T; needs the explicit recompute of '
              'recompute=True). See grad_sum.py.')
+    p.Define('unroll_ticks', 2, 'Clock ticks per iteration of the loop '
+             'over the ticks where every partition is busy (GPipe schedule, '
+             'explicit recompute loops and the forward loop of inference). '
+             'The while loop\'s own cost per iteration (control ops per loop '
+             'variable, the loop condition sent to every partition\'s '
+             'device) is then paid once per unroll_ticks ticks; the graph '
+             'holds unroll_ticks copies of each partition\'s tick in that '
+             'loop (more tracing time). 1 turns it off.')
     return p
 
   def __init__(self, params):
@@ -318,6 +363,11 @@ class TensorPipeLayer(base_layer.BaseLayer):
                        f'{_RECOMPUTE_IMPLS}')
     if not isinstance(p.batch_dim, int) or p.batch_dim < 0:
       raise ValueError(f'batch_dim={p.batch_dim!r} must be an int >= 0')
+    if (isinstance(p.unroll_ticks, bool) or not isinstance(p.unroll_ticks, int)
+        or p.unroll_ticks < 1):
+      raise ValueError(f'TensorPipeLayer {p.name!r}: unroll_ticks='
+                       f'{p.unroll_ticks!r} must be an int >= 1 (ticks per '
+                       'loop iteration; 1 turns unrolling off)')
     pipeline_1f1b.CheckScheduleParams(p)
     grad_sum.CheckMode(p.grad_sum, f'TensorPipeLayer {p.name!r}')
     if p.grad_sum == 'pairwise' and not (p.recompute and
@@ -767,7 +817,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     # loop keeps the summation order, so the recorded step (one guarded loop,
     # see `_TickLoops`) stays bit-identical to the plain one.
     loops = _TickLoops(num_k, num_mb, split=not (
-        probe.recording or place_gradients or wrap_recompute_grad))
+        probe.recording or place_gradients or wrap_recompute_grad),
+                       unroll=self.params.unroll_ticks)
     _, stats, out_tas, saved_tas, logs = _RunTickLoops(
         Body, (buffers, stats, out_tas, saved_tas, logs), loops,
         lambda c, k: schedules.GPipeForwardMicroBatch(c, k, num_k, num_mb),
@@ -910,7 +961,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
       din_tas = [tf.TensorArray(s.dtype, size=num_mb + 1,
                                 element_shape=s.shape)
                  for s in specs[0].DxSpecs()]
-    loops = _TickLoops(num_k, num_mb, split=not probe.recording)
+    loops = _TickLoops(num_k, num_mb, split=not probe.recording,
+                       unroll=self.params.unroll_ticks)
     _, dthetas, din_tas, logs = _RunTickLoops(
         Body, (grads, dthetas, din_tas, logs), loops,
         lambda c, k: schedules.GPipeBackwardMicroBatch(c, k, num_k, num_mb),

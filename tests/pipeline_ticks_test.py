@@ -2,11 +2,12 @@
 
 The forward and backward passes each run as up to three tf.while_loops
 (`pipeline._TickLoops`): K - 1 guarded ticks (a tf.cond per partition for
-the bubbles), the ticks where every partition is busy (no cond), and K - 1
-guarded ticks. These tests check the split against the schedule, that the
-graph does not grow with T, that K=1 builds no cond at all, and that the
-split loops give bit-identical results to one guarded loop (the timeline's
-recorded step runs one guarded loop).
+the bubbles), the ticks where every partition is busy (no cond, unroll_ticks
+ticks per iteration), and K - 1 guarded ticks. These tests check the split
+against the schedule, that the graph does not grow with T, that K=1 builds
+no cond at all, and that the split and unrolled loops give bit-identical
+results to one guarded loop (the timeline's recorded step runs one guarded
+loop) and to unroll_ticks=1.
 """
 
 import numpy as np
@@ -38,15 +39,15 @@ def _Layers(num_layers, dim=4, dtype=tf.float64, batch_norm=False):
   return layers
 
 
-def _Pipe(num_partitions, num_micro_batches, **kwargs):
+def _Pipe(num_partitions, num_micro_batches, unroll_ticks=2, **kwargs):
   layers = _Layers(num_partitions, **kwargs)
   if kwargs.get('batch_norm'):
     parts = [layers[:2]] + [[lp] for lp in layers[2:]]
   else:
     parts = [[lp] for lp in layers]
   return tensorpipe.TensorPipeLayer.Params().Set(
-      name='TensorPipe', partitions=parts,
-      num_micro_batches=num_micro_batches).Instantiate()
+      name='TensorPipe', partitions=parts, num_micro_batches=num_micro_batches,
+      unroll_ticks=unroll_ticks).Instantiate()
 
 
 def _StepGraph(layer, x):
@@ -70,47 +71,99 @@ def _OpCounts(concrete):
 class TickLoopsTest(tf.test.TestCase):
 
   def testLoopsCoverEveryTickAndSteadyLoopHasNoBubble(self):
-    for k_total in range(1, 6):
-      for t_total in range(1, 10):
-        ticks = schedules.NumClockTicks(k_total, t_total)
-        loops = pipeline._TickLoops(k_total, t_total, split=True)  # pylint: disable=protected-access
-        # Contiguous, in order, all ticks, at most three loops.
-        self.assertEqual(loops[0][0], 0)
-        self.assertEqual(loops[-1][1], ticks)
-        for (_, end, _), (first, _, _) in zip(loops, loops[1:]):
-          self.assertEqual(end, first)
-        self.assertLessEqual(len(loops), 3)
-        for first, end, guarded in loops:
-          self.assertLess(first, end)
-          busy = all(
-              0 <= fn(c, k, k_total, t_total) < t_total
-              for c in range(first, end) for k in range(k_total)
-              for fn in (schedules.GPipeForwardMicroBatch,
-                         schedules.GPipeBackwardMicroBatch))
-          if not guarded:
-            self.assertTrue(busy, (k_total, t_total, first, end))
-        steady = [loop for loop in loops if not loop[2]]
-        # Every tick on which all partitions are busy is in the steady loop.
-        self.assertEqual(
-            sum(end - first for first, end, _ in steady),
-            max(0, t_total - k_total + 1))
-        if k_total == 1:
-          self.assertEqual(loops, [(0, t_total, False)])
+    for unroll in (1, 2, 3):
+      for k_total in range(1, 6):
+        for t_total in range(1, 10):
+          case = (unroll, k_total, t_total)
+          ticks = schedules.NumClockTicks(k_total, t_total)
+          loops = pipeline._TickLoops(k_total, t_total, split=True,  # pylint: disable=protected-access
+                                      unroll=unroll)
+          # Contiguous, in order, all ticks, at most three loops.
+          self.assertEqual(loops[0][0], 0)
+          self.assertEqual(loops[-1][1], ticks)
+          for (_, end, _, _), (first, _, _, _) in zip(loops, loops[1:]):
+            self.assertEqual(end, first)
+          self.assertLessEqual(len(loops), 3)
+          for first, end, guarded, loop_unroll in loops:
+            self.assertLess(first, end)
+            # An unrolled loop runs whole groups of ticks; only the steady
+            # loop is unrolled.
+            self.assertEqual((end - first) % loop_unroll, 0, case)
+            if guarded:
+              self.assertEqual(loop_unroll, 1, case)
+            busy = all(
+                0 <= fn(c, k, k_total, t_total) < t_total
+                for c in range(first, end) for k in range(k_total)
+                for fn in (schedules.GPipeForwardMicroBatch,
+                           schedules.GPipeBackwardMicroBatch))
+            if not guarded:
+              self.assertTrue(busy, (case, first, end))
+          unguarded = sum(end - first for first, end, guarded, _ in loops
+                          if not guarded)
+          all_busy = max(0, t_total - k_total + 1)
+          if k_total == 1 or unroll == 1:
+            # Every tick on which all partitions are busy runs unguarded.
+            self.assertEqual(unguarded, all_busy, case)
+          else:
+            # Fewer than `unroll` of them join the guarded ramp-up loop.
+            self.assertEqual(unguarded, all_busy - all_busy % unroll, case)
+          if k_total == 1:
+            left = t_total % unroll
+            self.assertEqual(
+                loops, [loop for loop in ((0, left, False, 1),
+                                          (left, t_total, False, unroll))
+                        if loop[1] > loop[0]], case)
 
   def testUnsplitIsOneGuardedLoop(self):
-    self.assertEqual(pipeline._TickLoops(3, 8, split=False),  # pylint: disable=protected-access
-                     [(0, 10, True)])
-    self.assertEqual(pipeline._TickLoops(4, 2, split=True),  # pylint: disable=protected-access
-                     [(0, 5, True)])
+    self.assertEqual(pipeline._TickLoops(3, 8, split=False, unroll=2),  # pylint: disable=protected-access
+                     [(0, 10, True, 1)])
+    self.assertEqual(pipeline._TickLoops(4, 2, split=True, unroll=2),  # pylint: disable=protected-access
+                     [(0, 5, True, 1)])
+
+  def testUnrolledLoopsMatchUnrolledOffBitForBit(self):
+    # unroll_ticks only regroups the ticks of the steady loop (and moves its
+    # leftover ticks into the guarded ramp-up loop): same ops, same values.
+    rng = np.random.RandomState(1)
+    for k_total, t_total, unroll, batch_norm in (
+        (1, 5, 2, False), (1, 8, 3, True), (2, 7, 2, True), (3, 8, 2, False),
+        (3, 9, 4, True), (4, 4, 3, False)):
+      case = f'K={k_total} T={t_total} unroll_ticks={unroll}'
+      x = tf.constant(rng.randn(2 * t_total, 4))
+      results = []
+      for u in (1, unroll):
+        layer = _Pipe(k_total, t_total, batch_norm=batch_norm,
+                      unroll_ticks=u)
+        results.append(test_utils.LossAndGrads(layer, tf.reduce_sum, x))
+      for a, b in zip(tf.nest.flatten(results[0]),
+                      tf.nest.flatten(results[1])):
+        self.assertAllEqual(a, b, msg=case)
+
+  def testSteadyLoopBodyHoldsUnrollCopies(self):
+    def SteadyMatMuls(unroll):
+      layer = _Pipe(2, 9, unroll_ticks=unroll)
+      counts = _OpCounts(_StepGraph(layer, tf.zeros([18, 4], tf.float64)))
+      bodies = [ops for name, ops in counts.items() if '_body_' in name
+                and not any(op in _COND_OPS for op in ops)]
+      self.assertLen(bodies, 2)  # forward and backward steady loops
+      return sorted(ops.count('MatMul') for ops in bodies)
+    one, three = SteadyMatMuls(1), SteadyMatMuls(3)
+    self.assertGreater(one[0], 0)
+    self.assertEqual(three, [3 * n for n in one])
+
+  def testBadUnrollTicksIsRefused(self):
+    for bad in (0, -1, 1.5, True, None):
+      with self.assertRaisesRegex(ValueError, r'unroll_ticks=.*int >= 1'):
+        _Pipe(2, 4, unroll_ticks=bad)
 
   def testGraphSizeDoesNotGrowWithT(self):
     sizes = []
-    for t_total in (4, 16):
+    for t_total in (4, 5, 16):
       layer = _Pipe(2, t_total)
       x = tf.zeros([2 * t_total, 4], tf.float64)
       counts = _OpCounts(_StepGraph(layer, x))
       sizes.append(sorted(len(ops) for ops in counts.values()))
     self.assertEqual(sizes[0], sizes[1])
+    self.assertEqual(sizes[0], sizes[2])
 
   def testOnePartitionBuildsNoCond(self):
     layer = _Pipe(1, 8)
