@@ -164,12 +164,15 @@ def _RunTickLoops(body: Any, state: Any,
       new_ts = []
       for t, step, device in zip(ts, steps, devices):
         # Inside an unrolled loop body the next tick's index on device k
-        # waits for this tick's state there: then no sum that this tick
-        # leaves (a weight-gradient or batch-norm sum) can be merged by
-        # Grappler's arithmetic optimizer with the next tick's addition
-        # into one AddN, which adds in another order (it leaves nodes that
-        # drive a control dependency alone): the sums stay bit for bit
-        # those of unroll_ticks=1 and of any K.
+        # waits for this tick's state there. That keeps one tick at a time
+        # per device, as parallel_iterations=1 does between iterations (two
+        # ticks at once would hold two ticks' activations and weight
+        # gradients), and no sum that this tick leaves (weight gradients,
+        # batch-norm statistics) can be merged by Grappler's arithmetic
+        # optimizer with the next tick's addition into one AddN, which adds
+        # in another order (it leaves nodes that drive a control dependency
+        # alone): the sums stay bit for bit those of unroll_ticks=1 and of
+        # any K.
         deps = _TensorsOn(device, out) if barrier else []
         with tf.device(device), tf.control_dependencies(deps):
           new_ts.append(t + step)
