@@ -18,7 +18,9 @@ work), at T=8 and T=32. Per tick and partition:
 
 since T=32 runs 24 more ticks of each loop than T=8 (T + K - 1 ticks), and
 everything else (tracing, the mini-batch split and merge, the loop set-up)
-is the same; the fixed cost is that minus the stage work measured the same
+is the same; the 24 are ticks of the steady loop, which runs
+`unroll_ticks` ticks per iteration (24 is a multiple of 2, 3 and 4, so
+both T leave the same ticks over for the guarded ramp-up loop); the fixed cost is that minus the stage work measured the same
 way (forward: the unrolled forward; backward: the unrolled forward +
 backward, as the backward loop recomputes). Each time is the 10th
 percentile of its rounds: on a shared machine other processes only add
