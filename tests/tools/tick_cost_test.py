@@ -30,6 +30,27 @@ class TickCostTest(unittest.TestCase):
     self.assertAlmostEqual(r['fixed_forward_us'], 80.0)
     self.assertAlmostEqual(r['fixed_backward_us'], 150.0)
 
+  def testOneFOneBTickIsHalfTheStepPerExtraMicroBatch(self):
+    # K=2, T 8 -> 32: 48 more ticks of the one 1F1B loop, 96 partition-
+    # ticks, costing 9.6 ms -> 100 us each. Its stage work is the mean of a
+    # forward cell (20 us) and a recomputing backward cell (50 us): 35 us.
+    times = dict(_Times(1e-3, 5.8e-3, 2e-3, 16.4e-3, 1e-4, 1.06e-3, 2e-4,
+                        2.6e-3), step_1f1b8=3e-3, step_1f1b32=12.6e-3)
+    r = tick_cost.PerTick(times, 2, 8, 32)
+    self.assertAlmostEqual(r['tick_1f1b_us'], 100.0)
+    self.assertAlmostEqual(r['work_1f1b_us'], 35.0)
+    self.assertAlmostEqual(r['fixed_1f1b_us'], 65.0)
+    # GPipe's figures are unchanged by the 1F1B times.
+    self.assertAlmostEqual(r['fixed_backward_us'], 150.0)
+    text = tick_cost.Table({'a': {'K2': dict(r, times={})}}, ks=(2,))
+    self.assertIn('| a | 2 | 100.0 | 35.0 | 65.0 |', text)
+    # A checkout without 1F1B has no 1F1B table.
+    no_1f1b = tick_cost.PerTick(_Times(1e-3, 5.8e-3, 2e-3, 16.4e-3, 1e-4,
+                                       1.06e-3, 2e-4, 2.6e-3), 2, 8, 32)
+    self.assertNotIn('tick_1f1b_us', no_1f1b)
+    self.assertNotIn('1F1B tick', tick_cost.Table(
+        {'a': {'K2': dict(no_1f1b, times={})}}, ks=(2,)))
+
   def testTableNamesEveryCheckoutAndK(self):
     per_k = dict(tick_cost.PerTick(
         _Times(1e-3, 2e-3, 2e-3, 4e-3, 0, 0, 0, 0), 1, 8, 32), times={})

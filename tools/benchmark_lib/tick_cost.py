@@ -9,20 +9,26 @@ the mini-batch has 2 T examples. For each K the child process (threads as
 the benchmark's pipelined settings: one intra-op thread, K inter-op
 threads) times, in one rotation, the forward loop alone (FProp in training
 mode without a gradient: the loop that saves the boundary inputs), the full
-training step (forward + backward loop + SGD update), and both for the same
-K layers without a pipeline (unrolled over the micro-batches: the stage
-work), at T=8 and T=32. Per tick and partition:
+training step (forward + backward loop + SGD update), the same step with
+schedule='1f1b' (its one loop; FPropLoss under a tape; checkouts without
+1F1B skip it), and the first two for the same K layers without a pipeline
+(unrolled over the micro-batches: the stage work), at T=8 and T=32. Per
+tick and partition:
 
   forward:  (fwd(T=32) - fwd(T=8)) / (24 K)
   backward: (step(T=32) - step(T=8)) / (24 K) - forward
+  1F1B:     (step_1f1b(T=32) - step_1f1b(T=8)) / (48 K)
 
-since T=32 runs 24 more ticks of each loop than T=8 (T + K - 1 ticks), and
-everything else (tracing, the mini-batch split and merge, the loop set-up)
-is the same; the 24 are ticks of the steady loop, which runs
-`unroll_ticks` ticks per iteration (24 is a multiple of 2, 3 and 4, so
-both T leave the same ticks over for the guarded ramp-up loop); the fixed cost is that minus the stage work measured the same
-way (forward: the unrolled forward; backward: the unrolled forward +
-backward, as the backward loop recomputes). Each time is the 10th
+since T=32 runs 24 more ticks of each GPipe loop than T=8 (T + K - 1
+ticks; 1F1B: 48 more of its one loop of 2 (T + K - 1)), and everything
+else (tracing, the mini-batch split and merge, the loop set-up) is the
+same. GPipe's 24 are ticks of the steady loop, which runs `unroll_ticks`
+ticks per iteration (24 is a multiple of 2, 3 and 4, so both T leave the
+same ticks over for the guarded ramp-up loop). The fixed cost is that
+minus the stage work measured the same way (forward: the unrolled
+forward; backward: the unrolled forward + backward, as the backward loop
+recomputes; 1F1B: the mean of the two, its ticks alternating forward and
+backward cells). Each time is the 10th
 percentile of its rounds: on a shared machine other processes only add
 time. The same child (K=4) also times the paper's consistency model (16
 conv 3x3 1 -> 1, input [16, 8, 8, 1]) at K=4, T=8 and K=1, T=8 with the K=4
@@ -94,18 +100,44 @@ def _Child(request: Dict[str, Any]) -> Dict[str, Any]:
     return (tf.function(Forward).get_concrete_function(x),
             tf.function(Step).get_concrete_function(x))
 
+  def OneFOneBStep(layer, x):
+    """The 1F1B training step (FPropLoss under a tape, as tasks run it)."""
+    from tensorpipe import py_utils  # pylint: disable=g-import-not-at-top
+    variables = layer.trainable_variables
+
+    def LossSum(out, unused_targets):
+      return tf.reduce_sum(out)
+
+    def Step(x):
+      with tf.GradientTape() as tape, py_utils.TrainingMode(True):
+        loss = layer.FPropLoss(layer.theta, (x,), None, LossSum, 1.0).loss
+      grads = tape.gradient(loss, variables)
+      for v, g in zip(variables, grads):
+        v.assign_sub(1e-3 * g)
+      return loss
+    return tf.function(Step).get_concrete_function(x)
+
+  # Checkouts from before the 1F1B schedule time GPipe only.
+  with_1f1b = 'schedule' in pipeline.TensorPipeLayer.Params()
   fns = {}
   for t in ts:
-    layers = [linear.FCLayer.Params().Set(
-        name=f'fc{i}', input_dim=_DIM, output_dim=_DIM, activation='RELU')
-              for i in range(k)]
-    layer = pipeline.TensorPipeLayer.Params().Set(
-        name='TensorPipe', partitions=[[lp] for lp in layers],
-        num_micro_batches=t).Instantiate()
-    x = tf.random.stateless_uniform([_MICRO_BATCH * t, _DIM], seed=[1, 2])
-    fwd, step = StepFns(layer, x)
-    fns[f'fwd{t}'] = (fwd, x)
-    fns[f'step{t}'] = (step, x)
+    for schedule in ('gpipe', '1f1b') if with_1f1b else ('gpipe',):
+      layers = [linear.FCLayer.Params().Set(
+          name=f'fc{i}', input_dim=_DIM, output_dim=_DIM, activation='RELU')
+                for i in range(k)]
+      p = pipeline.TensorPipeLayer.Params().Set(
+          name='TensorPipe', partitions=[[lp] for lp in layers],
+          num_micro_batches=t)
+      if with_1f1b:
+        p.schedule = schedule
+      layer = p.Instantiate()
+      x = tf.random.stateless_uniform([_MICRO_BATCH * t, _DIM], seed=[1, 2])
+      if schedule == '1f1b':
+        fns[f'step_1f1b{t}'] = (OneFOneBStep(layer, x), x)
+      else:
+        fwd, step = StepFns(layer, x)
+        fns[f'fwd{t}'] = (fwd, x)
+        fns[f'step{t}'] = (step, x)
   # The stage work alone: the same K layers on the T micro-batches one after
   # another (Python-unrolled), no pipeline: what a tick costs beyond that
   # is the pipeline's fixed cost.
@@ -191,10 +223,19 @@ def PerTick(times: Dict[str, float], k: int, t_lo: int, t_hi: int
   bwd = Diff('step') - fwd
   work_fwd = Diff('plain_fwd')
   work_bwd = Diff('plain_step')
-  return {'forward_us': fwd, 'backward_us': bwd,
-          'work_forward_us': work_fwd, 'work_backward_us': work_bwd,
-          'fixed_forward_us': fwd - work_fwd,
-          'fixed_backward_us': bwd - work_bwd}
+  out = {'forward_us': fwd, 'backward_us': bwd,
+         'work_forward_us': work_fwd, 'work_backward_us': work_bwd,
+         'fixed_forward_us': fwd - work_fwd,
+         'fixed_backward_us': bwd - work_bwd}
+  if f'step_1f1b{t_hi}' in times:
+    # 1F1B runs 2 (T + K - 1) ticks of one loop, each one cell per
+    # partition: per micro-batch a forward tick and a backward tick (which
+    # recomputes), i.e. the same stage work as GPipe's two ticks.
+    tick = Diff('step_1f1b') / 2
+    work = (work_fwd + work_bwd) / 2
+    out.update(tick_1f1b_us=tick, work_1f1b_us=work,
+               fixed_1f1b_us=tick - work)
+  return out
 
 
 def Measure(repos: Sequence[str], ks: Sequence[int] = (1, 2, 4),
@@ -245,6 +286,14 @@ def Table(results: Dict[str, Any], ks: Sequence[int] = (1, 2, 4)) -> str:
           f'{r["work_forward_us"]:.1f} | {r["fixed_forward_us"]:.1f} | '
           f'{r["backward_us"]:.1f} | {r["work_backward_us"]:.1f} | '
           f'{r["fixed_backward_us"]:.1f} |')
+  rows = [(repo, k, per_k[f'K{k}']) for repo, per_k in results.items()
+          for k in ks if 'tick_1f1b_us' in per_k[f'K{k}']]
+  if rows:
+    lines += ['', '| checkout | K | 1F1B tick | stage work | fixed |',
+              '|---|---|---|---|---|']
+    lines += [f'| {repo} | {k} | {r["tick_1f1b_us"]:.1f} | '
+              f'{r["work_1f1b_us"]:.1f} | {r["fixed_1f1b_us"]:.1f} |'
+              for repo, k, r in rows]
   lines += ['', '| checkout | consistency K=4,T=8 ms | K=1,T=8 ms | ratio |',
             '|---|---|---|---|']
   for repo, per_k in results.items():
