@@ -94,6 +94,13 @@ LossFn = Callable[[Any, Any], Any]
 # cores): step time / GPipe's with recompute = 1.50 (1 tick in flight), 0.86
 # (2), 1.07 (3), 1.37 (8); at K=2, T=8 all within 0.94-1.03.
 PARALLEL_ITERATIONS = 2
+# The steady loop (`_Loops`) runs two ticks per iteration: one iteration in
+# flight keeps the same two ticks in flight. One run each (2 cores, same
+# process as GPipe-rc), throughput 1F1B-rc / GPipe-rc with 1 / 2 iterations
+# in flight: conv16 K=2, T=32 1.035 / 0.986; conv16 K=4, T=8 1.05 / 1.05;
+# dense16 K=2, T=32 0.91 / 0.95; dense16 K=4, T=8 0.98 / 0.98 (within this
+# machine's noise of each other).
+STEADY_PARALLEL_ITERATIONS = 1
 
 # 1F1B without recompute unrolls the schedule: 2 K T stage calls in the
 # graph. Past this many, tracing takes long enough to warn.
@@ -214,6 +221,40 @@ def NumSlots(k: int, num_partitions: int, num_micro_batches: int) -> int:
   if k == 0:
     return 0
   return schedules.OneFOneBMaxInFlight(k, num_partitions, num_micro_batches)
+
+
+def _Loops(num_partitions: int, num_micro_batches: int, one_loop: bool
+           ) -> List[Tuple[int, int, List[List[int]]]]:
+  """The loops over the 1F1B ticks: (first, end, steady ops).
+
+  On ticks 2K - 1 .. 2T - 2 every partition works, alternating backward and
+  forward cells in a phase of its own (partition k runs a backward on tick
+  c when c - (2 K - 1 - k) is even, `schedules.OneFOneBCell`). A loop over
+  them runs two ticks per iteration, each partition's op known in the graph
+  (steady ops: per tick of the pair, per partition): no tf.switch_case and
+  half the loop iterations. The ticks before and after (warm-up, cool-down:
+  idle cells) and every tick when T <= K or `one_loop` (the timeline's
+  recorded step) look their op up and switch (steady ops empty). Each
+  partition adds to each of its sums (weight gradients, batch-norm
+  statistics, loss) once per pair of ticks, so Grappler has no two
+  additions of one sum in a loop body to merge into an AddN (see
+  pipeline.py's unrolled ticks): the sums stay those of one tick per
+  iteration, bit for bit.
+  """
+  ticks = schedules.OneFOneBNumClockTicks(num_partitions, num_micro_batches)
+  first, end = 2 * num_partitions - 1, 2 * num_micro_batches - 1
+  if one_loop or end <= first:
+    return [(0, ticks, [])]
+  steady_ops = [[schedules.OneFOneBCell(first + i, k, num_partitions,
+                                        num_micro_batches)[0]
+                 for k in range(num_partitions)] for i in range(2)]
+  for c in range(first, end):
+    for k in range(num_partitions):
+      op = schedules.OneFOneBCell(c, k, num_partitions, num_micro_batches)[0]
+      if op == schedules.IDLE or op != steady_ops[(c - first) % 2][k]:
+        raise AssertionError(f'1F1B tick {c}, partition {k}: op {op} breaks '
+                             'the steady alternation (schedules changed?)')
+  return [(0, first, []), (first, end, steady_ops), (end, ticks, [])]
 
 
 def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
@@ -360,7 +401,9 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
                                  tf.int32)))
       clocks.append(tf.constant(0))
 
-  def Body(cs, states, logs):
+  def Tick(cs, states, logs, ops=None):
+    """One tick. ops: per partition its op when the loop knows it (steady
+    ticks: no switch), else None (looked up in the table; tf.switch_case)."""
     new_states, new_logs, new_cs = [], [], []
     for k, stage in enumerate(stages):
       state = states[k]
@@ -368,15 +411,20 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
       dy_in = states[k + 1].dx if k < num_k - 1 else []
       with tf.device(stage.device):
         c = cs[k]
-        op, t = tf.gather(tables[k][0], c), tf.gather(tables[k][1], c)
+        t = tf.gather(tables[k][1], c)
         new_cs.append(c + 1)
-        state, stamps = probe.SwitchCase(op, [
-            lambda state=state: (state, probe.Missing(3)),
-            lambda k=k, state=state, x_in=x_in, t=t: Forward(k, state, x_in,
-                                                             t),
-            lambda k=k, state=state, dy_in=dy_in, t=t: Backward(k, state,
-                                                                dy_in, t),
-        ])
+        if ops is None:
+          state, stamps = probe.SwitchCase(tf.gather(tables[k][0], c), [
+              lambda state=state: (state, probe.Missing(3)),
+              lambda k=k, state=state, x_in=x_in, t=t: Forward(
+                  k, state, x_in, t),
+              lambda k=k, state=state, dy_in=dy_in, t=t: Backward(
+                  k, state, dy_in, t),
+          ])
+        elif ops[k] == schedules.FORWARD:
+          state, stamps = Forward(k, state, x_in, t)
+        else:
+          state, stamps = Backward(k, state, dy_in, t)
         new_states.append(state)
         new_logs.append(probe.Log(logs[k], c, stamps))
     return new_cs, new_states, new_logs
@@ -402,9 +450,21 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
   for stage in stages:
     with tf.device(stage.device):
       logs.append(probe.NewLog(ticks, 3))
-  _, states, logs = tf.while_loop(
-      lambda *_: tf.constant(True), Body, (clocks, states, logs),
-      maximum_iterations=ticks, parallel_iterations=PARALLEL_ITERATIONS)
+  loop_vars = (clocks, states, logs)
+  for first, end, steady_ops in _Loops(num_k, num_mb, probe.recording):
+    if steady_ops:
+      def Body(*args, steady_ops=steady_ops):
+        for ops in steady_ops:
+          args = Tick(*args, ops=ops)
+        return args
+    else:
+      Body = Tick  # pylint: disable=invalid-name
+    loop_vars = tf.while_loop(
+        lambda *_: tf.constant(True), Body, loop_vars,
+        maximum_iterations=(end - first) // max(1, len(steady_ops)),
+        parallel_iterations=(STEADY_PARALLEL_ITERATIONS if steady_ops
+                             else PARALLEL_ITERATIONS))
+  _, states, logs = loop_vars
   for k, log in enumerate(logs):
     probe.Add('1f1b', k, num_k, num_mb, log)
   totals = []

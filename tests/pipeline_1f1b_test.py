@@ -26,6 +26,7 @@ from tensorpipe import base_layer
 from tensorpipe import pipeline
 from tensorpipe import pipeline_1f1b
 from tensorpipe import py_utils
+from tensorpipe import schedules
 from tensorpipe import tasks
 from tensorpipe import test_utils
 from tensorpipe import timeline
@@ -255,6 +256,66 @@ class SlotBoundTest(tf.test.TestCase):
     self.assertEqual(_SlotListsByWidth(4, 2), {6: [2], 7: [2], 8: [1]})
     self.assertEqual([pipeline_1f1b.NumSlots(k, 4, 8) for k in range(4)],
                      [0, 3, 2, 1])
+
+
+class SteadyLoopTest(tf.test.TestCase):
+
+  def testLoopsCoverEveryTickAndSteadyOpsFollowTheSchedule(self):
+    for k_total in range(1, 6):
+      for t_total in range(1, 10):
+        case = (k_total, t_total)
+        ticks = schedules.OneFOneBNumClockTicks(k_total, t_total)
+        loops = pipeline_1f1b._Loops(k_total, t_total, one_loop=False)  # pylint: disable=protected-access
+        self.assertEqual(loops[0][0], 0, case)
+        self.assertEqual(loops[-1][1], ticks, case)
+        for (_, end, _), (first, _, _) in zip(loops, loops[1:]):
+          self.assertEqual(end, first, case)
+        steady = [loop for loop in loops if loop[2]]
+        if t_total <= k_total:
+          # No tick on which every partition works twice in a row.
+          self.assertEqual(loops, [(0, ticks, [])], case)
+          continue
+        self.assertLen(steady, 1)
+        first, end, ops = steady[0]
+        self.assertEqual((first, end), (2 * k_total - 1, 2 * t_total - 1))
+        self.assertEqual((end - first) % 2, 0, case)
+        for c in range(first, end):
+          for k in range(k_total):
+            op, _ = schedules.OneFOneBCell(c, k, k_total, t_total)
+            self.assertEqual(ops[(c - first) % 2][k], op, (case, c, k))
+            self.assertNotEqual(op, schedules.IDLE, (case, c, k))
+        # Each partition runs one forward and one backward per pair.
+        for k in range(k_total):
+          self.assertCountEqual([ops[0][k], ops[1][k]],
+                                [schedules.FORWARD, schedules.BACKWARD])
+    self.assertEqual(pipeline_1f1b._Loops(2, 8, one_loop=True),  # pylint: disable=protected-access
+                     [(0, 18, [])])
+
+  def testSteadyLoopBodyHasNoSwitch(self):
+    layer = pipeline.TensorPipeLayer.Params().Set(
+        name='TensorPipe', layers=_DenseModel(), num_partitions=2,
+        num_micro_batches=4, input_shapes=[[BATCH, 5]], schedule='1f1b',
+        dtype=tf.float64).Instantiate()
+    x = tf.zeros([BATCH, 5], tf.float64)
+
+    def Step(x):
+      with tf.GradientTape() as tape:
+        loss = layer.FPropLoss(layer.theta, (x,), _Labels(), _XentSum,
+                               1.0).loss
+      return tape.gradient(loss, layer.trainable_variables)
+    graph_def = tf.function(Step, autograph=False).get_concrete_function(
+        x).graph.as_graph_def()
+    ops = {f.signature.name: [n.op for n in f.node_def]
+           for f in graph_def.library.function}
+    bodies = {name: o for name, o in ops.items() if '_body_' in name}
+    self.assertLen(bodies, 3)  # warm-up, steady, cool-down
+    cases = ('Case', 'StatelessCase')
+    without = [name for name, o in bodies.items()
+               if not any(op in cases for op in o)]
+    self.assertLen(without, 1)
+    # The steady body holds its cells itself (in the switching bodies they
+    # are in the branch functions).
+    self.assertGreater(ops[without[0]].count('MatMul'), 0)
 
 
 def _TaskParams(schedule, num_micro_batches=2):
