@@ -9,9 +9,13 @@ loss inside the pipeline: the last partition applies a per-micro-batch loss
 function to its outputs, and one step returns (loss, metrics, gradients)
 rather than outputs (`TensorPipeLayer.FPropLossAndGrads`).
 
-The engine is one tf.while_loop over the 2 (T + K - 1) ticks of
+The engine is a tf.while_loop over the 2 (T + K - 1) ticks of
 `schedules.OneFOneBCell`, which says what each partition does on a tick
-(idle, forward of micro-batch t, backward of micro-batch t). Pseudo-code:
+(idle, forward of micro-batch t, backward of micro-batch t); each partition
+reads it from a table on its own device. The ticks on which every partition
+works (2K - 1 .. 2T - 2, alternating backward and forward) run as a loop of
+tick pairs whose ops are fixed in the graph (`_Loops`: no tf.switch_case);
+warm-up and cool-down switch on the op. Pseudo-code:
 
   x[t] = micro-batch t of the inputs                       # [T, N/T, ...]
   for c in range(2 (T + K - 1)):                            # tf.while_loop
