@@ -9,11 +9,11 @@ t and the number of ticks from `schedules`, the schedule's one definition.
 Each pass runs as up to three tf.while_loops (`_TickLoops`): K - 1 ramp-up
 ticks, the ticks where every partition is busy (no tf.cond: the cond was
 most of a tick's fixed cost; `unroll_ticks` of them per loop iteration) and
-K - 1 ramp-down ticks; the graph does not grow with T. Only the activations at partition boundaries are kept (stage
-0's are the stacked inputs themselves); each partition's forward pass is
-recomputed in the backward pass. Gradients are summed over micro-batches,
-so one optimizer step per mini-batch equals the step of the unpipelined
-model (as a running sum, or with grad_sum='pairwise' as a binary tree that
+K - 1 ramp-down ticks; the graph does not grow with T. Only the activations
+at partition boundaries are kept (stage 0's are the stacked inputs
+themselves); each partition's forward pass is recomputed in the backward
+pass. Gradients are summed over micro-batches, so one optimizer step per
+mini-batch equals the step of the unpipelined model (as a running sum, or with grad_sum='pairwise' as a binary tree that
 data-parallel replicas reproduce bit for bit: grad_sum.py).
 
 Pseudo-code of one training step (`recompute=True`):

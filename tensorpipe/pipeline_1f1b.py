@@ -456,16 +456,17 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
       logs.append(probe.NewLog(ticks, 3))
   loop_vars = (clocks, states, logs)
   for first, end, steady_ops in _Loops(num_k, num_mb, probe.recording):
-    if steady_ops:
-      def Body(*args, steady_ops=steady_ops):
-        for ops in steady_ops:
-          args = Tick(*args, ops=ops)
-        return args
-    else:
-      Body = Tick  # pylint: disable=invalid-name
+    # A steady iteration runs its pair of ticks; the others one switching
+    # tick (ops=None).
+    per_iteration = steady_ops or [None]
+
+    def Body(*args, per_iteration=per_iteration):
+      for ops in per_iteration:
+        args = Tick(*args, ops=ops)
+      return args
     loop_vars = tf.while_loop(
         lambda *_: tf.constant(True), Body, loop_vars,
-        maximum_iterations=(end - first) // max(1, len(steady_ops)),
+        maximum_iterations=(end - first) // len(per_iteration),
         parallel_iterations=(STEADY_PARALLEL_ITERATIONS if steady_ops
                              else PARALLEL_ITERATIONS))
   _, states, logs = loop_vars
