@@ -13,8 +13,9 @@ K - 1 ramp-down ticks; the graph does not grow with T. Only the activations
 at partition boundaries are kept (stage 0's are the stacked inputs
 themselves); each partition's forward pass is recomputed in the backward
 pass. Gradients are summed over micro-batches, so one optimizer step per
-mini-batch equals the step of the unpipelined model (as a running sum, or with grad_sum='pairwise' as a binary tree that
-data-parallel replicas reproduce bit for bit: grad_sum.py).
+mini-batch equals the step of the unpipelined model (as a running sum, or
+with grad_sum='pairwise' as a binary tree that data-parallel replicas
+reproduce bit for bit: grad_sum.py).
 
 Pseudo-code of one training step (`recompute=True`):
 
