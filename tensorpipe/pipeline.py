@@ -172,8 +172,7 @@ def _RunTickLoops(body: Any, state: Any,
         # batch-norm statistics) can be merged by Grappler's arithmetic
         # optimizer with the next tick's addition into one AddN, which adds
         # in another order (it leaves nodes that drive a control dependency
-        # alone). With it the tested float64 models give unroll_ticks=1's
-        # bits; a float32 ResNet still drifts (see the unroll_ticks param).
+        # alone): training then gives unroll_ticks=1's bits.
         deps = _TensorsOn(device, out) if barrier else []
         with tf.device(device), tf.control_dependencies(deps):
           new_ts.append(t + step)
@@ -202,12 +201,22 @@ def _RunTickLoops(body: Any, state: Any,
 
 
 def _TensorsOn(device: str, structure: Any) -> List[tf.Tensor]:
-  """The tensors of `structure` placed on `device` (TensorArrays skipped)."""
+  """The tensors of `structure` on `device` (of a TensorArray: its flow).
+
+  Placements match when every field that both name is equal:
+  '/device:CPU:1' matches '/job:localhost/replica:0/task:0/device:CPU:1'
+  (graph tensors carry the full name where the scope gave one).
+  """
   spec = tf.DeviceSpec.from_string(device)
+  fields = ('job', 'replica', 'task', 'device_type', 'device_index')
   out = []
   for x in tf.nest.flatten(structure):
+    if isinstance(x, tf.TensorArray):
+      x = x.flow
     if isinstance(x, tf.Tensor) and x.device:
-      if spec.make_merged_spec(tf.DeviceSpec.from_string(x.device)) == spec:
+      placed = tf.DeviceSpec.from_string(x.device)
+      if all(getattr(spec, f) is None or getattr(placed, f) is None or
+             getattr(spec, f) == getattr(placed, f) for f in fields):
         out.append(x)
   return out
 
@@ -345,7 +354,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
              'buffers: R = 2 replicas of T / 2 micro-batches then train '
              'bit for bit like one of T; needs the explicit recompute of '
              'recompute=True). See grad_sum.py.')
-    p.Define('unroll_ticks', 1, 'Clock ticks per iteration of the loop '
+    p.Define('unroll_ticks', 2, 'Clock ticks per iteration of the loop '
              'over the ticks where every partition is busy (GPipe schedule, '
              'explicit recompute loops and the forward loop of inference). '
              'The while loop\'s own cost per iteration (control ops per loop '
@@ -353,11 +362,12 @@ class TensorPipeLayer(base_layer.BaseLayer):
              'device) is then paid once per unroll_ticks ticks (2: a third '
              'to a half less fixed cost per tick, tools/benchmark '
              '--tick_cost); the graph holds unroll_ticks copies of each '
-             'partition\'s tick in that loop (more tracing time). Off (1) '
-             'by default: with 2, 20 float32 training steps of the '
-             'Fashion-MNIST ResNet4x8 (K=4, T=8) drift from unroll_ticks=1 '
-             'by 2e-6 relative after 3 steps and 7e-3 after 20 (cause not '
-             'found), where float64 models tested are bit-identical.')
+             'partition\'s tick in that loop (more tracing time). Training '
+             'gives the bits of unroll_ticks=1 (losses, gradients, weights); '
+             'a gradient taken in eval mode through the inference loop '
+             '(TF\'s autodiff of it, which adds the ticks of one iteration '
+             'first) may differ from unroll_ticks=1 in the last bits. 1 '
+             'turns unrolling off.')
     return p
 
   def __init__(self, params):

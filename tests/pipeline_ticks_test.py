@@ -10,14 +10,25 @@ results to one guarded loop (the timeline's recorded step runs one guarded
 loop) and to unroll_ticks=1.
 """
 
+import os
+import re
+
 import numpy as np
 import tensorflow as tf
 
 import tensorpipe
+from models import resnet
+from tensorpipe import base_experiment
+from tensorpipe import lr_schedules
+from tensorpipe import optimizers
 from tensorpipe import pipeline
+from tensorpipe import py_utils
 from tensorpipe import schedules
+from tensorpipe import synthetic_input
+from tensorpipe import tasks
 from tensorpipe import test_utils
 from tensorpipe import timeline
+from tensorpipe import trainer_lib
 from tensorpipe.layers import linear
 from tensorpipe.layers import normalization
 
@@ -39,7 +50,8 @@ def _Layers(num_layers, dim=4, dtype=tf.float64, batch_norm=False):
   return layers
 
 
-def _Pipe(num_partitions, num_micro_batches, unroll_ticks=2, **kwargs):
+def _Pipe(num_partitions, num_micro_batches, unroll_ticks=2, recompute=True,
+          **kwargs):
   layers = _Layers(num_partitions, **kwargs)
   if kwargs.get('batch_norm'):
     parts = [layers[:2]] + [[lp] for lp in layers[2:]]
@@ -47,7 +59,7 @@ def _Pipe(num_partitions, num_micro_batches, unroll_ticks=2, **kwargs):
     parts = [[lp] for lp in layers]
   return tensorpipe.TensorPipeLayer.Params().Set(
       name='TensorPipe', partitions=parts, num_micro_batches=num_micro_batches,
-      unroll_ticks=unroll_ticks).Instantiate()
+      unroll_ticks=unroll_ticks, recompute=recompute).Instantiate()
 
 
 def _StepGraph(layer, x):
@@ -138,6 +150,53 @@ class TickLoopsTest(tf.test.TestCase):
                       tf.nest.flatten(results[1])):
         self.assertAllEqual(a, b, msg=case)
 
+  def testBarrierFindsTheTickStateOnEachDevice(self):
+    # The control edge between unrolled ticks is built from the tensors
+    # _TensorsOn finds on the partition's device; graph tensors carry full
+    # device names while partitions may be named short (or the reverse).
+    @tf.function(autograph=False)
+    def Check():
+      with tf.device('/job:localhost/replica:0/task:0/device:CPU:1'):
+        on1 = tf.constant(1.0) + 1.0
+      with tf.device('/device:CPU:0'):
+        on0 = tf.constant(2.0) + 1.0
+      ta = tf.TensorArray(tf.float32, size=1)
+      found = {}
+      for name in ('/device:CPU:1', '/job:localhost/replica:0/task:0/'
+                   'device:CPU:1', '/job:localhost/device:CPU:0', 'CPU:0'):
+        on = pipeline._TensorsOn(name, [on1, (on0, ta)])  # pylint: disable=protected-access
+        found[name] = [x.name for x in on]
+      self.assertEqual(found, {
+          '/device:CPU:1': [on1.name],
+          '/job:localhost/replica:0/task:0/device:CPU:1': [on1.name],
+          '/job:localhost/device:CPU:0': [on0.name],
+          'CPU:0': [on0.name]})
+      return on1
+    Check()
+
+  def testUnrolledTicksAreChainedOnEveryDevice(self):
+    # In the steady body with unroll_ticks=u, the next tick's index on each
+    # of the K devices waits (control edges) for the state the tick before
+    # left there (tensors and TensorArray writes): (u - 1) K chained nodes
+    # in each of the two steady bodies of a training step (forward loop,
+    # explicit recompute loop).
+    for k_total, unroll in ((1, 2), (2, 2), (3, 3)):
+      layer = _Pipe(k_total, 9, unroll_ticks=unroll, batch_norm=True)
+      x = tf.zeros([18, 4], tf.float64)
+      with py_utils.TrainingMode(True):
+        graph_def = _StepGraph(layer, x).graph.as_graph_def()
+      chained = {}
+      for f in graph_def.library.function:
+        # t + step: the step constant carries the control inputs.
+        nodes = [n.name for n in f.node_def
+                 if n.op == 'Const' and re.search(r'/add(_\d+)?/y$', n.name)
+                 and any(i.startswith('^') for i in n.input)]
+        if nodes:
+          chained[f.signature.name] = len(nodes)
+      self.assertEqual(sorted(chained.values()),
+                       [(unroll - 1) * k_total] * 2,
+                       f'K={k_total} unroll_ticks={unroll}: {chained}')
+
   def testSteadyLoopBodyHoldsUnrollCopies(self):
     def SteadyMatMuls(unroll):
       layer = _Pipe(2, 9, unroll_ticks=unroll)
@@ -206,6 +265,60 @@ class TickLoopsTest(tf.test.TestCase):
       for a, b in zip(tf.nest.flatten(plain), tf.nest.flatten(recorded)):
         self.assertAllEqual(a, b, msg=f'K={k_total} T={t_total}')
 
+
+
+class UnrolledTrainingTest(tf.test.TestCase):
+
+  def testResNetTrainsBitForBitLikeUnrollOff(self):
+    """Three SGD steps of a float32 batch-norm ResNet, K=2, T=8: u=2 == u=1.
+
+    With the barrier between unrolled ticks a no-op (it once matched no
+    tensor: graph tensors carry full device names), Grappler merged one
+    tick's gradient and statistics sums with the next tick's: the losses
+    were 3e-5 apart by step 3 (and 7e-3 after 20 trainer steps).
+    """
+    class Exp(base_experiment.BaseExperiment):
+      UNROLL = 1
+
+      def Train(self):
+        return synthetic_input.SyntheticImageInput.Params().Set(
+            name='train', batch_size=64, num_examples=192, num_classes=10,
+            image_shape=[28, 28, 1])
+
+      def Test(self):
+        return self.Train().Set(name='test', split='test')
+
+      def Task(self):
+        model = tensorpipe.TensorPipeLayer.Params().Set(
+            name='TensorPipe', layers=resnet.SmallResNetLayers(16, 1),
+            num_partitions=2, num_micro_batches=8,
+            input_shapes=[[64, 28, 28, 1]], unroll_ticks=self.UNROLL)
+        p = tasks.ClassificationTask.Params().Set(
+            name='task', model=model, num_classes=10)
+        p.train.optimizer = optimizers.SGD.Params().Set(momentum=0.9,
+                                                        nesterov=True)
+        p.train.lr_schedule = lr_schedules.WarmupRsqrtDecay.Params().Set(
+            peak=0.1, warmup_steps=2)
+        return p
+
+    losses, weights = {}, {}
+    for unroll in (1, 2):
+      exp = type('Exp', (Exp,), {'UNROLL': unroll})()
+      tf.keras.utils.set_random_seed(1)
+      trainer = trainer_lib.Trainer(
+          exp.ModelParams(), os.path.join(self.get_temp_dir(), str(unroll)),
+          log_fn=lambda _: None)
+      trainer.RestoreLatest()
+      losses[unroll] = [float(trainer.TrainStep(b)['loss'])
+                        for b in trainer.TrainInput().Dataset().take(3)]
+      weights[unroll] = {
+          name: v.numpy() for name, v in test_utils.VariablesByName(
+              trainer.task.children.model).items()}
+    self.assertAllEqual(losses[2], losses[1])
+    self.assertGreater(abs(losses[1][2] - losses[1][0]), 1e-3)  # it trained
+    self.assertEqual(sorted(weights[2]), sorted(weights[1]))
+    for name, want in weights[1].items():
+      self.assertAllEqual(weights[2][name], want, msg=name)
 
 if __name__ == '__main__':
   tf.test.main()

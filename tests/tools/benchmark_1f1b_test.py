@@ -50,6 +50,19 @@ class SettingsTest(unittest.TestCase):
     self.assertEqual(settings.PairedBaselines('K1-T8-1f1b-rc'),
                      ['plain', 'plain-T8', 'K1-T8-rc'])
 
+  def testUnrollTicksSuffix(self):
+    s = settings.ParseSetting('K8-T32-rc-u1')
+    self.assertEqual((s.num_partitions, s.num_micro_batches, s.recompute,
+                      s.schedule, s.unroll_ticks), (8, 32, True, 'gpipe', 1))
+    self.assertIsNone(settings.ParseSetting('K8-T32-rc').unroll_ticks)
+    for bad in ('K2-T8-1f1b-rc-u2', 'K2-T8-rc-u0', 'K2-T8-rc-u'):
+      with self.assertRaisesRegex(ValueError, f"'{bad}'.*-u<n>"):
+        settings.ParseSetting(bad)
+    layer_ps, shape = runner.ModelLayers('tiny')
+    for name, want in (('K2-T4-norc-u3', 3), ('K2-T4-norc', 2)):
+      layer = runner.BuildLayer(settings.ParseSetting(name), layer_ps, shape)
+      self.assertEqual(layer.params.unroll_ticks, want, name)
+
   def testTargetsNameValidSettings(self):
     for t in (targets.ONE_F_ONE_B_MEMORY_TARGETS +
               targets.ONE_F_ONE_B_SPEED_TARGETS):

@@ -138,13 +138,16 @@ def BuildLayer(setting: settings.Setting, layer_ps: Sequence[Any],
     if setting.num_micro_batches == 1:
       return seq
     return UnrolledMicroBatches(seq, setting.num_micro_batches)
-  return pipeline.TensorPipeLayer.Params().Set(
+  p = pipeline.TensorPipeLayer.Params().Set(
       name='TensorPipe', layers=list(layer_ps),
       num_partitions=setting.num_partitions,
       num_micro_batches=setting.num_micro_batches,
       input_shapes=[list(input_shape)], recompute=setting.recompute,
       recompute_impl=setting.recompute_impl,
-      schedule=setting.schedule).Instantiate()
+      schedule=setting.schedule)
+  if setting.unroll_ticks is not None:
+    p.unroll_ticks = setting.unroll_ticks
+  return p.Instantiate()
 
 
 # -- measurements --------------------------------------------------------------

@@ -26,6 +26,9 @@ A setting names one way of running a model's layers:
                  K2-T8-rc in the same process;
   K2-T8-1f1b-norc  the same without recompute (reported as not run with the
                  engine's reason where the engine does not build it).
+  K8-T32-rc-u1   a GPipe setting with TensorPipeLayer's unroll_ticks=1 (one
+                 steady clock tick per loop iteration; without -u<n> the
+                 layer's default, 2; see its param).
 
 Usage:
   s = ParseSetting('K4-T8-rc')     # Setting(kind='pipe', 4, 8, True, ...)
@@ -36,7 +39,7 @@ Usage:
 
 import dataclasses
 import re
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +77,9 @@ BUILTIN_MODELS: Dict[str, BuiltinModel] = {
     'conv16': BuiltinModel(
         '16 layers relu(conv3x3), 16 -> 16 channels, no bias, input '
         '[64, 32, 32, 16] NHWC, float32', 'conv3x3', 16, 16, 64, 32),
+    'conv16b256': BuiltinModel(
+        'conv16 at batch 256 (input [256, 32, 32, 16]): the many-core '
+        'scaling runs, T=32 micro-batches of 8', 'conv3x3', 16, 16, 256, 32),
     'dense32': BuiltinModel(
         '32 layers relu(x @ W + b), W 1024x1024, batch 64, float32',
         'fc', 32, 1024, 64),
@@ -98,6 +104,8 @@ class Setting:
     recompute_impl: TensorPipeLayer's recompute_impl.
     serial: naive-K-serial: one inter-op thread.
     schedule: TensorPipeLayer's schedule, 'gpipe' or '1f1b'.
+    unroll_ticks: TensorPipeLayer's unroll_ticks (GPipe only); None: the
+      layer's default.
   """
   name: str
   kind: str
@@ -107,6 +115,7 @@ class Setting:
   recompute_impl: str = 'explicit'
   serial: bool = False
   schedule: str = 'gpipe'
+  unroll_ticks: Optional[int] = None
 
   @property
   def threads(self) -> Tuple[int, int]:
@@ -114,7 +123,8 @@ class Setting:
     return 1, 1 if self.serial else max(1, self.num_partitions)
 
 
-_SETTING_RE = re.compile(r'^K(\d+)-T(\d+)-(1f1b-)?(rc|norc|rcg)$')
+_SETTING_RE = re.compile(
+    r'^K(\d+)-T(\d+)-(1f1b-)?(rc|norc|rcg)(?:-u(\d+))?$')
 
 
 def ParseSetting(name: str) -> Setting:
@@ -134,17 +144,22 @@ def ParseSetting(name: str) -> Setting:
                    serial=bool(m.group(2)))
   m = _SETTING_RE.match(name)
   if (m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1 and
-      not (m.group(3) and m.group(4) == 'rcg')):
+      not (m.group(3) and m.group(4) == 'rcg') and
+      not (m.group(3) and m.group(5)) and
+      (m.group(5) is None or int(m.group(5)) >= 1)):
     mode = m.group(4)
     return Setting(name, 'pipe', int(m.group(1)), int(m.group(2)),
                    mode != 'norc',
                    'tf_recompute_grad' if mode == 'rcg' else 'explicit',
-                   schedule='1f1b' if m.group(3) else 'gpipe')
+                   schedule='1f1b' if m.group(3) else 'gpipe',
+                   unroll_ticks=int(m.group(5)) if m.group(5) else None)
   raise ValueError(f'unknown benchmark setting {name!r}; use plain, '
                    'plain-T<t> (e.g. plain-T8), naive-K (e.g. naive-2), '
                    'naive-K-serial, '
                    'K<k>-T<t>-<rc|norc|rcg> (e.g. K4-T8-rc) or '
-                   'K<k>-T<t>-1f1b-<rc|norc> (e.g. K2-T32-1f1b-rc)')
+                   'K<k>-T<t>-1f1b-<rc|norc> (e.g. K2-T32-1f1b-rc), '
+                   'GPipe ones optionally with -u<n> for unroll_ticks=n '
+                   '(e.g. K8-T32-rc-u1)')
 
 
 def GridSettings(ks: Sequence[int] = (1, 2, 4),
