@@ -7,7 +7,9 @@ ticks per iteration), and K - 1 guarded ticks. These tests check the split
 against the schedule, that the graph does not grow with T, that K=1 builds
 no cond at all, and that the split and unrolled loops give bit-identical
 results to one guarded loop (the timeline's recorded step runs one guarded
-loop) and to unroll_ticks=1.
+loop) and to unroll_ticks=1, that the unrolled ticks are chained on every
+device, and that a float32 batch-norm ResNet trains bit for bit alike with
+unroll_ticks 1 and 2.
 """
 
 import os
@@ -50,8 +52,7 @@ def _Layers(num_layers, dim=4, dtype=tf.float64, batch_norm=False):
   return layers
 
 
-def _Pipe(num_partitions, num_micro_batches, unroll_ticks=2, recompute=True,
-          **kwargs):
+def _Pipe(num_partitions, num_micro_batches, unroll_ticks=2, **kwargs):
   layers = _Layers(num_partitions, **kwargs)
   if kwargs.get('batch_norm'):
     parts = [layers[:2]] + [[lp] for lp in layers[2:]]
@@ -59,7 +60,7 @@ def _Pipe(num_partitions, num_micro_batches, unroll_ticks=2, recompute=True,
     parts = [[lp] for lp in layers]
   return tensorpipe.TensorPipeLayer.Params().Set(
       name='TensorPipe', partitions=parts, num_micro_batches=num_micro_batches,
-      unroll_ticks=unroll_ticks, recompute=recompute).Instantiate()
+      unroll_ticks=unroll_ticks).Instantiate()
 
 
 def _StepGraph(layer, x):
@@ -266,7 +267,6 @@ class TickLoopsTest(tf.test.TestCase):
         self.assertAllEqual(a, b, msg=f'K={k_total} T={t_total}')
 
 
-
 class UnrolledTrainingTest(tf.test.TestCase):
 
   def testResNetTrainsBitForBitLikeUnrollOff(self):
@@ -319,6 +319,7 @@ class UnrolledTrainingTest(tf.test.TestCase):
     self.assertEqual(sorted(weights[2]), sorted(weights[1]))
     for name, want in weights[1].items():
       self.assertAllEqual(weights[2][name], want, msg=name)
+
 
 if __name__ == '__main__':
   tf.test.main()
