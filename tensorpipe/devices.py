@@ -57,7 +57,7 @@ def DefaultDevices(num: int) -> List[str]:
   return [d.name for d in cpus[:num]]
 
 
-def _Matches(spec: tf.DeviceSpec, device: tf.DeviceSpec) -> bool:
+def Matches(spec: tf.DeviceSpec, device: tf.DeviceSpec) -> bool:
   """Whether every field `spec` names equals `device`'s (local: localhost)."""
   have = {'job': device.job or 'localhost',
           'replica': 0 if device.replica is None else device.replica,
@@ -98,7 +98,7 @@ def CheckDeviceExists(name: str) -> None:
     raise ValueError(f'device {name!r} names no device; use names like '
                      '"/GPU:0" or "/CPU:1"')
   existing = [d.name for d in tf.config.list_logical_devices()]
-  if any(_Matches(spec, tf.DeviceSpec.from_string(d)) for d in existing):
+  if any(Matches(spec, tf.DeviceSpec.from_string(d)) for d in existing):
     return
   hint = ''
   if spec.job and spec.job != 'localhost':

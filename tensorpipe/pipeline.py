@@ -203,20 +203,17 @@ def _RunTickLoops(body: Any, state: Any,
 def _TensorsOn(device: str, structure: Any) -> List[tf.Tensor]:
   """The tensors of `structure` on `device` (of a TensorArray: its flow).
 
-  Placements match when every field that both name is equal:
-  '/device:CPU:1' matches '/job:localhost/replica:0/task:0/device:CPU:1'
-  (graph tensors carry the full name where the scope gave one).
+  '/device:CPU:1' matches a tensor on '/job:localhost/replica:0/task:0/
+  device:CPU:1' (graph tensors carry the full name) and the reverse
+  (`devices_lib.Matches`).
   """
   spec = tf.DeviceSpec.from_string(device)
-  fields = ('job', 'replica', 'task', 'device_type', 'device_index')
   out = []
   for x in tf.nest.flatten(structure):
     if isinstance(x, tf.TensorArray):
       x = x.flow
     if isinstance(x, tf.Tensor) and x.device:
-      placed = tf.DeviceSpec.from_string(x.device)
-      if all(getattr(spec, f) is None or getattr(placed, f) is None or
-             getattr(spec, f) == getattr(placed, f) for f in fields):
+      if devices_lib.Matches(spec, tf.DeviceSpec.from_string(x.device)):
         out.append(x)
   return out
 

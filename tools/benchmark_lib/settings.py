@@ -124,7 +124,7 @@ class Setting:
 
 
 _SETTING_RE = re.compile(
-    r'^K(\d+)-T(\d+)-(1f1b-)?(rc|norc|rcg)(?:-u(\d+))?$')
+    r'^K(\d+)-T(\d+)-(1f1b-)?(rc|norc|rcg)(?:-u([1-9]\d*))?$')
 
 
 def ParseSetting(name: str) -> Setting:
@@ -145,8 +145,7 @@ def ParseSetting(name: str) -> Setting:
   m = _SETTING_RE.match(name)
   if (m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1 and
       not (m.group(3) and m.group(4) == 'rcg') and
-      not (m.group(3) and m.group(5)) and
-      (m.group(5) is None or int(m.group(5)) >= 1)):
+      not (m.group(3) and m.group(5))):
     mode = m.group(4)
     return Setting(name, 'pipe', int(m.group(1)), int(m.group(2)),
                    mode != 'norc',
