@@ -38,6 +38,7 @@ Usage:
   pipe.fit(dataset, epochs=2, callbacks=[keras.callbacks.TensorBoard(dir)])
 """
 
+import copy
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 import keras
@@ -131,7 +132,7 @@ def _LayerInputShapes(layers: List[Any], shape: List[Any]) -> List[List[Any]]:
   shapes = [list(shape)]
   for layer in layers[:-1]:
     if isinstance(layer, dict):
-      layer = keras.saving.deserialize_keras_object(layer)
+      layer = keras.saving.deserialize_keras_object(copy.deepcopy(layer))
     out = layer(keras.KerasTensor([None] + shapes[-1]))
     if not hasattr(out, 'shape'):
       raise ValueError(f'keras_pipeline: layer {layer.name!r} returns '

@@ -56,6 +56,7 @@ Usage:
       name='fc1', keras_config=keras.saving.serialize_keras_object(layer))
 """
 
+import copy
 import functools
 import inspect
 import json
@@ -389,7 +390,10 @@ class KerasLayer(base_layer.BaseLayer):
         what = f'the object keras_factory {p.keras_factory!r} returned'
       else:
         try:
-          obj = keras.saving.deserialize_keras_object(p.keras_config)
+          # A copy: Keras 3.15 empties a functional model's config dict in
+          # place, and the Params' dict is deserialised again on every build.
+          obj = keras.saving.deserialize_keras_object(
+              copy.deepcopy(p.keras_config))
         except (TypeError, ValueError) as e:
           first = (str(e).strip().splitlines() or [''])[0]
           raise ValueError(

@@ -49,6 +49,31 @@ class KerasLayerParamsTest(tf.test.TestCase):
     # The config's build shape builds it: no input_shape needed.
     self.assertEqual(built.theta.kernel.shape.as_list(), [3, 2, 2, 5])
 
+
+  def testFunctionalConfigBuildsAgainAndAgain(self):
+    # Keras 3.15 empties a functional model's config dict in place when it
+    # deserialises it; a KerasLayer rebuilds its object from p.keras_config
+    # (FPropMeta, every Instantiate), so each build must see the whole dict.
+    inp = keras.Input((4,))
+    hidden = keras.layers.Dense(3, name='hidden')(inp)
+    out = keras.layers.Add(name='skip')([hidden, keras.layers.Dense(
+        3, name='side')(inp)])
+    model = keras.Model(inp, out, name='block')
+    p = _Params('block', keras_config=keras.saving.serialize_keras_object(
+        model))
+    before = p.ToText()
+    x = tf.constant(np.random.RandomState(0).randn(2, 4), tf.float32)
+    outputs = []
+    for _ in range(3):
+      meta = p.cls.FPropMeta(p, [2, 4])
+      self.assertEqual([s.as_list() for s in tf.nest.flatten(
+          meta.out_shapes)], [[2, 3]])
+      layer = p.Copy().Instantiate()
+      layer.AssignFromKeras(model)
+      outputs.append(tf.nest.flatten(layer(x))[0].numpy())
+    self.assertEqual(p.ToText(), before)
+    for out in outputs:
+      self.assertAllClose(out, model(x).numpy(), rtol=1e-6)
   def testInitialWeightsSeededByPathAndCallerRandomUntouched(self):
     random.seed(123)
     before = random.getstate()
