@@ -13,9 +13,15 @@ Writes logdir/train and logdir/validation (TensorBoard), logdir/model.keras
 (the model after each epoch: keras.models.load_model reads it back) and
 prints one line of test metrics. Without an accelerator the partitions run
 on K logical CPU devices.
+
+Mistakes end in one line `keras_fit: error: ...` on stderr naming the value
+and the fix, without a traceback (as tools/trainer.py). Exit codes: 0 done;
+2 the command cannot run as given (flags, a data set that is not prepared);
+1 the run failed on the way (damaged input data, a NaN / Inf).
 """
 
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -46,13 +52,58 @@ flags.mark_flag_as_required('logdir')
 NUM_TRAIN_EXAMPLES = 60000
 
 
+class _UserError(Exception):
+  """A mistake in the flags or the setup: printed as one line, exit 2."""
+
+
+def _OneLine(e: BaseException) -> str:
+  """The error's message as one line (autograph's "in user code:" frames cut:
+  their last line is the original message)."""
+  text = str(e).strip()
+  if text.startswith('in user code:'):
+    last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+    prefix = f'{type(e).__name__}: '
+    text = last[len(prefix):] if last.startswith(prefix) else last
+  return ' '.join(text.split()) or type(e).__name__
+
+
+def _CheckFlags() -> None:
+  """Raises _UserError naming the first flag value that cannot run.
+
+  Runs before TensorFlow is imported, so a typo costs no start-up time.
+  """
+  k, t, n = FLAGS.num_partitions, FLAGS.num_micro_batches, FLAGS.batch_size
+  if k < 1:
+    raise _UserError(f'--num_partitions={k} must be at least 1 (K, the '
+                     'number of pipeline partitions, each on its own device)')
+  if t < 1:
+    raise _UserError(f'--num_micro_batches={t} must be at least 1 (T, the '
+                     'number of micro-batches each batch is split into)')
+  if n < 1 or n % t:
+    fit = max(t, n - n % t)
+    raise _UserError(f'--batch_size={n} is not a positive multiple of '
+                     f'--num_micro_batches={t}; use a multiple of {t} '
+                     f'(e.g. --batch_size={fit}) or change '
+                     '--num_micro_batches')
+  for name in ('epochs', 'steps_per_epoch', 'eval_steps'):
+    value = getattr(FLAGS, name)
+    if value is not None and value < 1:
+      raise _UserError(f'--{name}={value} must be at least 1'
+                       + ('' if name == 'epochs' else ' (or left out)'))
+  if FLAGS.data_dir is not None and not os.path.isdir(
+      paths.UserPath(FLAGS.data_dir)):
+    raise _UserError(f'--data_dir={FLAGS.data_dir} is not a directory; pass '
+                     'the folder of the prepared TFDS data (bash '
+                     'tools/prepare_data.sh writes data/tfds) or leave it out')
+
+
 def _Dataset(split: str, batch_size: int):
   """(image, label[, weight]) batches of the Fashion-MNIST input."""
   from tensorpipe import base_input  # pylint: disable=g-import-not-at-top
   from tensorpipe.inputs import image_inputs  # pylint: disable=g-import-not-at-top
   inp = image_inputs.FashionMnistInput.Params().Set(
       name=split, split=split, batch_size=batch_size,
-      data_dir=FLAGS.data_dir).Instantiate()
+      data_dir=FLAGS.data_dir and paths.UserPath(FLAGS.data_dir)).Instantiate()
 
   def ToKeras(batch):
     if base_input.EXAMPLE_WEIGHT in batch:  # the padded last test batch
@@ -61,30 +112,42 @@ def _Dataset(split: str, batch_size: int):
   return inp.Dataset().map(ToKeras)
 
 
-def _Main(argv):
-  del argv  # unused
+def _Setup():
+  """Flags -> (model, train data, test data); raises _UserError."""
+  _CheckFlags()
   import tensorpipe  # pylint: disable=g-import-not-at-top
   tensorpipe.SetNumLogicalCpuDevices(FLAGS.num_partitions)
   import keras  # pylint: disable=g-import-not-at-top
   from models import keras_models  # pylint: disable=g-import-not-at-top
   from tensorpipe import keras_pipeline  # pylint: disable=g-import-not-at-top
-  logdir = paths.UserPath(FLAGS.logdir)
-  os.makedirs(logdir, exist_ok=True)
-  model = keras_pipeline.TensorPipeModel(
-      keras_models.FashionMnistCnn(), num_partitions=FLAGS.num_partitions,
-      num_micro_batches=FLAGS.num_micro_batches, batch_size=FLAGS.batch_size)
-  print(model.pipeline.partition_plan.Report(
-      [l.layer_name for l, _ in model.pipeline.LayersWithTheta()]))
-  model.compile(
-      optimizer=keras.optimizers.SGD(FLAGS.learning_rate, momentum=0.9,
-                                     nesterov=True),
-      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      metrics=['accuracy'])
-  steps = FLAGS.steps_per_epoch or NUM_TRAIN_EXAMPLES // FLAGS.batch_size
-  test = _Dataset('test', FLAGS.batch_size)
+  try:
+    model = keras_pipeline.TensorPipeModel(
+        keras_models.FashionMnistCnn(), num_partitions=FLAGS.num_partitions,
+        num_micro_batches=FLAGS.num_micro_batches,
+        batch_size=FLAGS.batch_size)
+    print(model.pipeline.partition_plan.Report(
+        [l.layer_name for l, _ in model.pipeline.LayersWithTheta()]))
+    model.compile(
+        optimizer=keras.optimizers.SGD(FLAGS.learning_rate, momentum=0.9,
+                                       nesterov=True),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=['accuracy'])
+    # Checks that the data set is prepared (a missing one fails here).
+    train = _Dataset('train', FLAGS.batch_size)
+    test = _Dataset('test', FLAGS.batch_size)
+  except (ValueError, TypeError, OSError) as e:
+    raise _UserError(f'{type(e).__name__}: {_OneLine(e)}') from None
   if FLAGS.eval_steps:
     test = test.take(FLAGS.eval_steps)
-  model.fit(_Dataset('train', FLAGS.batch_size), epochs=FLAGS.epochs,
+  return model, train, test
+
+
+def _Run(model, train, test) -> None:
+  import keras  # pylint: disable=g-import-not-at-top
+  logdir = paths.UserPath(FLAGS.logdir)
+  os.makedirs(logdir, exist_ok=True)
+  steps = FLAGS.steps_per_epoch or NUM_TRAIN_EXAMPLES // FLAGS.batch_size
+  model.fit(train, epochs=FLAGS.epochs,
             steps_per_epoch=steps, validation_data=test, verbose=2,
             shuffle=False,  # the input shuffles itself
             callbacks=[
@@ -99,6 +162,24 @@ def _Main(argv):
     path = model.export_saved_model(paths.UserPath(FLAGS.export_dir),
                                     overwrite=True)
     print(f'exported the SavedModel to {path}')
+
+
+def _Main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  try:
+    model, train, test = _Setup()
+  except _UserError as e:
+    print(f'keras_fit: error: {e}', file=sys.stderr)
+    return 2
+  from tensorpipe import base_input  # pylint: disable=g-import-not-at-top
+  try:
+    _Run(model, train, test)
+  except (base_input.DataFileError, FloatingPointError) as e:
+    print(f'keras_fit: error: {type(e).__name__}: {_OneLine(e)}',
+          file=sys.stderr)
+    return 1
+  return 0
 
 
 def main():
