@@ -11,8 +11,11 @@
 #           (train, SIGKILL, resume to identical weights; K=1 vs K=4 losses)
 #           and the prepared real data sets.
 #   bash tools/test.sh --slow
-#       (a), then every *_slow_test.py file (also the big-model transparency
-#       checks, the experiments and the benchmark binary; ~20 more minutes).
+#       (a), then every *_slow_test.py file, each in a pytest process of its
+#       own (also the big-model transparency checks, the experiments and the
+#       benchmark binary; ~20 more minutes).
+#   Under pytest every test fails after pytest.ini's timeout (pytest-timeout),
+#   naming itself, so no run can hang.
 #   bash tools/test.sh --all [pytest args...]
 #   TENSORPIPE_TEST_ALL=1 bash tools/test.sh
 #       Everything with pytest instead (no Bazel), e.g. `--all -n 2` (xdist)
@@ -89,6 +92,25 @@ else
 fi
 if [ "${#slow_files[@]}" -eq 0 ]; then
   slow_result="FAIL (no slow test files found)"
+elif [ "$every_slow" = 1 ]; then
+  # One pytest process per file: a file cannot leave servers, remote devices
+  # or threads behind for the next (cross_host_slow_test then
+  # trainer_slow_test in one process hung), and a test past pytest.ini's
+  # timeout ends only its own file's process. A file that collects no test
+  # fails (pytest exit 5).
+  echo "test: pytest -m slow, each of ${#slow_files[@]} files in its own process"
+  failed=()
+  for f in "${slow_files[@]}"; do
+    echo "test: pytest -m slow $f"
+    run_pytest -q -m slow "$f"
+    [[ "$result" == PASS* ]] || failed+=("$f: $result")
+  done
+  if [ "${#failed[@]}" -eq 0 ]; then
+    slow_result="PASS"
+  else
+    slow_result="FAIL (${#failed[@]} of ${#slow_files[@]} files: $(
+      printf '%s; ' "${failed[@]}"))"
+  fi
 else
   echo "test: pytest -m slow (${#slow_files[@]} files)"
   run_pytest -q -m slow "${slow_files[@]}"
