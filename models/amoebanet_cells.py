@@ -357,7 +357,8 @@ class NASCellLayer(base_layer.BaseLayer):
 
   def _KeepProb(self):
     p = self.params
-    if p.drop_path_keep_prob >= 1.0 or not py_utils.IsTraining():
+    if p.drop_path_keep_prob >= 1.0 or not py_utils.IsTraining(
+        f'drop-path of {type(self).__name__} {self.path or self.layer_name!r}'):
       return None
     ratio = (p.cell_num + 1) / float(p.total_num_cells)
     progress = CurrentDropPathProgress()

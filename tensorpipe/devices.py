@@ -1,6 +1,6 @@
 """Devices for pipeline partitions: accelerators if present, else logical CPUs."""
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -66,6 +66,22 @@ def Matches(spec: tf.DeviceSpec, device: tf.DeviceSpec) -> bool:
           'device_index': device.device_index}
   return all(getattr(spec, field) is None or getattr(spec, field) == value
              for field, value in have.items())
+
+
+def SharedDevices(devices: Sequence[str]) -> List[Tuple[str, List[int]]]:
+  """The devices named more than once, with the positions naming each.
+
+  '/CPU:0', '/device:CPU:0' and '/job:localhost/replica:0/task:0/device:CPU:0'
+  name the same device. Returns [(first name given, [positions])], in order
+  of first appearance; [] when the devices are distinct.
+  """
+  groups = {}
+  for i, name in enumerate(devices):
+    spec = tf.DeviceSpec.from_string(name)
+    key = (spec.job or 'localhost', spec.replica or 0, spec.task or 0,
+           (spec.device_type or '').upper(), spec.device_index or 0)
+    groups.setdefault(key, (name, []))[1].append(i)
+  return [(name, where) for name, where in groups.values() if len(where) > 1]
 
 
 def CheckDeviceExists(name: str) -> None:

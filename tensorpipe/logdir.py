@@ -236,11 +236,34 @@ def _ParseParamsText(text: str) -> Dict[str, str]:
   return out
 
 
-def ParamsDiff(old_text: str, new_text: str) -> str:
-  """'key: old -> new' lines (one per changed, added or removed key)."""
+# Params keys (last dotted component) that say how long a run goes on, not
+# what it trains: extending a finished run with a larger --max_steps is the
+# same run, so WriteParams neither logs them as a change nor keeps a history
+# file for them. (Workers of one run still compare them.)
+RUN_LENGTH_KEYS = frozenset(['max_steps'])
+
+
+def _IsRunLength(key: str) -> bool:
+  return key.rpartition('.')[2] in RUN_LENGTH_KEYS
+
+
+def _WithoutRunLength(text: str) -> str:
+  """`text` without its RUN_LENGTH_KEYS lines."""
+  return '\n'.join(line for line in text.splitlines()
+                   if not _IsRunLength(line.partition(' : ')[0].strip()))
+
+
+def ParamsDiff(old_text: str, new_text: str,
+               ignore_run_length: bool = False) -> str:
+  """'key: old -> new' lines (one per changed, added or removed key).
+
+  With ignore_run_length, RUN_LENGTH_KEYS (max_steps) are left out.
+  """
   old, new = _ParseParamsText(old_text), _ParseParamsText(new_text)
   lines = []
   for key in sorted(set(old) | set(new)):
+    if ignore_run_length and _IsRunLength(key):
+      continue
     a, b = old.get(key, '(absent)'), new.get(key, '(absent)')
     if a != b:
       lines.append(f'  {key}: {a} -> {b}')
@@ -266,7 +289,10 @@ def WriteParams(logdir: str, text: str, step: int,
   """Writes params.txt; keeps a changed predecessor as params.<step>.txt.
 
   Call once the restored checkpoint (at `step`; 0 for a new run) is known to
-  fit these Params.
+  fit these Params. A change of the run's length only (RUN_LENGTH_KEYS:
+  max_steps, e.g. a finished run extended with a larger --max_steps) is no
+  change of hyper-parameters: params.txt is updated, nothing is logged and
+  no history file is kept.
 
   Args:
     logdir: the run's logdir.
@@ -275,7 +301,7 @@ def WriteParams(logdir: str, text: str, step: int,
     log_fn: where the diff of a change is logged.
 
   Returns:
-    The diff lines when the Params changed, else None.
+    The diff lines when the Params changed (beyond max_steps), else None.
   """
   path = os.path.join(logdir, PARAMS_FILE)
   try:
@@ -284,8 +310,8 @@ def WriteParams(logdir: str, text: str, step: int,
   except FileNotFoundError:
     old = None
   diff = None
-  if old is not None and old != text:
-    diff = ParamsDiff(old, text)
+  if old is not None and _WithoutRunLength(old) != _WithoutRunLength(text):
+    diff = ParamsDiff(old, text, ignore_run_length=True)
     history = os.path.join(logdir, HistoryFile(step))
     # An existing params.<step>.txt trained the steps up to `step`; the
     # params.txt now replaced trained none after it: keep the former.

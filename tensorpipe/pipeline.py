@@ -374,6 +374,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     stage_params, plan = self._ResolvePartitions(p)
     self._CheckUniqueLayerNames(stage_params)
     self._devices = devices_lib.ResolveDevices(p.devices, len(stage_params))
+    self._WarnIfDevicesShared()
     if p.recompute_impl not in _RECOMPUTE_IMPLS:
       raise ValueError(f'recompute_impl={p.recompute_impl!r} is not one of '
                        f'{_RECOMPUTE_IMPLS}')
@@ -465,6 +466,21 @@ class TensorPipeLayer(base_layer.BaseLayer):
       out.append(layers[start:start + size])
       start += size
     return out, plan
+
+  def _WarnIfDevicesShared(self) -> None:
+    """Partitions on one device run one after another: no pipelining."""
+    shared = devices_lib.SharedDevices(self._devices)
+    if not shared:
+      return
+    where = '; '.join(f'{name} for partitions {", ".join(map(str, ks))}'
+                      for name, ks in shared)
+    logging.warning(
+        'TensorPipeLayer %r: devices=%s names a device more than once (%s): '
+        'partitions on one device run one after another, with no pipelining '
+        'between them. Give %d distinct devices (on a CPU, '
+        'tensorpipe.SetNumLogicalCpuDevices(%d) makes them) or fewer '
+        'partitions.', self.params.name, list(self._devices), where,
+        len(self._devices), len(self._devices))
 
   def _CheckUniqueLayerNames(self, stage_params) -> None:
     """Layer names name variables and checkpoint keys: one per pipeline."""

@@ -46,9 +46,15 @@ import threading
 import zlib
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
 
+from absl import logging
 import tensorflow as tf
 
 _local = threading.local()
+
+# Whether IsTraining(layer=...) has warned that a mode-dependent layer trains
+# because no mode block is set (once per process).
+_warned_training_by_default = False
+_warn_lock = threading.Lock()
 
 # An int or a scalar integer tensor (e.g. the global step).
 IntLike = Union[int, tf.Tensor]
@@ -178,14 +184,40 @@ def RestoreContext(ctx: FPropContext):
   return EnterContext(dataclasses.replace(ctx, stats_collector=[]))
 
 
-def IsTraining() -> bool:
+def IsTraining(layer: Optional[str] = None) -> bool:
   """Whether layers run in training mode (batch statistics, dropout on).
 
   True inside `TrainingMode(True)`, False inside `EvalMode()`; outside both,
   True (Lingvo's FProp default), except under a plain `layer(x)` call, which
   enters eval mode itself.
+
+  Args:
+    layer: given by a layer whose output depends on the mode (batch norm,
+      dropout, drop-path), naming it, e.g. "BatchNormLayer 'pipe/bn'". If no
+      mode block is set, the first such call of the process logs a warning
+      that it trains by default, naming TrainingMode / EvalMode.
   """
-  return Current().training is not False
+  training = Current().training
+  if training is None and layer is not None:
+    _WarnTrainingByDefault(layer)
+  return training is not False
+
+
+def _WarnTrainingByDefault(layer: str) -> None:
+  """Logs once per process that `layer` trains for want of a mode block."""
+  global _warned_training_by_default
+  with _warn_lock:
+    if _warned_training_by_default:
+      return
+    _warned_training_by_default = True
+  logging.warning(
+      '%s runs in training mode (batch statistics and moving-average '
+      'updates, dropout on) because no py_utils.TrainingMode / EvalMode '
+      'block is set: FProp and FPropDefaultTheta train by default (Lingvo), '
+      'while a plain layer(x) call is inference. Wrap the call in '
+      '`with tensorpipe.TrainingMode(True):` to train or `with '
+      'tensorpipe.EvalMode():` for inference. (Warned once per process.)',
+      layer)
 
 
 def ModeIsSet() -> bool:

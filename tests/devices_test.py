@@ -13,6 +13,24 @@ from tensorpipe import test_utils
 test_utils.ConfigureTestDevices()
 
 
+class SharedDevicesTest(tf.test.TestCase):
+
+  def testDistinctDevicesShareNothing(self):
+    self.assertEqual(devices.SharedDevices(['/CPU:0', '/CPU:1', '/GPU:0']),
+                     [])
+    self.assertEqual(devices.SharedDevices([
+        '/job:worker/task:0/device:CPU:0',
+        '/job:worker/task:1/device:CPU:0']), [])
+
+  def testDeviceGivenTwiceInAnySpellingIsFound(self):
+    self.assertEqual(
+        devices.SharedDevices(['/CPU:0', '/CPU:0', '/CPU:1', '/CPU:1']),
+        [('/CPU:0', [0, 1]), ('/CPU:1', [2, 3])])
+    self.assertEqual(devices.SharedDevices(
+        ['/cpu:1', '/CPU:0', '/job:localhost/replica:0/task:0/device:CPU:1',
+         '/device:CPU:1']), [('/cpu:1', [0, 2, 3])])
+
+
 class ResolveDevicesTest(tf.test.TestCase):
 
   def testExistingDevicesAreAcceptedInAnySpelling(self):

@@ -170,6 +170,35 @@ class ParamsHistoryTest(unittest.TestCase):
     self.assertEqual(self._Read('params.20.txt'), v1)
     self.assertEqual(self._Read('params.txt'), v3)
 
+  def testLargerMaxStepsIsNoChangeOfHyperParameters(self):
+    # A finished run extended with a larger --max_steps, twice.
+    v1 = "name : 'Exp'\ntask.lr : 0.1\ntask.train.max_steps : 20\n"
+    v2 = v1.replace('max_steps : 20', 'max_steps : 40')
+    v3 = v1.replace('max_steps : 20', 'max_steps : 60')
+    logdir_lib.WriteParams(self.logdir, v1, 0, self.log.append)
+    self.assertIsNone(logdir_lib.WriteParams(self.logdir, v2, 20,
+                                             self.log.append))
+    self.assertIsNone(logdir_lib.WriteParams(self.logdir, v3, 40,
+                                             self.log.append))
+    self.assertEqual(self.log, [])
+    self.assertEqual(self._Files(), ['params.txt'])
+    self.assertEqual(self._Read('params.txt'), v3)  # the run as it is now
+
+  def testMaxStepsIsLeftOutOfARealChangesDiff(self):
+    v1 = "name : 'Exp'\ntask.lr : 0.1\ntask.train.max_steps : 20\n"
+    v2 = "name : 'Exp'\ntask.lr : 0.5\ntask.train.max_steps : 40\n"
+    logdir_lib.WriteParams(self.logdir, v1, 0, self.log.append)
+    diff = logdir_lib.WriteParams(self.logdir, v2, 20, self.log.append)
+    self.assertEqual(diff.splitlines(), ['  task.lr: 0.1 -> 0.5'])
+    self.assertEqual(self._Files(), ['params.20.txt', 'params.txt'])
+    self.assertEqual(self._Read('params.20.txt'), v1)
+    self.assertEqual(len(self.log), 1)
+    # Only the last component names a run-length key.
+    self.assertIn('  task.max_steps_x: 1 -> 2', logdir_lib.ParamsDiff(
+        'task.max_steps_x : 1\n', 'task.max_steps_x : 2\n',
+        ignore_run_length=True))
+    self.assertIn('max_steps: 20 -> 40', logdir_lib.ParamsDiff(v1, v2))
+
   def testReadExperimentName(self):
     self.assertIsNone(logdir_lib.ReadExperimentName(self.logdir))
     logdir_lib.WriteParams(self.logdir, "input.x : 1\nname : 'Consistency16'"

@@ -533,6 +533,18 @@ class TrainerRecoveryTest(tf.test.TestCase):
     self.assertEqual(sorted(f for f in os.listdir(logdir) if 'params' in f),
                      ['params.4.txt', 'params.txt'])
 
+  def testLargerMaxStepsExtendsTheRunWithoutAParamsChange(self):
+    # The run stopped at step 4 of max_steps=6, extended to 7: the same run.
+    logdir = self._CopyOfFour()
+    longer = _TinyParams(max_steps=7)
+    log = []
+    self._Trainer(logdir, params=longer, log=log).Train()
+    self.assertEqual([line for line in log if 'differ' in line], [])
+    self.assertEqual(sorted(f for f in os.listdir(logdir) if 'params' in f),
+                     ['params.txt'])
+    with open(os.path.join(logdir, trainer_lib.PARAMS_FILE)) as f:
+      self.assertEqual(f.read(), longer.ToText())
+
   def testNonFiniteUpdateIsNeverSaved(self):
     # lr 1e39 is inf in float32: the first update makes every weight NaN/Inf
     # while the loss before it is finite.

@@ -90,7 +90,8 @@ class DropoutLayer(base_layer.BaseLayer):
     del theta  # no weights
     p = self.params
     x = tf.cast(x, self.fprop_dtype)
-    if not py_utils.IsTraining() or p.keep_prob == 1.0:
+    if p.keep_prob == 1.0 or not py_utils.IsTraining(
+        f'{type(self).__name__} {self.path or self.layer_name!r}'):
       return x
     uniform = py_utils.StatelessUniform(self._MaskShape(x.shape),
                                         self.LayerSeed())

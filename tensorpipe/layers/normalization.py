@@ -125,9 +125,12 @@ class BatchNormLayer(base_layer.BaseLayer):
     # Read the moving statistics before a report below may update them.
     moving_mean = tf.cast(theta.moving_mean, tf.float32)
     moving_variance = tf.cast(theta.moving_variance, tf.float32)
-    if py_utils.IsTraining():
+    if py_utils.IsTraining(
+        f'BatchNormLayer {self.path or self.layer_name!r}'):
       if not p.use_moving_avg_in_training:
-        self._WarnIfFewValues(x.shape)
+        WarnIfFewValuesPerChannel(
+            self, f'BatchNormLayer {self.path or self.layer_name!r}', x.shape,
+            p.dim)
       axes = list(range(x.shape.rank - 1))
       mean, variance = tf.nn.moments(x32, axes)
       if x.shape.is_fully_defined():
@@ -147,27 +150,6 @@ class BatchNormLayer(base_layer.BaseLayer):
     y = (x32 - mean) * scale + tf.cast(theta.beta, tf.float32)
     return tf.cast(y, self.fprop_dtype)
 
-  def _WarnIfFewValues(self, shape: tf.TensorShape) -> None:
-    """Warns once if a call normalises too few values per channel."""
-    if (getattr(self, '_warned_few_values', False) or
-        not shape.is_fully_defined()):
-      return
-    n = shape.num_elements() // self.params.dim
-    if n >= MIN_VALUES_PER_CHANNEL:
-      return
-    object.__setattr__(self, '_warned_few_values', True)
-    what = ('the output is beta for every input' if n == 1 else
-            'its batch statistics are too noisy to normalise with')
-    logging.warning(
-        'BatchNormLayer %r normalises each channel over only %d value(s) per '
-        'call (input %s: examples x positions; in a pipeline one '
-        'micro-batch), fewer '
-        'than %d: %s. Use more examples per micro-batch (fewer '
-        'num_micro_batches or a larger batch), set '
-        'use_moving_avg_in_training=True, or use LayerNormLayer.',
-        self.path or self.layer_name, n, shape.as_list(),
-        MIN_VALUES_PER_CHANNEL, what)
-
   def UpdateMovingStats(self, stats: py_utils.BatchStats) -> None:
     """moving = decay * moving + (1 - decay) * statistic of `stats`."""
     decay = self.params.decay
@@ -183,6 +165,38 @@ class BatchNormLayer(base_layer.BaseLayer):
     shape = _CheckChannels(cls.__name__, p, x_shape)
     return base_layer.FPropMetaResult(
         _BN_FLOPS_PER_ELEMENT * base_layer.NumElements(shape), shape, 4 * p.dim)
+
+
+def WarnIfFewValuesPerChannel(layer: Any, what: str, shape: tf.TensorShape,
+                              num_channels: int) -> None:
+  """Warns once per `layer` if a training call normalises too few values.
+
+  Batch norm over one example of [N, C] features (T equal to the batch)
+  gives beta for every input. Called at trace time by BatchNormLayer and by
+  KerasLayer for Keras' BatchNormalization.
+
+  Args:
+    layer: the layer object (remembers that it warned).
+    what: the layer as the warning names it, e.g. "BatchNormLayer 'bn'".
+    shape: the static shape of the call's input; unknown shapes are skipped.
+    num_channels: the size of the channel axis.
+  """
+  if (getattr(layer, '_warned_few_values', False) or
+      not shape.is_fully_defined()):
+    return
+  n = shape.num_elements() // num_channels
+  if n >= MIN_VALUES_PER_CHANNEL:
+    return
+  object.__setattr__(layer, '_warned_few_values', True)
+  result = ('the output is beta for every input' if n == 1 else
+            'its batch statistics are too noisy to normalise with')
+  logging.warning(
+      '%s normalises each channel over only %d value(s) per call (input %s: '
+      'examples x positions; in a pipeline one micro-batch), fewer than %d: '
+      '%s. Use more examples per micro-batch (fewer num_micro_batches or a '
+      'larger batch), set use_moving_avg_in_training=True, or use '
+      'LayerNormLayer.', what, n, shape.as_list(), MIN_VALUES_PER_CHANNEL,
+      result)
 
 
 # Past this share of their initial values left in the moving averages at the
