@@ -39,7 +39,7 @@ process's bit for bit.
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -47,6 +47,8 @@ import tensorflow as tf
 from tensorpipe import hyperparams
 from tensorpipe import py_utils
 
+# Key of TrainStep's result with `stop`: the stop flags summed over replicas.
+STOP_VOTES = 'stop_votes'
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
@@ -385,7 +387,8 @@ def _CheckGrads(grads, variables, names) -> None:
 
 def TrainStep(topology: Topology, tasks: Sequence[Any],
               optimizers: Sequence[Any], batch: Any, lr: tf.Tensor,
-              grad_norm_clip: float = 0.0) -> Dict[str, tf.Tensor]:
+              grad_norm_clip: float = 0.0,
+              stop: Optional[tf.Tensor] = None) -> Dict[str, tf.Tensor]:
   """One synchronous step of every replica on the global `batch`.
 
   Call inside a tf.function, in the step's context (`TrainingMode`,
@@ -401,10 +404,14 @@ def TrainStep(topology: Topology, tasks: Sequence[Any],
     lr: the learning rate of this step.
     grad_norm_clip: clip the all-reduced gradients to this global norm;
       0 disables clipping.
+    stop: optional float32 scalar, this process's stop flag (preemption.py):
+      summed over the replicas in the loss weight's all-reduce (no extra
+      collective) and returned as STOP_VOTES.
 
   Returns:
     Global metrics: every task metric as its weighted mean over all
-    replicas, plus 'grad_norm' (before clipping) and 'total_loss'.
+    replicas, plus 'grad_norm' (before clipping) and 'total_loss'; with
+    `stop`, STOP_VOTES too (> 0: some process asked to stop).
   """
   num_replicas = topology.num_replicas
 
@@ -418,7 +425,10 @@ def TrainStep(topology: Topology, tasks: Sequence[Any],
       with py_utils.ReplicaExampleOffset(n):
         out = task.FPropDefaultTheta(rows)
       weight = tf.cast(out.metrics.loss[1], tf.float32)
-      total_weight = AllReduceSum(weight)
+      if stop is None:
+        total_weight = AllReduceSum(weight)
+      else:
+        total_weight, votes = AllReduceSum([weight, stop])
       # R = 1: weight / total_weight == 1.0 exactly.
       objective = out.loss * (weight / total_weight)
     with tf.GradientTape() as reg_tape:
@@ -449,6 +459,8 @@ def TrainStep(topology: Topology, tasks: Sequence[Any],
     if task.params.train.l2_regularizer_weight:
       values['l2_loss'] = reg
     values['grad_norm'] = grad_norm
+    if stop is not None:
+      values[STOP_VOTES] = votes
     return values
 
   return RunReplicas(topology, Replica, batch)

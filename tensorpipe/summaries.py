@@ -2,7 +2,10 @@
 
 import json
 import os
+import time
 from typing import Callable, Dict
+
+import numpy as np
 
 import tensorflow as tf
 
@@ -42,3 +45,65 @@ def WriteEvalResults(logdir: str, metrics: Dict[str, float], step: int,
   except (OSError, tf.errors.OpError) as e:
     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
     warn(f'could not write the eval results into {logdir}: {first}')
+
+
+def WriteScalars(writer, values: Dict[str, float], step: int) -> None:
+  """Writes every scalar of `values` at `step` with `writer`; flushes."""
+  with writer.as_default():
+    for name, value in values.items():
+      WriteScalar(name, value, step)
+  writer.flush()
+
+
+class StepRate:
+  """Training speed over the steps since the last `Reset`.
+
+  The trainer resets it after the first step (which includes tracing) and
+  after every log line.
+  """
+
+  def __init__(self, batch_size: int):
+    self._batch_size = batch_size
+    self.Reset()
+
+  def Reset(self) -> None:
+    self._t, self._steps = time.perf_counter(), 0
+
+  def Tick(self) -> None:
+    self._steps += 1
+
+  def Add(self, values: Dict[str, float],
+          step_time: float) -> Dict[str, float]:
+    """`values` with examples_per_sec and step_time (s) of the window added;
+    `step_time` (the last step's) if the window is empty."""
+    elapsed = time.perf_counter() - self._t
+    rate = self._steps / elapsed if elapsed > 0 and self._steps else 0.
+    values['examples_per_sec'] = rate * self._batch_size
+    values['step_time'] = 1.0 / rate if rate else step_time
+    return values
+
+
+def StepLine(step: int, max_steps: int, last: Dict[str, float]) -> str:
+  """The trainer's log line of a step: metrics, speed and the ETA."""
+  rate = 1.0 / last['step_time'] if last['step_time'] else 0.0
+  eta = (max_steps - step) / rate if rate else float('nan')
+  extra = ''
+  if 'accuracy' in last:
+    extra = f' acc {last["accuracy"]:.4f}'
+  elif 'log_pplx' in last:
+    extra = f' log_pplx {last["log_pplx"]:.4f}'
+  return (f'step {step}/{max_steps}: loss {last["loss"]:.4f}{extra} '
+          f'lr {last["learning_rate"]:.3g} grad_norm '
+          f'{last["grad_norm"]:.3g} | {last["examples_per_sec"]:.1f} '
+          f'examples/s, {last["step_time"] * 1e3:.0f} ms/step, ETA '
+          f'{FormatSeconds(eta)}')
+
+
+def FormatSeconds(seconds: float) -> str:
+  """'1:02:03', '2:03' or '?' (not finite)."""
+  if not np.isfinite(seconds):
+    return '?'
+  seconds = int(round(seconds))
+  h, rest = divmod(seconds, 3600)
+  m, s = divmod(rest, 60)
+  return f'{h}:{m:02d}:{s:02d}' if h else f'{m}:{s:02d}'

@@ -19,7 +19,9 @@ runs:
         clip grads by global norm; optimizer.Apply(lr_schedule(step), grads)
     stop (NonFiniteError) if the loss or any weight or slot is not finite
     log / write summaries / save a checkpoint at their intervals
-  save a checkpoint; evaluate on the eval input
+    on SIGTERM / SIGINT (preemption.StopSignals; every worker agrees through
+      the step's all-reduce): leave the loop after this step
+  save a checkpoint; evaluate on the eval input (or raise StopRequested)
 
 A checkpoint is saved only after the check of its step, so the newest
 checkpoint is always finite. Evaluation (`Evaluate`) takes no lock and writes
@@ -47,9 +49,12 @@ from tensorpipe import checkpoints
 from tensorpipe import decode_metrics
 from tensorpipe import distribute
 from tensorpipe import errors
+from tensorpipe import finite_check
 from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
 from tensorpipe import overrides
+from tensorpipe import precise_bn
+from tensorpipe import preemption
 from tensorpipe import py_utils
 from tensorpipe import summaries
 from tensorpipe import tasks
@@ -63,8 +68,7 @@ CHECKPOINT_DIR = 'checkpoints'
 WEIGHTS_FINITE = 'weights_finite'
 
 
-class NonFiniteError(FloatingPointError):
-  """The loss or the weights became NaN or infinite; nothing was saved."""
+NonFiniteError = finite_check.NonFiniteError
 
 
 class CheckpointWriteError(OSError):
@@ -88,24 +92,6 @@ def _Scalars(metrics: Dict[str, Any]) -> Dict[str, float]:
   return {k: float(v) for k, v in metrics.items()}
 
 
-def _AllFinite(variables: List[tf.Variable]) -> tf.Tensor:
-  """bool scalar: every element of every variable is finite."""
-  checks = []
-  for v in variables:
-    with tf.device(v.device):
-      checks.append(tf.reduce_all(tf.math.is_finite(v)))
-  return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
-
-
-def _NonFiniteNames(variables: List[tf.Variable], paths: Dict[int, str],
-                    limit: int = 3) -> str:
-  """The non-finite variables, by layer path where `paths` has them."""
-  bad = [paths.get(id(v), v.name) for v in variables
-         if not np.all(np.isfinite(v.numpy()))]
-  more = f' and {len(bad) - limit} more' if len(bad) > limit else ''
-  return ', '.join(bad[:limit]) + more
-
-
 _FirstLine = errors.FirstLine
 
 
@@ -127,7 +113,8 @@ class Trainer:
   def __init__(self, params: hyperparams.Params, logdir: str,
                log_fn=None, is_chief: Optional[bool] = None,
                topology: Optional[distribute.Topology] = None,
-               lock: Optional[logdir_lib.LogdirLock] = None):
+               lock: Optional[logdir_lib.LogdirLock] = None,
+               stop: Optional[preemption.StopSignals] = None):
     self._params = params.Copy()
     self._logdir = logdir
     self._log = log_fn or logging.info
@@ -142,6 +129,9 @@ class Trainer:
     # `lock`: the caller's LogdirLock of this logdir, possibly already held
     # (the trainer binary takes it before building anything).
     self._lock = lock or logdir_lib.LogdirLock(logdir, log_fn=self._Warn)
+    # `stop`: SIGTERM / SIGINT requests, polled between steps and eval
+    # batches (preemption.py); None: signals keep their default action.
+    self._stop = stop
 
     # One task and optimizer per local replica, on its device group; the
     # checkpoint holds replica 0's (all replicas hold the same values).
@@ -176,6 +166,11 @@ class Trainer:
   @property
   def checkpoint_dir(self) -> str:
     return os.path.join(self._logdir, CHECKPOINT_DIR)
+
+  @property
+  def latest_checkpoint(self) -> Optional[str]:
+    """The newest checkpoint restored or saved by this trainer, or None."""
+    return self._latest
 
   def _Warn(self, message: str) -> None:
     self._log(f'WARNING: {message}')
@@ -428,7 +423,7 @@ class Trainer:
     step_var = self.global_step
 
     @tf.function
-    def TrainStep(batch):
+    def TrainStep(batch, stop):
       step = step_var.read_value()
       # NASNet's drop-path schedule: progress = step / max_steps, so
       # drop-path grows from none at step 0 to full strength at the end.
@@ -440,12 +435,13 @@ class Trainer:
           py_utils.DropPathProgress(progress):
         values = distribute.TrainStep(self.topology, self._tasks,
                                       self._optimizers, batch, lr,
-                                      tp.grad_norm_clip or 0.0)
+                                      tp.grad_norm_clip or 0.0, stop=stop)
       step_var.assign_add(1)
       values['learning_rate'] = lr
       # After the update: a step that makes a weight or a slot NaN / Inf
       # (an infinite lr, an overflowing second moment) must not be saved.
-      values[WEIGHTS_FINITE] = _AllFinite(self._CheckedVariables())
+      values[WEIGHTS_FINITE] = finite_check.AllFinite(
+          self._CheckedVariables())
       return values
     return TrainStep
 
@@ -464,9 +460,24 @@ class Trainer:
     `WEIGHTS_FINITE` in the result says whether every weight and slot is
     finite after the update.
     """
+    values = self._RunStep(batch, stop=False)
+    values.pop(distribute.STOP_VOTES)
+    return values
+
+  def _RunStep(self, batch: NestedMap, stop: bool) -> Dict[str, tf.Tensor]:
+    """TrainStep, also all-reducing this process's stop flag (STOP_VOTES)."""
     if self._train_fn is None:
       self._train_fn = self._BuildTrainFn()
-    return self._train_fn(batch)
+    # A tensor, not a Python bool: one trace for both values.
+    return dict(self._train_fn(batch, tf.constant(1.0 if stop else 0.0)))
+
+  def _StopAgreed(self, votes: float) -> bool:
+    """Whether to stop after this step: every process decides alike."""
+    if self._stop is None:
+      return False
+    if self.topology.num_replicas > self.topology.num_local_replicas:
+      return votes > 0  # other processes: the all-reduced flags only
+    return self._stop.requested
 
   def _NextBatch(self, iterator, inp, name: str, step: int):
     """next(iterator), with the input's one-line diagnosis of read errors."""
@@ -480,28 +491,17 @@ class Trainer:
     except tf.errors.OpError as e:
       raise base_input.DataFileError(inp.DescribeReadError(e)) from None
 
+  def _CheckFinite(self, values: Dict[str, float], step: int) -> None:
+    finite_check.CheckStep(values['loss'], values[WEIGHTS_FINITE], step,
+                           self._latest, self._NonFiniteVariables)
+
   def _NonFiniteVariables(self) -> str:
     paths = {id(v): path for path, v in
              base_layer.VariablesByPath(self.task).items()}
     for path, slots in getattr(self.optimizer, 'slots', {}).items():
       for name, v in slots.items():
         paths[id(v)] = f'{path} ({name} slot)'
-    return _NonFiniteNames(self._CheckedVariables(), paths)
-
-  def _CheckFinite(self, values: Dict[str, float], step: int) -> None:
-    latest = checkpoints.CheckpointNumber(self._latest or '')
-    kept = (f'the newest checkpoint, ckpt-{latest}, is finite and stays the '
-            'latest' if latest is not None else 'no checkpoint was saved')
-    fix = ('lower the learning rate or clip gradients '
-           '(task.train.grad_norm_clip)')
-    if not np.isfinite(values['loss']):
-      raise NonFiniteError(f'training stopped at step {step}: the loss is '
-                           f'{values["loss"]}; {kept}; {fix}')
-    if not values[WEIGHTS_FINITE]:
-      raise NonFiniteError(
-          f'training stopped at step {step}: the update made weights or '
-          'optimizer slots non-finite '
-          f'({self._NonFiniteVariables()}); {kept}; {fix}')
+    return finite_check.NonFiniteNames(self._CheckedVariables(), paths)
 
   # -- loops ------------------------------------------------------------------
 
@@ -522,6 +522,7 @@ class Trainer:
         or (IncompatibleCheckpointError) belong to another model or config.
       NonFiniteError: the loss or a weight became NaN / Inf (nothing saved).
       CheckpointWriteError: a checkpoint could not be written.
+      preemption.StopRequested: a stop signal; the step reached is saved.
       base_input.DataFileError: the input's files are missing or damaged.
       ValueError: inputs that do not fit the model (see CheckInputs).
     """
@@ -562,62 +563,49 @@ class Trainer:
         self._Warn(message)
     last = {}
     t_start = time.perf_counter()
-    t_window, steps_window = t_start, 0
+    rate = summaries.StepRate(batch_size)
     first_step_done = False
     step = start_step
-    while step < max_steps:
+    stop_now = False
+    while step < max_steps and not stop_now:
       t0 = time.perf_counter()
       batch = self._NextBatch(iterator, self.TrainInput(), 'input', step)
-      values = self.TrainStep(batch)
+      values = self._RunStep(batch, self._stop is not None and
+                             self._stop.requested)
       step += 1
-      steps_window += 1
-      values = dict(values)
+      rate.Tick()
+      stop_now = self._StopAgreed(float(values.pop(distribute.STOP_VOTES)))
       finite = {'loss': float(values['loss']),
                 WEIGHTS_FINITE: bool(values.pop(WEIGHTS_FINITE))}
       if not first_step_done:
         # The first step includes tracing: keep it out of the speed figures.
         values = _Scalars(values)
         first_step_done = True
-        t_window, steps_window = time.perf_counter(), 0
+        rate.Reset()
         self._log(f'step {step}: loss {values["loss"]:.4f} (first step, '
                   f'{time.perf_counter() - t0:.1f} s with tracing)')
+        if self._stop is not None:
+          self._stop.Arm()  # from now on a signal stops after a step
       step_time = time.perf_counter() - t0
       self._CheckFinite(finite, step)
       log_now = step % tp.log_interval_steps == 0 or step == max_steps
       summary_now = step % tp.summary_interval_steps == 0
       if log_now or summary_now:
-        last = _Scalars(values)
-        elapsed = time.perf_counter() - t_window
-        rate = steps_window / elapsed if elapsed > 0 and steps_window else 0.
-        examples_per_sec = rate * batch_size
-        last['examples_per_sec'] = examples_per_sec
-        last['step_time'] = 1.0 / rate if rate else step_time
+        last = rate.Add(_Scalars(values), step_time)
       if summary_now:
-        with writer.as_default():
-          for name, value in last.items():
-            summaries.WriteScalar(name, value, step)
-        writer.flush()
+        summaries.WriteScalars(writer, last, step)
       if log_now:
-        rate = 1.0 / last['step_time'] if last['step_time'] else 0.0
-        eta = (max_steps - step) / rate if rate else float('nan')
-        extra = ''
-        if 'accuracy' in last:
-          extra = f' acc {last["accuracy"]:.4f}'
-        elif 'log_pplx' in last:
-          extra = f' log_pplx {last["log_pplx"]:.4f}'
-        self._log(f'step {step}/{max_steps}: loss {last["loss"]:.4f}{extra} '
-                  f'lr {last["learning_rate"]:.3g} grad_norm '
-                  f'{last["grad_norm"]:.3g} | {last["examples_per_sec"]:.1f} '
-                  f'examples/s, {last["step_time"] * 1e3:.0f} ms/step, ETA '
-                  f'{_FormatSeconds(eta)}')
-        t_window, steps_window = time.perf_counter(), 0
+        self._log(summaries.StepLine(step, max_steps, last))
+        rate.Reset()
       if (self._is_chief and step % tp.save_interval_steps == 0 and
-          step < max_steps):
+          step < max_steps and not stop_now):
         path = self.SaveCheckpoint()
         self._log(f'saved {path}')
-      if (eval_fn is not None and tp.eval_interval_steps and
+      if (eval_fn is not None and tp.eval_interval_steps and not stop_now and
           step % tp.eval_interval_steps == 0 and step < max_steps):
         eval_fn(step)
+        # One process: a signal during the evaluation stops here.
+        stop_now = self._StopAgreed(0.0)
     self.SyncReplicas(f'after step {step}', copy=False)
     done = (f'trained {step - start_step} steps in '
             f'{time.perf_counter() - t_start:.1f} s')
@@ -625,75 +613,20 @@ class Trainer:
       done = f'saved {self.SaveCheckpoint()}; {done}'
     self._log(done)
     writer.close()
+    if stop_now:
+      raise preemption.StopRequested(self._stop.signum, step,
+                                     self._latest if self._is_chief else None)
     return last
 
   def RecomputeBatchNormStats(self, num_batches: int) -> int:
-    """Sets batch-norm moving averages from `num_batches` training batches.
+    """Sets batch-norm moving averages from training batches ("precise BN").
 
-    "Precise BN" (Wu & Johnson, arXiv 2105.07576): the model runs forward in
-    training mode (no update) on the first num_batches batches of a fresh
-    pass over the training input; each batch-norm layer's moving mean and
-    variance become the averages of its per-mini-batch statistics (what the
-    moving averages estimate, without their weight on the initial values and
-    on early training, see normalization.MovingAverageWarnings). Only the
-    variables in memory change: call it after restoring and before
-    Evaluate(restore=False); no checkpoint is written.
-
-    Args:
-      num_batches: training batches to read, an int >= 1.
-
-    Returns:
-      The number of batch-norm layers updated (0: the model has none).
-
-    Raises:
-      ValueError: num_batches < 1, or several replicas (run it in one
-        process, on the chief's checkpoint).
+    See precise_bn.RecomputeBatchNormStats: in memory only, one process;
+    returns the number of batch-norm layers updated.
     """
-    if (not isinstance(num_batches, int) or isinstance(num_batches, bool) or
-        num_batches < 1):
-      raise ValueError(f'num_batches={num_batches!r} must be an int >= 1 '
-                       '(training batches to recompute batch-norm '
-                       'statistics from)')
-    if self.topology.num_replicas > 1:
-      raise ValueError(
-          f'recomputing batch-norm statistics runs in one process, but this '
-          f'trainer has {self.topology.num_replicas} replicas: evaluate the '
-          "chief's logdir with --mode=eval in a single process")
-    task = self.task
-    reported = []
-
-    @tf.function
-    def BatchStats(batch):
-      with py_utils.TrainingMode(True), \
-          py_utils.CollectBatchStats() as collected:
-        task.FPropDefaultTheta(batch)
-      merged = {}
-      for layer, stats in collected:
-        merged[id(layer)] = (layer, stats if id(layer) not in merged else
-                             merged[id(layer)][1].Merge(stats))
-      reported[:] = [layer for layer, _ in merged.values()]
-      return [s.MeanAndVariance() for _, s in merged.values()]
-
-    train_input = self.TrainInput()
-    sums, read = None, 0
-    try:
-      for batch in itertools.islice(train_input.Dataset(), num_batches):
-        values = [(m.numpy().astype(np.float64),
-                   v.numpy().astype(np.float64))
-                  for m, v in BatchStats(batch)]
-        sums = values if sums is None else [
-            (a + m, b + v) for (a, b), (m, v) in zip(sums, values)]
-        read += 1
-    except tf.errors.OpError as e:
-      raise base_input.DataFileError(
-          train_input.DescribeReadError(e)) from None
-    for layer, (mean, variance) in zip(reported, sums or []):
-      for var, value in ((layer.vars.moving_mean, mean),
-                         (layer.vars.moving_variance, variance)):
-        var.assign(tf.constant(value / read, var.dtype))
-    self._log(f'batch-norm statistics of {len(reported)} layer(s) recomputed '
-              f'from {read} training batches (in memory only)')
-    return len(reported)
+    return precise_bn.RecomputeBatchNormStats(
+        self.task, self.TrainInput, num_batches, self.topology.num_replicas,
+        self._log)
 
   def _BuildEvalFn(self):
     task = self.task
@@ -752,6 +685,11 @@ class Trainer:
     for i in itertools.count():
       if eval_steps is not None and i >= eval_steps:
         break
+      if self._stop is not None and self._stop.requested:
+        self._log(f'evaluation ended by '
+                  f'{preemption.SignalName(self._stop.signum)} after {i} '
+                  'batches: no eval results written')
+        return {}
       try:
         batch = next(batches)
       except StopIteration:
@@ -789,12 +727,3 @@ class Trainer:
 
 # Public since the first release; the decoding metrics own it now.
 ComputeBleu = decode_metrics.ComputeBleu
-
-
-def _FormatSeconds(seconds: float) -> str:
-  if not np.isfinite(seconds):
-    return '?'
-  seconds = int(round(seconds))
-  h, rest = divmod(seconds, 3600)
-  m, s = divmod(rest, 60)
-  return f'{h}:{m:02d}:{s:02d}' if h else f'{m}:{s:02d}'

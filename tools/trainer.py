@@ -15,6 +15,12 @@ lock and writes only eval results). Without an accelerator the pipeline's
 partitions run on --num_cpu_devices logical CPU devices (default: the largest
 num_partitions of the experiment's model).
 
+SIGTERM or SIGINT (Ctrl-C) lets the current step finish, saves a checkpoint
+and ends with one line "trainer: stopped by SIGTERM at step N; saved ckpt-N;
+run the same command to resume" and exit code 143 (SIGTERM) or 130 (SIGINT);
+every worker of a multi-worker run stops after the same step. Before the
+first step, or on a second signal, it exits at once (tensorpipe/preemption.py).
+
 Mistakes and failures end in one line `trainer: error: ...` on stderr naming
 the value and the fix, without a traceback. Exit codes: 0 done; 2 the command
 cannot run as given (flags, Params, inputs, a locked or unusable logdir or
@@ -30,6 +36,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from tensorpipe import preemption
 from tools import paths
 
 FLAGS = flags.FLAGS
@@ -120,8 +127,8 @@ def _NumPartitions(p) -> int:
   return best
 
 
-def _Setup():
-  """Flags -> (trainer, mode); raises _UserError for user mistakes."""
+def _Setup(stop: preemption.StopSignals):
+  """Flags -> trainer; raises _UserError for user mistakes."""
   # Nothing here may run a TensorFlow op before the devices are configured.
   # pylint: disable=g-import-not-at-top
   from tensorpipe import cluster as cluster_lib
@@ -192,6 +199,9 @@ def _Setup():
     # Before any other TF op: a cluster starts this process's server.
     topology = distribute.MakeTopology(FLAGS.num_replicas, num_partitions,
                                        cluster)
+    # Again: a cluster's coordination service gave SIGTERM to TF's
+    # preemption notifier.
+    stop.Install()
     if FLAGS.recompute_bn_stats and topology.num_replicas > 1:
       raise ValueError(
           f'--recompute_bn_stats runs in one process, but this run has '
@@ -205,7 +215,7 @@ def _Setup():
                    topology.num_local_replicas - 1, list(topology.groups),
                    ' (chief)' if topology.is_chief else '')
     trainer = trainer_lib.Trainer(p, logdir, log_fn=logging.info,
-                                  topology=topology, lock=lock)
+                                  topology=topology, lock=lock, stop=stop)
     # Builds and checks the inputs now, so a missing data set or a batch the
     # model cannot take fails before training (and before any tracing).
     trainer.CheckInputs(train=FLAGS.mode != 'eval',
@@ -216,7 +226,7 @@ def _Setup():
   return trainer
 
 
-def _Run(trainer) -> None:
+def _Run(trainer, stop: preemption.StopSignals) -> None:
   mode = FLAGS.mode
   if mode in ('train', 'train_and_eval'):
     eval_fn = (lambda step: trainer.Evaluate(restore=False)) if (
@@ -231,6 +241,10 @@ def _Run(trainer) -> None:
         restore = False
       trainer.RecomputeBatchNormStats(FLAGS.recompute_bn_stats)
     metrics = trainer.Evaluate(restore=restore)
+    if stop.requested:  # the evaluation ended early; training is saved
+      raise preemption.StopRequested(
+          stop.signum, int(trainer.global_step.numpy()),
+          trainer.latest_checkpoint if trainer.topology.is_chief else None)
     print('final eval: ' + ', '.join(f'{k}={v:.4f}'
                                      for k, v in sorted(metrics.items())))
 
@@ -239,14 +253,20 @@ def _Main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   logging.set_verbosity(logging.INFO)
+  # SIGTERM / SIGINT: before the first step exit at once with one line, then
+  # finish the step, save and exit 128 + N (tensorpipe/preemption.py).
+  stop = preemption.StopSignals(prog='trainer').Install()
   try:
-    trainer = _Setup()
+    trainer = _Setup(stop)
   except _UserError as e:
     print(f'trainer: error: {e}', file=sys.stderr)
     return 2
   setup_errors, run_errors = _Errors()
   try:
-    _Run(trainer)
+    _Run(trainer, stop)
+  except preemption.StopRequested as e:
+    print(f'trainer: {e}', file=sys.stderr)
+    return e.exit_code
   except run_errors as e:
     hint = ''
     if trainer.topology.num_replicas > 1 and not isinstance(

@@ -1,7 +1,8 @@
 """End-to-end tests of the trainer binary (subprocesses; slow).
 
 - A run SIGKILLed in the middle and restarted reaches exactly the weights of
-  an uninterrupted run of the same number of steps.
+  an uninterrupted run of the same number of steps; so does a run stopped by
+  SIGTERM (it saves the step it reached and exits 143 with one line).
 - K=1 and K=4 (same T, same seed) give the same per-step losses.
 - Bad flags and override text fail with a clear message, no traceback.
 - The README's default experiment trains and evaluates on the real prepared
@@ -10,6 +11,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,7 +40,8 @@ def _TrainerCmd(logdir, *extra):
   return [sys.executable, '-m', 'tools.trainer', f'--model={_MODEL}',
           f'--logdir={logdir}', '--mode=train', '--max_steps=24',
           '--model_params_override=task.train.save_interval_steps=4; '
-          'task.train.summary_interval_steps=1', *extra]
+          'task.train.summary_interval_steps=1; '
+          'task.train.log_interval_steps=1', *extra]
 
 
 def _Run(cmd, check=True):
@@ -63,7 +66,46 @@ def _Losses(logdir):
   return [out[s] for s in sorted(out)]
 
 
+def _WaitForLine(path, pattern, proc, timeout_s=300):
+  """The first match of `pattern` in the file `path` while `proc` runs."""
+  deadline = time.time() + timeout_s
+  while time.time() < deadline and proc.poll() is None:
+    with open(path) as f:
+      found = re.search(pattern, f.read())
+    if found:
+      return found
+    time.sleep(0.01)
+  return None
+
+
 class TrainerSlowTest(unittest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.shared = tempfile.mkdtemp(prefix='trainer_slow_shared_',
+                                  dir=os.environ.get('TEST_TMPDIR'))
+    cls._full = None
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.shared, True)
+    super().tearDownClass()
+
+  def _FullRun(self):
+    """Logdir of the uninterrupted 24-step run (trained once per class)."""
+    if TrainerSlowTest._full is None:
+      full = os.path.join(self.shared, 'full')
+      _Run(_TrainerCmd(full))
+      TrainerSlowTest._full = full
+    return TrainerSlowTest._full
+
+  def _AssertWeightsEqualFullRun(self, logdir):
+    want, got = _Weights(self._FullRun()), _Weights(logdir)
+    self.assertEqual(sorted(want), sorted(got))
+    self.assertTrue(any('conv' in n for n in want))
+    for name in want:
+      np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
   def setUp(self):
     # A fresh folder per test, removed afterwards: a reused one would let a
@@ -73,8 +115,7 @@ class TrainerSlowTest(unittest.TestCase):
     self.addCleanup(shutil.rmtree, self.tmp, True)
 
   def testKilledAndRestartedRunEqualsUninterruptedRun(self):
-    full = os.path.join(self.tmp, 'full')
-    _Run(_TrainerCmd(full))
+    self._FullRun()
     killed = os.path.join(self.tmp, 'killed')
     proc = subprocess.Popen(_TrainerCmd(killed), cwd=_REPO,
                             stdout=subprocess.DEVNULL,
@@ -95,11 +136,41 @@ class TrainerSlowTest(unittest.TestCase):
     self.assertLess(step_at_kill, 24)
     out = _Run(_TrainerCmd(killed))
     self.assertIn(f'at step {step_at_kill}', out.stderr)  # it resumed
-    want, got = _Weights(full), _Weights(killed)
-    self.assertEqual(sorted(want), sorted(got))
-    self.assertTrue(any('conv' in n for n in want))
-    for name in want:
-      np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    self._AssertWeightsEqualFullRun(killed)
+
+  def testSigtermSavesTheStepReachedAndTheResumeEqualsUninterruptedRun(self):
+    self._FullRun()
+    logdir = os.path.join(self.tmp, 'stopped')
+    log = os.path.join(self.tmp, 'stopped.log')
+    with open(log, 'w') as out:
+      proc = subprocess.Popen(_TrainerCmd(logdir), cwd=_REPO,
+                              stdout=out, stderr=subprocess.STDOUT)
+    self.addCleanup(proc.wait, 60)
+    self.addCleanup(lambda: proc.poll() is None and proc.kill())
+    # After the first step (which traces; ~40 ms per step after it).
+    self.assertTrue(_WaitForLine(log, r'\(first step, ', proc),
+                    'the run ended before its first step was logged')
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.time()
+    proc.wait(timeout=60)
+    seconds = time.time() - t0
+    with open(log) as f:
+      text = f.read()
+    self.assertEqual(proc.returncode, 143, text[-3000:])
+    self.assertNotIn('Traceback', text)
+    stopped = re.search(r'trainer: stopped by SIGTERM at step (\d+); saved '
+                        r'ckpt-(\d+); run the same command to resume', text)
+    self.assertTrue(stopped, text[-3000:])
+    step = int(stopped.group(1))
+    self.assertEqual(int(stopped.group(2)), step)
+    self.assertLess(step, 24)
+    self.assertEqual(tf.train.latest_checkpoint(os.path.join(
+        logdir, 'checkpoints')).rsplit('-', 1)[1], str(step))
+    print(f'SIGTERM to exit: {seconds:.2f} s (stopped at step {step})')
+    self.assertLess(seconds, 30)
+    out = _Run(_TrainerCmd(logdir))
+    self.assertIn(f'at step {step}', out.stderr)  # it resumed
+    self._AssertWeightsEqualFullRun(logdir)
 
   def testK1AndK4GiveTheLossesOfTheModelWithoutPipeline(self):
     losses = {}
