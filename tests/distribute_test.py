@@ -24,6 +24,12 @@ BATCH = 16                 # global batch: R x T micro-batches of 4
 CLASSES = 3
 LR = 0.1
 SMOOTHING = 0.1
+# Weight decay: train.l2_regularizer_weight of the replicated task; the
+# oracle adds L2 * sum(w^2) / 2 over the weight matrices itself.
+L2 = 1e-2
+# Relative tolerance of the regulariser's value: float32 rounding
+# (tasks.RegularizationLoss sums in float32).
+REG_RTOL = 1e-6
 
 
 def Layers():
@@ -44,6 +50,7 @@ def TaskParams(num_micro_batches=T):
   p = tasks.ClassificationTask.Params().Set(
       name='task', model=pipe, num_classes=CLASSES, input_key='image',
       label_smoothing=SMOOTHING, dtype=tf.float64)
+  p.train.l2_regularizer_weight = L2
   return p
 
 
@@ -98,7 +105,12 @@ class OracleModel:
         logits, collected = self._Forward(batch.image)
         loss = tf.reduce_mean(losses.SoftmaxCrossEntropyLoss(
             tf.cast(logits, tf.float32), batch.label, SMOOTHING, CLASSES))
-    grads = tape.gradient(loss, self.variables)
+        # The regulariser of the whole model, once (not once per replica);
+        # weight matrices only (rank >= 2), as l2_regularize_all=False.
+        reg = L2 * tf.add_n([0.5 * tf.reduce_sum(tf.square(v))
+                             for v in self.variables if v.shape.rank >= 2])
+        total = tf.cast(loss, reg.dtype) + reg
+    grads = tape.gradient(total, self.variables)
     merged = {}
     for layer, stats in collected:
       merged[layer] = stats if layer not in merged else merged[layer].Merge(
@@ -106,7 +118,7 @@ class OracleModel:
     for layer, stats in merged.items():
       layer.UpdateMovingStats(stats)
     self.opt.Apply(LR, grads, self.variables)
-    return loss, grads
+    return loss, reg, grads
 
   def Step(self, batch, step):
     return self._step(batch, tf.constant(step, tf.int64))
@@ -133,12 +145,13 @@ class ReplicatedPipelineTest(tf.test.TestCase):
     # The oracle's weights are the replicas' (same layer paths, same seeds).
     for path, var in ByPath(cls.oracle.model).items():
       var.assign(ByPath(cls.replicas[0])[path])
-    cls.history = []
+    cls.history, cls.regs = [], []
     for step in range(3):
       batch = Batch(step)
       got = cls.step(batch, tf.constant(step, tf.int64))
-      want_loss, want_grads = cls.oracle.Step(batch, step)
+      want_loss, want_reg, want_grads = cls.oracle.Step(batch, step)
       cls.history.append((got, want_loss, want_grads))
+      cls.regs.append(want_reg)
 
   def testReplicasAreOnTheirOwnDeviceGroups(self):
     """Stage k's weights and slots are on device k of their replica's group."""
@@ -163,6 +176,20 @@ class ReplicatedPipelineTest(tf.test.TestCase):
       test_utils.AssertAllCloseScaled(self, got['loss'], want_loss,
                                       test_utils.DEFAULT_RTOL[tf.float64],
                                       msg=f'step {step}')
+
+  def testRegulariserIsAddedOnceToTheLoss(self):
+    # The gradients and weights above include the regulariser at float64
+    # tolerance. tasks.RegularizationLoss sums sum(w^2) / 2 in float32 (of
+    # the float64 weights): its value is float32-rounded.
+    rtol = REG_RTOL
+    for step, ((got, want_loss, _), want_reg) in enumerate(
+        zip(self.history, self.regs)):
+      self.assertGreater(float(want_reg), 1e-3 * float(want_loss))
+      test_utils.AssertAllCloseScaled(self, got['l2_loss'], want_reg, rtol,
+                                      msg=f'step {step}')
+      test_utils.AssertAllCloseScaled(
+          self, got['total_loss'], tf.cast(want_loss, tf.float64) + want_reg,
+          rtol, msg=f'step {step}')
 
   def testGradientNormEqualsTheOracle(self):
     for step, (got, _, want_grads) in enumerate(self.history):

@@ -30,6 +30,7 @@ from tensorpipe import schedules
 from tensorpipe import tasks
 from tensorpipe import test_utils
 from tensorpipe import timeline
+from tensorpipe.layers import composite
 from tensorpipe.layers import dropout
 from tensorpipe.layers import linear
 from tensorpipe.layers import normalization
@@ -89,29 +90,58 @@ class TransparencyTest(tf.test.TestCase):
         _SquareSinSum, normalizer=1.0)
 
   def testMetricsAreSummedOverMicroBatches(self):
-    pipe = pipeline.TensorPipeLayer.Params().Set(
-        name='TensorPipe', layers=test_utils.ConvTestModel(), num_partitions=2,
-        num_micro_batches=4, input_shapes=[[BATCH, 8, 8, 2]],
-        schedule='1f1b').Instantiate()
+    """Each metric is (sum of values, sum of weights) over the T
+    micro-batches: the loss function's metrics of the oracle's outputs of
+    each micro-batch (MicroBatchOracle, float64), summed here."""
+    t = 4
+    size = BATCH // t
+    layers = [lp.Copy().Set(dtype=tf.float64)
+              for lp in test_utils.ConvTestModel()]
+    x, labels = tf.cast(_Images(), tf.float64), _Labels()
 
     def LossFn(logits, labels):
-      n = tf.cast(tf.shape(logits)[0], tf.float32)
+      n = tf.cast(tf.shape(logits)[0], logits.dtype)
       hits = tf.reduce_sum(tf.cast(tf.equal(
-          tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
-      return NestedMap(loss=_XentSum(logits, labels),
-                       metrics=NestedMap(correct=(hits, n)))
+          tf.argmax(logits, -1, output_type=tf.int32), labels), logits.dtype))
+      # A value that differs from micro-batch to micro-batch: a metric taken
+      # from one micro-batch (or averaged) cannot match the sum.
+      return NestedMap(loss=_XentSum(logits, labels), metrics=NestedMap(
+          correct=(hits, n), logit0=(tf.reduce_sum(logits[:, 0]), n)))
+
+    ref = composite.SequentialLayer.Params().Set(
+        name='Sequential', sub=layers).Instantiate()
+    with py_utils.TrainingMode(True), py_utils.StepSeed(2):
+      ref_logits, _, _ = test_utils.MicroBatchOracle(ref, t, tf.reduce_sum, x)
+    expected = {'correct': [0.0, 0.0], 'logit0': [0.0, 0.0]}
+    per_micro_batch, expected_loss = [], 0.0
+    for i in range(t):
+      part = slice(i * size, (i + 1) * size)
+      res = LossFn(ref_logits[part], labels[part])
+      expected_loss += float(res.loss) / 8.0
+      for name, (value, weight) in res.metrics.items():
+        expected[name][0] += float(value)
+        expected[name][1] += float(weight)
+      per_micro_batch.append(float(res.metrics.logit0[0]))
+    self.assertLen(set(per_micro_batch), t)  # the check can tell them apart
+    self.assertEqual(expected['correct'][1], BATCH)
+
+    pipe = pipeline.TensorPipeLayer.Params().Set(
+        name='TensorPipe', layers=layers, num_partitions=2,
+        num_micro_batches=t, input_shapes=[[BATCH, 8, 8, 2]],
+        schedule='1f1b').Instantiate()
 
     @tf.function(autograph=False)
     def Run(x, labels):
       with py_utils.TrainingMode(True), py_utils.StepSeed(2):
         res = pipe.FPropLossAndGrads(pipe.theta, (x,), labels, LossFn, 8.0)
-      with py_utils.EvalMode():
-        logits = pipe.FPropDefaultTheta(x)
-      return res.metrics.correct, res.loss, logits
-    (hits, n), loss, _ = Run(_Images(), _Labels())
-    self.assertEqual(float(n), BATCH)
-    self.assertBetween(float(hits), 0.0, BATCH)
-    self.assertGreater(float(loss), 0.0)
+      return res.metrics, res.loss
+    metrics, loss = Run(x, labels)
+    self.assertEqual(sorted(metrics), ['correct', 'logit0'])
+    hits, n = metrics.correct
+    self.assertEqual((float(hits), float(n)), tuple(expected['correct']))
+    self.assertAllClose(metrics.logit0, expected['logit0'], rtol=1e-9,
+                        atol=0.0)
+    self.assertAllClose(loss, expected_loss, rtol=1e-9, atol=0.0)
 
 
 class GradientsEqualGPipeBitwiseTest(tf.test.TestCase):
