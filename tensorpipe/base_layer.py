@@ -212,6 +212,13 @@ class BaseLayer(tf.Module):
       y = layer.FPropDefaultTheta(x)     # or layer.FProp(layer.theta, x)
   """
 
+  # Whether this layer's name is a level of its descendants' paths and
+  # checkpoint keys. A layer that only groups others into one pipeline
+  # partition (keras_graph.KerasGraphSegment) sets False: its children get
+  # the paths and keys they would have directly under its parent, so the
+  # same Keras layer has the same key for any number of partitions.
+  ADDS_PATH_LEVEL = True
+
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
     p = hyperparams.InstantiableParams(cls)
@@ -301,7 +308,19 @@ class BaseLayer(tf.Module):
     return theta
 
   def _ChildPath(self, name: str) -> str:
-    return f'{self.path}/{name}' if self.path else name
+    base = self.path
+    if not type(self).ADDS_PATH_LEVEL:
+      base = base.rpartition('/')[0]
+    return f'{base}/{name}' if base else name
+
+  def _Track(self, child: 'BaseLayer', name: str) -> None:
+    """Tracks `child` for checkpoints (a grouping child: its children)."""
+    if type(child).ADDS_PATH_LEVEL:
+      self._track_trackable(child, name=name)
+      return
+    for grandchild in Layers(child)[1:]:
+      if grandchild._path.rpartition('/')[0] == self.path:  # pylint: disable=protected-access
+        self._track_trackable(grandchild, name=grandchild.layer_name)
 
   def LayerSeed(self) -> int:
     return py_utils.LayerSeed(self.path or self.layer_name,
@@ -330,7 +349,10 @@ class BaseLayer(tf.Module):
       return spec
     seed = py_utils.LayerSeed(self._ChildPath(name), self._params.random_seed)
     value = init.Initialize(wp.shape, dtype, seed)
-    var = tf.Variable(value, trainable=wp.trainable, name=name)
+    # Named by path ('model/conv3/w'), so that every name is unique and says
+    # which layer holds it (Keras' get_weights users, error messages).
+    var = tf.Variable(value, trainable=wp.trainable,
+                      name=self._ChildPath(name))
     self._vars[name] = var
     self._track_trackable(var, name=name)
     return var
@@ -346,7 +368,7 @@ class BaseLayer(tf.Module):
                        f'has a variable or child named {name!r}')
     child = self._Build(name, _ChildParamsCopy(self, name, p))
     self._children[name] = child
-    self._track_trackable(child, name=name)
+    self._Track(child, name)
     return child
 
   def CreateChildren(self, name: str, params_list: Sequence[Any]):
@@ -369,7 +391,7 @@ class BaseLayer(tf.Module):
             f'named {child_name!r}; give each layer in {name!r} a unique name')
       seen.add(child_name)
       child = self._Build(child_name, _ChildParamsCopy(self, child_name, p))
-      self._track_trackable(child, name=child_name)
+      self._Track(child, child_name)
       children.append(child)
     self._children[name] = children
     return children

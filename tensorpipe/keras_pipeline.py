@@ -39,14 +39,17 @@ Usage:
 """
 
 import copy
-from typing import Any, Callable, List, Optional, Sequence, Union
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from absl import logging
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import hyperparams
+from tensorpipe import keras_graph
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
 from tensorpipe import py_utils
@@ -64,11 +67,11 @@ def _KerasLayers(model: KerasModelLike) -> List[Any]:
     layers = list(model.layers)
   elif isinstance(model, keras.Model):
     raise TypeError(
-        f'keras_pipeline: {type(model).__name__} {model.name!r} is a Keras '
-        'model with a graph of its own; the front door pipelines a '
-        'keras.Sequential or a list of layers (a sequence is what GPipe '
-        'cuts). Wrap the model whole in one KerasLayer, or write it as a '
-        'Sequential of blocks')
+        f'keras_pipeline: {type(model).__name__} {model.name!r} is a '
+        'subclassed Keras model: its graph is Python code, which cannot be '
+        'cut into stages; build it functionally (keras.Model(inputs, '
+        'outputs)) or as a keras.Sequential, or wrap it whole in one '
+        'KerasLayer')
   elif isinstance(model, (list, tuple)):
     layers = list(model)
   else:
@@ -142,22 +145,108 @@ def _LayerInputShapes(layers: List[Any], shape: List[Any]) -> List[List[Any]]:
   return shapes
 
 
+def _CheckKT(num_partitions: Any, num_micro_batches: Any) -> None:
+  """K and T as TensorPipeLayer checks them, before any Keras work."""
+  for what, value in (('num_partitions', num_partitions),
+                      ('num_micro_batches', num_micro_batches)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f'keras_pipeline: {what}={value!r} must be a positive '
+                       'int')
+
+
+def _IsGraph(model: Any) -> bool:
+  """A functional model, or its config (get_config or serialised)."""
+  if isinstance(model, dict):
+    return _GraphConfig(model) is not None
+  return keras_graph.IsFunctional(model)
+
+
+def _GraphConfig(model: Any) -> Optional[Dict[str, Any]]:
+  """A functional model's get_config() dict (None if it is none)."""
+  if not isinstance(model, dict):
+    return model.get_config()
+  if 'input_layers' in model:
+    return model
+  inner = model.get('config')
+  if isinstance(inner, dict) and 'input_layers' in inner:
+    return inner
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphPipeline:
+  """A functional model cut into a pipeline (`GraphPlan`).
+
+  Attributes:
+    params: the TensorPipeLayer Params (one KerasGraphSegment a partition).
+    graph, costs, plan: keras_graph's Graph, GraphCosts and CutPlan.
+    batch_size: the mini-batch the report sizes boundaries for.
+  """
+  params: hyperparams.Params
+  graph: keras_graph.Graph
+  costs: keras_graph.GraphCosts
+  plan: keras_graph.CutPlan
+  batch_size: int
+
+  def Report(self) -> str:
+    """Per partition its layers and FLOPs; per cut the tensors and bytes."""
+    return self.plan.Report(self.graph, self.costs, self.batch_size)
+
+
+def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
+              batch_size: Optional[int] = None,
+              cut_after: Optional[Sequence[str]] = None,
+              name: str = 'TensorPipe', **pipeline_params) -> GraphPipeline:
+  """A functional model (or its config) cut into K partitions.
+
+  Args: as PipelineParams.
+
+  Returns:
+    The GraphPipeline; its Report() names what crosses each cut.
+  """
+  _CheckKT(num_partitions, num_micro_batches)
+  if keras_utils.IsKeras2(model):
+    raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
+  graph = keras_graph.ReadGraph(_GraphConfig(model))
+  costs = keras_graph.Analyse(graph)
+  plan = keras_graph.PlanCuts(
+      graph, costs, num_partitions, cut_after,
+      method=pipeline_params.get('partition_method', 'min_max'))
+  batch = batch_size or num_micro_batches
+  parts = [[keras_graph.SegmentParams(graph, costs, plan, k)]
+           for k in range(num_partitions)]
+  p = pipeline.TensorPipeLayer.Params().Set(
+      name=name, num_micro_batches=num_micro_batches, partitions=parts,
+      input_shapes=[[batch] + list(info.shape)
+                    for info in keras_graph.InputSpecs(graph, costs)],
+      **pipeline_params)
+  result = GraphPipeline(p, graph, costs, plan, batch)
+  logging.info('keras_pipeline: %s', result.Report())
+  return result
+
+
 def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
                    num_partitions: int, num_micro_batches: int,
                    input_shape: Optional[Sequence[int]] = None,
                    batch_size: Optional[int] = None,
                    partition_sizes: Optional[Sequence[int]] = None,
                    name: str = 'TensorPipe',
+                   cut_after: Optional[Sequence[str]] = None,
                    **pipeline_params) -> hyperparams.Params:
-  """TensorPipeLayer Params of a Keras Sequential, one KerasLayer per layer.
+  """TensorPipeLayer Params of a Keras model, one KerasLayer per layer.
+
+  A Sequential (or list of layers) is cut into runs of layers; a functional
+  model into runs of its layer calls, one `keras_graph.KerasGraphSegment`
+  per partition (see keras_graph).
 
   Making the Params runs no TensorFlow op when `model` is a function (or
   its layers are built): the partition plan is computed when the Params are
   instantiated.
 
   Args:
-    model: a keras.Sequential or a list of Keras 3 layers (built or not), or
-      a function returning a Sequential, which is then built without
+    model: a keras.Sequential, a functional keras.Model (or its
+      get_config() dict), a list of Keras 3 layers (built or not), or a
+      function returning one of them, which is then built without
       allocating weights (experiments: their Params are made before the
       trainer sets up devices; the KerasLayers initialise their own weights).
     num_partitions: K.
@@ -166,9 +255,11 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
       Sequential's keras.Input.
     batch_size: the mini-batch size N the partition plan is costed at (the
       FLOPs per layer scale with it, the plan does not); default T.
-    partition_sizes: manual split: K numbers of consecutive layers per
-      partition; None balances FPropMeta FLOPs automatically.
+    partition_sizes: manual split of a Sequential: K numbers of consecutive
+      layers per partition; None balances FPropMeta FLOPs automatically.
     name: the TensorPipeLayer's name.
+    cut_after: manual split of a functional model: K-1 Keras layer names,
+      in model order; the cut falls after each one's last call.
     **pipeline_params: more TensorPipeLayer Params (recompute, devices, ...).
 
   Returns:
@@ -185,7 +276,24 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
     with keras_utils.NoAllocation():
       return PipelineParams(model(), num_partitions, num_micro_batches,
                             input_shape, batch_size, partition_sizes, name,
-                            **pipeline_params)
+                            cut_after, **pipeline_params)
+  _CheckKT(num_partitions, num_micro_batches)
+  if _IsGraph(model):
+    if partition_sizes is not None:
+      raise ValueError(
+          f'keras_pipeline: partition_sizes={list(partition_sizes)} counts '
+          'layers of a sequence; a functional model is cut by cut_after=[K-1 '
+          'Keras layer names] (cut after each one\'s last call)')
+    if input_shape is not None:
+      raise ValueError(f'keras_pipeline: input_shape={input_shape} is not '
+                       'used for a functional model: its keras.Input '
+                       'shapes are; drop input_shape')
+    return GraphPlan(model, num_partitions, num_micro_batches, batch_size,
+                     cut_after, name, **pipeline_params).params
+  if cut_after is not None:
+    raise ValueError(f'keras_pipeline: cut_after={cut_after} is for '
+                     'functional models; a Sequential is split by '
+                     'partition_sizes')
   layers = _KerasLayers(model)
   shape = _InputShape(model, input_shape)
   if any(isinstance(layer, dict) for layer in layers):
@@ -220,12 +328,27 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
 def CopyKerasWeights(pipe: pipeline.TensorPipeLayer,
                      model: KerasModelLike) -> None:
   """Copies the Keras layers' weights into the pipeline's KerasLayers."""
+  if isinstance(model, dict):
+    return
+  if _IsGraph(model):
+    for layer in KerasLayersOf(pipe):
+      source = model.get_layer(layer.layer_name)
+      if source.built:
+        layer.AssignFromKeras(source)
+    return
   layers = {layer.name: layer for layer in _KerasLayers(model)
             if not isinstance(layer, dict)}
   for layer, _ in pipe.LayersWithTheta():
     source = layers.get(layer.layer_name)
     if source is not None and source.built:
       layer.AssignFromKeras(source)
+
+
+def KerasLayersOf(pipe: pipeline.TensorPipeLayer
+                  ) -> List[keras_layer.KerasLayer]:
+  """The pipeline's KerasLayers, in partition and call order."""
+  return [layer for layer in base_layer.Layers(pipe)
+          if isinstance(layer, keras_layer.KerasLayer)]
 
 
 def BuildPipeline(model: KerasModelLike, num_partitions: int,
@@ -248,13 +371,18 @@ def BuildPipeline(model: KerasModelLike, num_partitions: int,
   return pipe
 
 
-def _Chain(pipe: pipeline.TensorPipeLayer, x: Any) -> Any:
+def _Chain(pipe: pipeline.TensorPipeLayer, *xs: Any) -> Any:
   """The pipeline's layers run one after the other (no micro-batches)."""
-  args = (x,)
+  args = tuple(xs)
   with py_utils.BatchAxis(0):
     for layer, theta in pipe.LayersWithTheta():
       args = composite.AsArgs(layer.FProp(theta, *args))
   return composite.FromArgs(args)
+
+
+def _Rows(out: Any, n: Any) -> Any:
+  """The first n rows of every output."""
+  return tf.nest.map_structure(lambda t: t[:n], out)
 
 
 def _PadTo(x: tf.Tensor, rows: int) -> tf.Tensor:
@@ -308,51 +436,94 @@ class TensorPipeModel(keras.Model):
                recompute: bool = True,
                devices: Optional[Sequence[str]] = None,
                partition_method: str = 'min_max', copy_weights: bool = True,
+               cut_after: Optional[Sequence[str]] = None,
+               weight_order: Optional[Sequence[Sequence[Any]]] = None,
                **kwargs):
     """Builds the pipeline.
 
     Args:
-      layers: a keras.Sequential or a list of Keras 3 layers (or their
-        serialised configs, as get_config stores them).
+      layers: a keras.Sequential, a functional keras.Model, a list of Keras
+        3 layers (or the serialised configs get_config stores).
       num_partitions: K.
       num_micro_batches: T.
       batch_size: N, the rows of a pipelined step (a multiple of T); fit,
         evaluate and predict should use this batch size. None: T.
-      input_shape, partition_sizes: as PipelineParams.
+      input_shape, partition_sizes, cut_after: as PipelineParams.
       recompute, devices, partition_method: TensorPipeLayer Params.
       copy_weights: start from the Keras layers' weights.
+      weight_order: [Keras layer name, weight index] per weight of the
+        wrapped model (get_weights order); default: read from `layers`.
       **kwargs: keras.Model arguments (name, ...).
     """
     super().__init__(**kwargs)
+    _CheckKT(num_partitions, num_micro_batches)
     batch_size = batch_size or num_micro_batches
-    if not isinstance(batch_size, int) or batch_size % num_micro_batches:
+    if (isinstance(batch_size, bool) or not isinstance(batch_size, int) or
+        batch_size < 1 or batch_size % num_micro_batches):
       raise ValueError(f'TensorPipeModel: batch_size={batch_size!r} must be a '
                        f'multiple of num_micro_batches={num_micro_batches}')
-    keras_layers = _KerasLayers(layers)
-    shape = _InputShape(layers, input_shape)
-    pipe = BuildPipeline(
-        layers, num_partitions, num_micro_batches, copy_weights=copy_weights,
-        input_shape=shape, batch_size=batch_size,
-        partition_sizes=partition_sizes, recompute=recompute,
-        devices=list(devices) if devices else None,
-        partition_method=partition_method)
-    self._pipe = pipe
-    self._tp_config = dict(
-        layers=[layer if isinstance(layer, dict) else
+    common = dict(recompute=recompute,
+                  devices=list(devices) if devices else None,
+                  partition_method=partition_method)
+    self._graph = None
+    if _IsGraph(layers):
+      built = GraphPlan(_GraphConfig(layers), num_partitions,
+                        num_micro_batches, batch_size, cut_after, **common)
+      pipe = built.params.Instantiate()
+      if copy_weights:
+        CopyKerasWeights(pipe, layers)
+      self._graph = built
+      graph, costs = built.graph, built.costs
+      self._input_specs = [(list(info.shape), info.dtype)
+                           for info in keras_graph.InputSpecs(graph, costs)]
+      self._input_names = list(graph.input_names)
+      self._output_names = list(graph.output_names)
+      self._out_dtypes = [costs.tensors[k].dtype for k in graph.outputs]
+      self._single_output = graph.single_output
+      stored, shape = _GraphConfig(layers), None
+      if weight_order is None and not isinstance(layers, dict):
+        weight_order = keras_graph.WeightOrder(layers)
+    else:
+      keras_layers = _KerasLayers(layers)
+      shape = _InputShape(layers, input_shape)
+      pipe = BuildPipeline(
+          layers, num_partitions, num_micro_batches,
+          copy_weights=copy_weights, input_shape=shape,
+          batch_size=batch_size, partition_sizes=partition_sizes, **common)
+      first, last = pipe.LayersWithTheta()[0][0], pipe.LayersWithTheta()[-1][0]
+      self._input_specs = [(list(shape), first.keras_object.compute_dtype)]
+      self._input_names = ['inputs']
+      self._output_names = ['outputs']
+      self._out_dtypes = [last.keras_object.compute_dtype]
+      self._single_output = True
+      stored = [layer if isinstance(layer, dict) else
                 keras.saving.serialize_keras_object(layer)
-                for layer in keras_layers],
+                for layer in keras_layers]
+      if weight_order is None and not any(isinstance(l, dict)
+                                          for l in keras_layers):
+        weight_order = [[l.name, j] for l in keras_layers
+                        for j in range(len(l.weights))]
+    self._pipe = pipe
+    self._weight_order = ([list(w) for w in weight_order]
+                          if weight_order is not None else None)
+    self._tp_config = dict(
+        layers=stored,
         num_partitions=num_partitions, num_micro_batches=num_micro_batches,
-        batch_size=batch_size, input_shape=list(shape),
+        batch_size=batch_size, input_shape=list(shape) if shape else None,
         partition_sizes=list(partition_sizes) if partition_sizes else None,
-        recompute=recompute, devices=list(devices) if devices else None,
-        partition_method=partition_method)
-    self._input_shape = list(shape)
+        cut_after=list(cut_after) if cut_after else None,
+        weight_order=self._weight_order, **common)
     self._batch_size = batch_size
     self._num_micro_batches = num_micro_batches
     # Keras' jit_compile='auto' would XLA-compile the step on a GPU; the
     # pipeline places its partitions on K devices, which XLA cannot.
     self.supports_jit = False
     self.built = True
+
+  @property
+  def graph_pipeline(self) -> Optional[GraphPipeline]:
+    """For a functional model: the cut plan (`.Report()`); else None."""
+    return self._graph
 
   # -- the pipeline and its variables ---------------------------------------
 
@@ -416,6 +587,55 @@ class TensorPipeModel(keras.Model):
                          f'{var.shape.as_list()}')
       var.assign(value)
 
+  def KerasOrderVariables(self) -> List[tf.Variable]:
+    """The pipeline's variables in the wrapped Keras model's weight order."""
+    if self._weight_order is None:
+      raise ValueError(
+          f'TensorPipeModel {self.name!r} does not know the Keras weight '
+          'order (it was built from layer configs without weight_order); '
+          'build it from the Keras model, or pass weight_order')
+    layers = {layer.layer_name: layer for layer in KerasLayersOf(self._pipe)}
+    out = []
+    for name, j in self._weight_order:
+      layer = layers[name]
+      _, key = layer.KerasWeights()[j]
+      out.append(layer.vars[key])
+    return out
+
+  def get_weights(self):
+    """The weights as numpy arrays, in the wrapped Keras model's order."""
+    return [v.numpy() for v in self.KerasOrderVariables()]
+
+  def set_weights(self, weights):
+    """Sets the weights from `get_weights()` order (the Keras model's)."""
+    variables = self.KerasOrderVariables()
+    weights = list(weights)
+    if len(weights) != len(variables):
+      raise ValueError(f'TensorPipeModel {self.name!r}: got {len(weights)} '
+                       f'arrays but the model has {len(variables)} weights; '
+                       'pass keras_model.get_weights() of the wrapped model')
+    for i, (var, value) in enumerate(zip(variables, weights)):
+      value = np.asarray(value)
+      if list(value.shape) != var.shape.as_list():
+        raise ValueError(f'TensorPipeModel {self.name!r}: weight {i} has '
+                         f'shape {list(value.shape)} but {var.name!r} has '
+                         f'{var.shape.as_list()}')
+      var.assign(value.astype(var.dtype.as_numpy_dtype))
+
+  def to_keras(self) -> keras.Model:
+    """The plain Keras model with this model's weights (moving statistics
+    included): for model.save, TFLite or any other Keras tool."""
+    stored = copy.deepcopy(self._tp_config['layers'])
+    if self._graph is not None:
+      model = keras.Model.from_config(stored)
+    else:
+      shape, dtype = self._input_specs[0]
+      model = keras.Sequential(
+          [keras.Input(shape, dtype=dtype)] +
+          [keras.saving.deserialize_keras_object(l) for l in stored])
+    model.set_weights(self.get_weights())
+    return model
+
   def get_config(self):
     config = {'name': self.name, 'trainable': self.trainable}
     config.update(self._tp_config)
@@ -435,85 +655,113 @@ class TensorPipeModel(keras.Model):
       return 0
     return tf.convert_to_tensor(optimizer.iterations)
 
-  def _OutputSpecLike(self, x):
-    """Zeros shaped like the output for x (Keras' symbolic build only)."""
+  def _Inputs(self, x) -> tuple:
+    """Keras' x as the pipeline's positional inputs (keras.Input order)."""
+    n = len(self._input_specs)
+    if isinstance(x, dict):
+      missing = [k for k in self._input_names if k not in x]
+      if missing or len(x) != n:
+        raise ValueError(f'TensorPipeModel {self.name!r}: inputs keyed '
+                         f'{sorted(x)}, but the model takes '
+                         f'{self._input_names}')
+      return tuple(x[k] for k in self._input_names)
+    if isinstance(x, (list, tuple)):
+      if len(x) != n:
+        raise ValueError(f'TensorPipeModel {self.name!r} takes {n} input(s) '
+                         f'({self._input_names}) but got {len(x)}')
+      return tuple(x)
+    if n != 1:
+      raise ValueError(f'TensorPipeModel {self.name!r} takes {n} inputs '
+                       f'({self._input_names}); pass a list of {n} tensors')
+    return (x,)
+
+  def _Outputs(self, out):
+    return list(out) if isinstance(out, tuple) else out
+
+  def _OutputSpecLike(self, xs):
+    """Zeros shaped like the outputs (Keras' symbolic build only)."""
     meta = self._pipe.FPropMeta(self._pipe.params,
-                                [[1] + x.shape.as_list()[1:]])
-    shape = meta.out_shapes[0].as_list()[1:]
-    dtype = self._pipe.LayersWithTheta()[-1][0].keras_object.compute_dtype
-    return tf.zeros(tf.concat([tf.shape(x)[:1], shape], 0), dtype)
+                                *[[1] + x.shape.as_list()[1:] for x in xs])
+    outs = [tf.zeros(tf.concat([tf.shape(xs[0])[:1], s.as_list()[1:]], 0),
+                     dtype) for s, dtype in zip(
+                         tf.nest.flatten(meta.out_shapes), self._out_dtypes)]
+    return outs[0] if self._single_output else outs
 
   def call(self, x, training=None):
     """The pipeline on x: training=True trains (batch statistics, dropout)."""
+    xs = self._Inputs(x)
     if _InSymbolicBuild():
-      return self._OutputSpecLike(x)
+      return self._OutputSpecLike(xs)
     if training:
       with py_utils.StepSeed(self._StepSeed()), py_utils.TrainingMode(True):
-        return self._Train(x)
+        return self._Outputs(self._Train(xs))
     with py_utils.EvalMode():
-      return self._Infer(x)
+      return self._Outputs(self._Infer(xs))
 
-  def _Pipelined(self, x):
-    return self._pipe.FProp(self._pipe.theta, x)
+  def _Pipelined(self, xs):
+    return self._pipe.FProp(self._pipe.theta, *xs)
 
-  def _Infer(self, x):
+  def _Infer(self, xs):
     """Inference on any batch: padded to a pipelined size, then sliced."""
     t = self._num_micro_batches
-    n = x.shape[0]
+    n = xs[0].shape[0]
     if n is not None:
       if n % t == 0:
-        return self._Pipelined(x)
+        return self._Pipelined(xs)
       rows = -(-n // t) * t
-      return self._Pipelined(_PadTo(x, rows))[:n]
-    size = tf.shape(x)[0]
+      return _Rows(self._Pipelined([_PadTo(x, rows) for x in xs]), n)
+    size = tf.shape(xs[0])[0]
     rows = self._batch_size
     # Made outside the cond, valid for any size: TF may run a branch's pure
     # ops although the branch is not taken.
-    fitted = _PadTo(x[:rows], rows)
-    return tf.cond(size <= rows, lambda: self._Pipelined(fitted)[:size],
-                   lambda: _Chain(self._pipe, x))
+    fitted = [_PadTo(x[:rows], rows) for x in xs]
+    return tf.cond(size <= rows,
+                   lambda: _Rows(self._Pipelined(fitted), size),
+                   lambda: _Chain(self._pipe, *xs))
 
-  def _Train(self, x):
+  def _Train(self, xs):
     """Training forward on a batch of static size (a multiple of T)."""
-    n = x.shape[0]
+    n = xs[0].shape[0]
     if n is not None and n % self._num_micro_batches == 0:
-      return self._Pipelined(x)
-    return _Chain(self._pipe, x)
+      return self._Pipelined(xs)
+    return _Chain(self._pipe, *xs)
 
   def train_step(self, data):
     """One pipelined step: forward, loss, backward (recompute), update."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    xs = self._Inputs(x)
     variables = self.trainable_weights
 
     def Step(inputs, pipelined):
       with tf.GradientTape() as tape:
         if pipelined:
-          y_pred = self._Pipelined(inputs)[:tf.shape(x)[0]]
+          y_pred = _Rows(self._Pipelined(inputs), tf.shape(xs[0])[0])
         else:
-          y_pred = _Chain(self._pipe, inputs)
+          y_pred = _Chain(self._pipe, *inputs)
+        y_pred = self._Outputs(y_pred)
         loss = self.compute_loss(x=x, y=y, y_pred=y_pred,
                                  sample_weight=sample_weight, training=True)
         scaled = self.optimizer.scale_loss(loss)
       grads = tape.gradient(scaled, variables)
       return y_pred, loss, grads
 
-    n = x.shape[0]
+    n = xs[0].shape[0]
     rows = self._batch_size
     with py_utils.StepSeed(self._StepSeed()), py_utils.TrainingMode(True):
       if n is not None:
-        y_pred, loss, grads = Step(x, n % self._num_micro_batches == 0)
+        y_pred, loss, grads = Step(xs, n % self._num_micro_batches == 0)
       else:
         # A dataset of unknown batch size (e.g. fit on arrays): full batches
         # are pipelined, the last partial one runs unpipelined. The
         # pipeline's input is made outside the cond, valid for any size: TF
         # may run a branch's pure ops although the branch is not taken.
-        fitted = _PadTo(x[:rows], rows)
+        fitted = [_PadTo(x_[:rows], rows) for x_ in xs]
         y_pred, loss, grads = tf.cond(
-            tf.equal(tf.shape(x)[0], rows), lambda: Step(fitted, True),
-            lambda: Step(x, False))
+            tf.equal(tf.shape(xs[0])[0], rows), lambda: Step(fitted, True),
+            lambda: Step(xs, False))
     tracker = getattr(self, '_loss_tracker', None)
     if tracker is not None:
-      tracker.update_state(loss, sample_weight=tf.shape(x)[0])
+      tracker.update_state(loss, sample_weight=tf.shape(xs[0])[0])
     self.optimizer.apply_gradients(zip(grads, variables))
     return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -528,22 +776,28 @@ class TensorPipeModel(keras.Model):
                        "supported; use format='tf_saved_model'")
     if input_signature is not None:
       raise ValueError('TensorPipeModel.export takes no input_signature: '
-                       'the signature is `inputs` [batch, *input_shape]')
+                       'the signature has one input per keras.Input')
     return self.export_saved_model(filepath, **kwargs)
 
   def export_saved_model(self, export_dir: str, pipelined: bool = False,
                          overwrite: bool = False) -> str:
     """Writes a SavedModel with a `serving_default` signature.
 
-    The signature takes `inputs` [batch, ...] (any batch) and returns
-    {'outputs': ...} in inference mode (moving averages, no dropout);
-    plain `tf.saved_model.load(export_dir)` serves it without tensorpipe.
+    The signature takes one input [batch, ...] (any batch) per keras.Input
+    (`inputs` for a Sequential, else the keras.Input names) and returns
+    {'outputs': ...} (a Sequential) or one output per model output, named
+    by the layers that make them, in inference mode (moving averages, no
+    dropout); plain `tf.saved_model.load(export_dir)` serves it without
+    tensorpipe.
     """
     from tensorpipe import export  # pylint: disable=g-import-not-at-top
-    dtype = self._pipe.LayersWithTheta()[0][0].keras_object.compute_dtype
-    spec = tf.TensorSpec([None] + self._input_shape, dtype)
+    specs = {name: tf.TensorSpec([None] + shape, dtype)
+             for name, (shape, dtype) in zip(self._input_names,
+                                             self._input_specs)}
+    names = self._output_names
     return export.ExportModel(
-        self._pipe, export_dir, {'inputs': spec}, pipelined=pipelined,
+        self._pipe, export_dir, specs, pipelined=pipelined,
         serving_batch_size=self._batch_size if pipelined else None,
-        outputs=lambda out: {'outputs': out}, overwrite=overwrite,
+        outputs=lambda out: dict(zip(names, tf.nest.flatten(out))),
+        overwrite=overwrite,
         info={'front_end': 'keras_pipeline.TensorPipeModel'})

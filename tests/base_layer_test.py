@@ -239,8 +239,8 @@ class AbstractVariablesTest(tf.test.TestCase):
     self.assertEmpty(abstract.variables)
     want = sorted((v.name.split(':')[0], tuple(v.shape), v.dtype, v.trainable)
                   for v in real.variables)
-    got = sorted((w.path.rsplit('/', 1)[-1], w.shape, w.dtype, w.trainable)
-                 for w in weights)
+    # Variables are named by their paths.
+    got = sorted((w.path, w.shape, w.dtype, w.trainable) for w in weights)
     self.assertEqual(got, want)
     self.assertIn(base_layer.AbstractVariable('fc/w', (3, 4), tf.float32,
                                               True), weights)

@@ -232,11 +232,13 @@ class KerasModelApiTest(tf.test.TestCase):
                                     partition_sizes=[3, 4])
 
   def testBadModelsNameTheFix(self):
-    inp = keras.Input((4,))
-    functional = keras.Model(inp, keras.layers.Dense(2)(inp))
-    with self.assertRaisesRegex(TypeError, 'keras.Sequential or a list of '
-                                'layers'):
-      keras_pipeline.PipelineParams(functional, 1, 1)
+    class Subclassed(keras.Model):
+
+      def call(self, x):
+        return x
+    with self.assertRaisesRegex(TypeError, 'subclassed Keras model.*build '
+                                'it functionally'):
+      keras_pipeline.PipelineParams(Subclassed(), 1, 1)
     with self.assertRaisesRegex(ValueError, 'input shape is unknown.*'
                                 'input_shape'):
       keras_pipeline.PipelineParams([keras.layers.Dense(2)], 1, 1)

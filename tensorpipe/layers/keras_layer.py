@@ -185,6 +185,11 @@ def _FromKerasOutputs(out: Any) -> Any:
   return out
 
 
+def CallArgs(obj) -> set:
+  """The parameter names of a Keras object's `call` (e.g. 'training')."""
+  return set(inspect.signature(obj.call).parameters)
+
+
 class _KerasInit(base_layer.WeightInit):
   """A weight's initial value: the value Keras initialised it with."""
 
@@ -501,8 +506,7 @@ class KerasLayer(base_layer.BaseLayer):
     object.__setattr__(self, '_seed_gens', gens)
     object.__setattr__(self, '_seeds', seeds)
     object.__setattr__(self, '_bn_reporters', reporters)
-    object.__setattr__(self, '_call_args', set(
-        inspect.signature(obj.call).parameters))
+    object.__setattr__(self, '_call_args', CallArgs(obj))
     object.__setattr__(self, '_declared_batch', _DeclaredBatchSizes(obj))
 
   # -- accessors -----------------------------------------------------------
@@ -572,34 +576,53 @@ class KerasLayer(base_layer.BaseLayer):
       ValueError: for a batch axis other than 0, a Keras object built for
         another batch size, or a ragged / sparse output.
     """
-    p = self.params
     if not inputs:
-      raise ValueError(f'{_Owner(p)}: FProp needs an input')
+      raise ValueError(f'{_Owner(self.params)}: FProp needs an input')
+    return _FromKerasOutputs(self.CallKeras(theta, (_ToKerasInputs(inputs),),
+                                            {}))
+
+  def CallKeras(self, theta, args: Tuple[Any, ...], kwargs: Dict[str, Any]):
+    """Calls the Keras object as `obj(*args, **kwargs)` on `theta`'s weights.
+
+    The call of one node of a functional Keras graph (keras_graph): `args`
+    and `kwargs` are the node's recorded call arguments with tensors filled
+    in. The mode (`py_utils.IsTraining`) is passed where the call takes
+    `training`, replacing a recorded value, as Keras' own functional call
+    does when fit or predict passes `training`.
+
+    Returns:
+      The Keras outputs, as Keras returns them (a tensor, list or dict).
+    """
+    p = self.params
     if py_utils.CurrentBatchAxis() != 0:
       raise ValueError(
           f'{_Owner(p)}: Keras layers take the batch on axis 0, but the '
           f'context batch axis is {py_utils.CurrentBatchAxis()}; use '
           'TensorPipeLayer batch_dim=0')
     obj = self.keras_object
-    shapes = [list(x.shape) for x in tf.nest.flatten(inputs)
+    shapes = [list(x.shape) for x in tf.nest.flatten((args, kwargs))
               if hasattr(x, 'shape')]
     batch = shapes[0][0] if shapes and shapes[0] else None
     _CheckDeclaredBatch(p, self._declared_batch, batch, shapes)
-    training = py_utils.IsTraining()
     mapping = [(kv, theta[key]) for kv, key in self._weights]
     for gen, seed in self._seed_gens:
       mapping.append((gen.state, self._SeedState(seed, gen.state.dtype)))
-    kwargs = {'training': training} if 'training' in self._call_args else {}
+    kwargs = dict(kwargs)
+    if 'training' in self._call_args:
+      # Keras 3.15's functional call does the same: the mode of the call
+      # wins over a recorded `training=` (keras/src/models/functional.py,
+      # operation_fn); a frozen layer is one with trainable=False.
+      kwargs['training'] = py_utils.IsTraining()
     with tf.name_scope(self.layer_name), keras.StatelessScope(
         state_mapping=mapping, collect_losses=True) as scope:
-      out = obj(_ToKerasInputs(inputs), **kwargs)
+      out = obj(*args, **kwargs)
     if scope.losses:
       raise ValueError(
           f'{_Owner(p)}: the Keras object added {len(scope.losses)} loss(es) '
           '(add_loss / activity regularizers) in its call, which a '
           'KerasLayer cannot return; add the penalty to the task loss')
     _CheckDenseSpecs(p, out)
-    return _FromKerasOutputs(out)
+    return out
 
   # -- cost model ----------------------------------------------------------
 

@@ -1,0 +1,708 @@
+"""A functional Keras 3 graph cut into pipeline stages.
+
+GPipe cuts a sequence of layers; a functional Keras model (all of
+keras.applications) is a graph: skip connections, several inputs and
+outputs, layers called more than once. Here the graph is read from the
+model's config (text, as every TensorPipe Params), its node calls are put in
+one topological order, and the order is cut into K consecutive segments.
+Each segment becomes one `KerasGraphSegment` layer, which a TensorPipeLayer
+takes as a manual partition; `Stage.Call`, the schedules and recompute are
+unchanged.
+
+  graph = ReadGraph(model.get_config())     # nodes in topological order
+  plan = PlanCuts(graph, costs, K)          # cuts between nodes
+  partitions = [[SegmentParams(graph, plan, k)] for k in range(K)]
+
+What crosses cut k travels in the segment's output NestedMap: every tensor
+made before the cut (model inputs included) that a node after it reads or
+that is a model output; nothing else. The first segment takes the model's
+inputs as positional args, the last returns its outputs (one tensor, or a
+tuple in the model's output order).
+
+Choices, each refused in one line where it does not hold:
+  * Every Keras layer is a `KerasLayer` child of its segment, named by its
+    Keras name; segments add no level to paths or checkpoint keys, so a
+    checkpoint restores under any K.
+  * A layer called at several nodes (shared weights) keeps all its calls in
+    one segment: the cut points between its first and last call are not
+    offered to the cost model, and a user's cut there is refused.
+  * A nested model (functional or Sequential) is one node: kept whole, as
+    one KerasLayer, not flattened.
+  * `keras.ops` nodes (Operations without weights) run as stateless calls.
+  * Each node's recorded call arguments are applied, but for `training`:
+    as in Keras 3.15's own functional call, the mode of the call (fit:
+    True, predict: False) replaces a recorded `training=False`. A frozen
+    backbone is one with `trainable=False`, whose batch norms Keras (and
+    the pipeline) then run on their moving averages.
+  * Keras masks do not cross a cut (they are attributes of tensors), so
+    graphs with a Masking layer or an Embedding(mask_zero=True) are refused.
+  * Every tensor crossing a cut has the batch on axis 0.
+
+Keras private APIs this module relies on: none. The config layout it reads
+(`layers[i].inbound_nodes[j].args/kwargs`, `__keras_tensor__` with
+`keras_history`, `input_layers` / `output_layers`) is what
+`keras.Model.get_config` writes in Keras 3.15 (keras_utils lists the
+private APIs of the other Keras modules).
+"""
+
+import copy
+import dataclasses
+import json
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tensorpipe import base_layer
+from tensorpipe import flops as flops_lib
+from tensorpipe import keras_utils
+from tensorpipe import partitioning
+from tensorpipe.layers import keras_layer
+from tensorpipe.nested_map import NestedMap
+
+_KERAS_TENSOR = '__keras_tensor__'
+_REF = '__tensor__'  # {'__tensor__': key}: a tensor in a node's arguments
+
+
+def _Owner() -> str:
+  return 'keras_graph'
+
+
+def TensorKey(history: Sequence[Any]) -> str:
+  """The NestedMap key of output `i` of node `n` of layer `name`."""
+  name, node, index = history
+  base = re.sub(r'\W', '_', str(name))
+  return f't_{base}__{int(node)}_{int(index)}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+  """One call of a Keras layer or op in the graph.
+
+  Attributes:
+    layer: the Keras layer's (or op's) name.
+    index: which call of the layer it is (its node index in the config).
+    args, kwargs: the recorded call arguments, tensors as {'__tensor__': key}.
+  """
+  layer: str
+  index: int
+  args: Any
+  kwargs: Any
+
+  def Reads(self) -> List[str]:
+    """Keys of the tensors the call reads, in argument order."""
+    out = []
+
+    def Walk(x):
+      if isinstance(x, dict) and set(x) == {_REF}:
+        out.append(x[_REF])
+      elif isinstance(x, dict):
+        for v in x.values():
+          Walk(v)
+      elif isinstance(x, (list, tuple)):
+        for v in x:
+          Walk(v)
+    Walk([self.args, self.kwargs])
+    return out
+
+  def OutputKey(self, j: int) -> str:
+    """The key of the call's j-th flat output."""
+    return TensorKey((self.layer, self.index, j))
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+  """A functional model's config as nodes in one topological order.
+
+  Attributes:
+    name: the model's name.
+    entries: Keras layer (or op) name -> its serialised config (module,
+      class_name, config, build_config; without inbound_nodes).
+    nodes: every call, in a topological order (config order breaks ties).
+    inputs: the keys of the model inputs, in order.
+    outputs: the keys of the model outputs, in order.
+    single_output: whether the model returns one tensor (not a list).
+    producers: tensor key -> index in `nodes` of the node making it (model
+      inputs: -1).
+    input_names, output_names: the Keras layers that make the model's
+      inputs (its keras.Input names) and outputs, in order.
+  """
+  name: str
+  entries: Dict[str, Dict[str, Any]]
+  nodes: Tuple[Node, ...]
+  inputs: Tuple[str, ...]
+  outputs: Tuple[str, ...]
+  single_output: bool
+  producers: Dict[str, int]
+  input_names: Tuple[str, ...]
+  output_names: Tuple[str, ...]
+
+  def IsOp(self, name: str) -> bool:
+    """Whether `name` is a keras.ops Operation (no weights), not a Layer."""
+    module = self.entries[name].get('module') or ''
+    return module.startswith('keras.src.ops') or module.startswith('keras.ops')
+
+  def NodesOf(self, name: str) -> List[int]:
+    """Indices in `nodes` of the calls of layer `name`."""
+    return [i for i, n in enumerate(self.nodes) if n.layer == name]
+
+
+def _Triples(spec: Any, what: str) -> Tuple[List[Tuple[str, int, int]], bool]:
+  """input_layers / output_layers as (name, node, index) triples."""
+  if isinstance(spec, dict):
+    raise ValueError(
+        f'keras_graph: the model\'s {what} are a dict ({sorted(spec)}); '
+        'build the model with a list of inputs and outputs, '
+        'keras.Model([in_a, in_b], [out_a, out_b])')
+  if (isinstance(spec, (list, tuple)) and len(spec) == 3 and
+      isinstance(spec[0], str)):
+    return [tuple(spec)], True
+  return [tuple(t) for t in spec], False
+
+
+def _Convert(x: Any, producers: Dict[str, Tuple[str, int]]) -> Any:
+  """A config's call argument with KerasTensors as {'__tensor__': key}."""
+  if isinstance(x, dict) and x.get('class_name') == _KERAS_TENSOR:
+    history = x['config']['keras_history']
+    key = TensorKey(history)
+    producers[key] = (str(history[0]), int(history[1]))
+    return {_REF: key}
+  if isinstance(x, dict):
+    return {k: _Convert(v, producers) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_Convert(v, producers) for v in x]
+  return x
+
+
+def IsFunctional(model: Any) -> bool:
+  """Whether `model` is a functional Keras 3 model (a graph of layers)."""
+  return isinstance(model, keras.Model) and any(
+      c.__name__ == 'Functional' for c in type(model).__mro__)
+
+
+def ReadGraph(config: Dict[str, Any]) -> Graph:
+  """The Graph of a functional model's `get_config()` (not modified).
+
+  Raises:
+    ValueError: for dict inputs or outputs, masking layers, or a config that
+      is not a functional model's.
+  """
+  config = copy.deepcopy(config)
+  if not isinstance(config, dict) or 'layers' not in config or (
+      'input_layers' not in config):
+    raise ValueError('keras_graph: the config is not a functional Keras '
+                     "model's (no 'layers' / 'input_layers'); give "
+                     'model.get_config() of a keras.Model(inputs, outputs)')
+  input_triples, _ = _Triples(config['input_layers'], 'inputs')
+  output_triples, single = _Triples(config['output_layers'], 'outputs')
+  entries, pending = {}, []
+  where: Dict[str, Tuple[str, int]] = {}
+  for entry in config['layers']:
+    name = entry.get('name') or entry['config']['name']
+    if entry.get('class_name') == 'Masking' or (
+        entry.get('class_name') == 'Embedding' and
+        entry['config'].get('mask_zero')):
+      raise ValueError(
+          f'keras_graph: layer {name!r} ({entry["class_name"]}) makes a Keras '
+          'mask, which cannot cross a pipeline cut (masks are attributes of '
+          'tensors, not tensors); pass the mask as an explicit input or '
+          'drop it (mask_zero=False)')
+    entries[name] = {k: v for k, v in entry.items()
+                     if k not in ('inbound_nodes', 'name')}
+    for n, inbound in enumerate(entry.get('inbound_nodes') or []):
+      args = _Convert(inbound.get('args', []), where)
+      kwargs = _Convert(inbound.get('kwargs', {}), where)
+      pending.append(Node(name, n, args, kwargs))
+  inputs = tuple(TensorKey(t) for t in input_triples)
+  for key in inputs:
+    where[key] = ('', -1)
+  # Kahn's algorithm; ties go to config order, then node index.
+  done = {('', -1)}
+  nodes: List[Node] = []
+  while pending:
+    for i, node in enumerate(pending):
+      if all(where.get(key, ('?', -2)) in done for key in node.Reads()):
+        nodes.append(node)
+        done.add((node.layer, node.index))
+        del pending[i]
+        break
+    else:
+      missing = sorted({k for node in pending for k in node.Reads()
+                        if where.get(k, ('?', -2)) not in done})
+      raise ValueError(f'keras_graph: tensors {missing[:5]} are read but '
+                       'never made; is this a complete functional model?')
+  index = {(n.layer, n.index): i for i, n in enumerate(nodes)}
+  index[('', -1)] = -1
+  producers = {key: index[w] for key, w in where.items() if w in index}
+  outputs = []
+  for t in output_triples:
+    key = TensorKey(t)
+    if (str(t[0]), int(t[1])) not in index:
+      raise ValueError(f'keras_graph: output {list(t)} is not made by any '
+                       'node of the model')
+    producers[key] = index[(str(t[0]), int(t[1]))]
+    outputs.append(key)
+  return Graph(config.get('name', 'model'), entries, tuple(nodes), inputs,
+               tuple(outputs), single, producers,
+               tuple(str(t[0]) for t in input_triples),
+               tuple(str(t[0]) for t in output_triples))
+
+
+# -- shapes and costs ---------------------------------------------------------
+
+
+def _Fill(x: Any, env: Dict[str, Any]) -> Any:
+  """Call arguments with each {'__tensor__': key} replaced by env[key]."""
+  if isinstance(x, dict) and set(x) == {_REF}:
+    return env[x[_REF]]
+  if isinstance(x, dict):
+    return {k: _Fill(v, env) for k, v in x.items()}
+  if isinstance(x, list):
+    return [_Fill(v, env) for v in x]
+  return x
+
+
+def _NewObject(graph_name: str, name: str, entry: Dict[str, Any]):
+  try:
+    return keras.saving.deserialize_keras_object(copy.deepcopy(entry))
+  except (TypeError, ValueError) as e:
+    first = (str(e).strip().splitlines() or [''])[0]
+    raise ValueError(f'keras_graph: layer {name!r} of model {graph_name!r} '
+                     f'cannot be rebuilt from its config: {first}') from None
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+  """One tensor of the graph: per-example shape, dtype, batch axis 0."""
+  shape: Tuple[Optional[int], ...]
+  dtype: str
+  batched: bool = True
+
+  def Bytes(self, batch: int) -> int:
+    """Bytes of the tensor for `batch` examples (unknown dims count 1)."""
+    n = int(np.prod([d or 1 for d in self.shape])) if self.shape else 1
+    return n * batch * tf.as_dtype(self.dtype).size
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphCosts:
+  """What the cost model knows of each node and tensor.
+
+  Attributes:
+    flops: per node, forward FLOPs of one example (`flops.CountFlops` of a
+      traced inference call).
+    num_params: per node, the weights its layer holds if this is the
+      layer's first call, else 0.
+    tensors: tensor key -> TensorInfo.
+  """
+  flops: Tuple[float, ...]
+  num_params: Tuple[int, ...]
+  tensors: Dict[str, TensorInfo]
+
+
+_FLOPS_CACHE: Dict[str, float] = {}
+
+
+def _FlopsKey(entry: Dict[str, Any], args: Any, kwargs: Any) -> str:
+  config = dict(entry.get('config') or {})
+  config.pop('name', None)
+  spec = lambda t: [list(t.shape[1:]), str(t.dtype)]  # pylint: disable=g-long-lambda
+  leaves = tf.nest.map_structure(
+      lambda t: spec(t) if isinstance(t, keras.KerasTensor) else t,
+      [args, kwargs])
+  return json.dumps([entry.get('module'), entry.get('class_name'), config,
+                     leaves], sort_keys=True, default=repr)
+
+
+def _NodeFlops(obj, args: Any, kwargs: Any) -> float:
+  """CountFlops of one inference call of `obj` on one example."""
+  flat = tf.nest.flatten([args, kwargs])
+  positions = [i for i, t in enumerate(flat) if isinstance(t, keras.KerasTensor)]
+  specs = [tf.TensorSpec([1] + list(flat[i].shape[1:]), flat[i].dtype)
+           for i in positions]
+  variables = list(getattr(obj, 'weights', []))
+  var_specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+  takes_training = isinstance(obj, keras.Layer) and 'training' in (
+      keras_layer.CallArgs(obj))
+
+  def Call(*tensors):
+    xs, ws = tensors[:len(specs)], tensors[len(specs):]
+    leaves = list(flat)
+    for i, x in zip(positions, xs):
+      leaves[i] = x
+    a, kw = tf.nest.pack_sequence_as([args, kwargs], leaves)
+    kw = dict(kw)
+    if takes_training:
+      kw.setdefault('training', False)
+    with keras.StatelessScope(state_mapping=list(zip(variables, ws))):
+      return obj(*a, **kw)
+  graph = tf.function(Call, autograph=False).get_concrete_function(
+      *specs, *var_specs).graph
+  return flops_lib.CountFlops(graph)
+
+
+def Analyse(graph: Graph) -> GraphCosts:
+  """Shapes by Keras' symbolic calls, FLOPs by one traced call per node.
+
+  Runs on objects built without allocating weights (keras_utils.
+  NoAllocation); FLOPs are cached by layer class, config without the name,
+  and input shapes (keras.applications repeat their blocks).
+  """
+  flops, params, tensors = [], [], {}
+  with keras_utils.NoAllocation():
+    objects = {name: _NewObject(graph.name, name, entry)
+               for name, entry in graph.entries.items()
+               if entry.get('class_name') != 'InputLayer'}
+    env = {}
+    for key in graph.inputs:
+      entry = next(e for n, e in graph.entries.items()
+                   if TensorKey((n, 0, 0)) == key)
+      cfg = entry['config']
+      shape = cfg.get('batch_shape') or cfg.get('batch_input_shape')
+      env[key] = keras.KerasTensor(shape, dtype=cfg.get('dtype', 'float32'))
+    seen = set()
+    for node in graph.nodes:
+      obj = objects[node.layer]
+      args, kwargs = _Fill(node.args, env), _Fill(node.kwargs, env)
+      try:
+        out = obj(*args, **kwargs)
+      except (TypeError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [''])[0]
+        raise ValueError(f'keras_graph: node {node.index} of layer '
+                         f'{node.layer!r} fails on its recorded inputs: '
+                         f'{first}') from None
+      for j, t in enumerate(tf.nest.flatten(out)):
+        env[node.OutputKey(j)] = t
+      key = _FlopsKey(graph.entries[node.layer], args, kwargs)
+      if key not in _FLOPS_CACHE:
+        if len(_FLOPS_CACHE) > 4096:
+          _FLOPS_CACHE.clear()
+        _FLOPS_CACHE[key] = _NodeFlops(obj, args, kwargs)
+      flops.append(_FLOPS_CACHE[key])
+      first_call = node.layer not in seen
+      seen.add(node.layer)
+      params.append(int(sum(int(np.prod(w.shape)) for w in getattr(
+          obj, 'weights', []))) if first_call else 0)
+    for key, t in env.items():
+      if isinstance(t, keras.KerasTensor):
+        batched = bool(t.shape) and t.shape[0] is None
+        tensors[key] = TensorInfo(tuple(t.shape[1:]), str(t.dtype), batched)
+  return GraphCosts(tuple(flops), tuple(params), tensors)
+
+
+# -- cuts ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CutPlan:
+  """Where the node order is cut, and what crosses each cut.
+
+  Attributes:
+    starts: per segment, the index of its first node (starts[0] == 0).
+    boundaries: per cut (K-1), the keys of the tensors crossing it, in the
+      order they are made.
+    flops: per segment, forward FLOPs of one example.
+  """
+  starts: Tuple[int, ...]
+  boundaries: Tuple[Tuple[str, ...], ...]
+  flops: Tuple[float, ...]
+
+  @property
+  def num_segments(self) -> int:
+    return len(self.starts)
+
+  def Nodes(self, graph: Graph, k: int) -> range:
+    """Indices in `graph.nodes` of segment k's nodes."""
+    end = self.starts[k + 1] if k + 1 < len(self.starts) else len(graph.nodes)
+    return range(self.starts[k], end)
+
+  def Report(self, graph: Graph, costs: GraphCosts, batch: int) -> str:
+    """A table: per segment its layers and FLOPs; per cut the tensors and
+    their bytes for a mini-batch of `batch` examples."""
+    total = sum(self.flops) or 1.0
+    lines = [f'{graph.name}: {len(graph.nodes)} nodes in '
+             f'{self.num_segments} segments (batch {batch})']
+    for k in range(self.num_segments):
+      nodes = self.Nodes(graph, k)
+      first, last = graph.nodes[nodes[0]].layer, graph.nodes[nodes[-1]].layer
+      lines.append(f'  segment {k}: nodes {nodes[0]}..{nodes[-1]} ({first} .. '
+                   f'{last}), {self.flops[k] * batch:.3g} FLOPs '
+                   f'({100 * self.flops[k] / total:.1f}%)')
+      if k < len(self.boundaries):
+        keys = self.boundaries[k]
+        size = sum(costs.tensors[key].Bytes(batch) for key in keys)
+        lines.append(f'    cut {k}: {len(keys)} tensor(s), {size} bytes')
+        for key in keys:
+          info = costs.tensors[key]
+          lines.append(f'      {key} {[None] + list(info.shape)} '
+                       f'{info.dtype} ({info.Bytes(batch)} bytes)')
+    return '\n'.join(lines)
+
+
+def _Cuttable(graph: Graph) -> List[bool]:
+  """cuttable[c]: whether a cut may fall before node c (c in 1..n-1)."""
+  n = len(graph.nodes)
+  ok = [True] * (n + 1)
+  ok[0] = ok[n] = False
+  spans: Dict[str, List[int]] = {}
+  for i, node in enumerate(graph.nodes):
+    spans.setdefault(node.layer, []).append(i)
+  for calls in spans.values():
+    for c in range(min(calls) + 1, max(calls) + 1):
+      ok[c] = False
+  return ok
+
+
+def _Boundary(graph: Graph, cut: int) -> Tuple[str, ...]:
+  """Keys made before node `cut` that a later node reads or that are outputs."""
+  needed = set(graph.outputs)
+  for node in graph.nodes[cut:]:
+    needed.update(node.Reads())
+  keys = [key for key in needed if graph.producers.get(key, -1) < cut]
+  return tuple(sorted(keys, key=lambda k: (graph.producers.get(k, -1), k)))
+
+
+def PlanCuts(graph: Graph, costs: GraphCosts, num_segments: int,
+             cut_after: Optional[Sequence[str]] = None,
+             method: str = 'min_max') -> CutPlan:
+  """Cuts the node order into `num_segments` segments.
+
+  Args:
+    graph: the graph.
+    costs: its GraphCosts (FLOPs per node).
+    num_segments: K.
+    cut_after: optional K-1 Keras layer names, in order: cut after each
+      layer's last call. None balances the FLOPs (partitioning.Partition
+      over the runs of nodes between allowed cuts).
+    method: partitioning objective ('min_max' or 'min_variance').
+
+  Raises:
+    ValueError: K larger than the number of places to cut, a cut that
+      splits a shared layer's calls, unknown or unordered layer names, or a
+      crossing tensor without a batch axis.
+  """
+  n = len(graph.nodes)
+  ok = _Cuttable(graph)
+  if isinstance(num_segments, bool) or not isinstance(num_segments, int) or (
+      num_segments < 1):
+    raise ValueError(f'keras_graph: num_partitions={num_segments!r} must be a '
+                     'positive int')
+  if cut_after is not None:
+    names = list(cut_after)
+    if len(names) != num_segments - 1:
+      raise ValueError(
+          f'keras_graph: cut_after={names} names {len(names)} layers; K='
+          f'{num_segments} partitions need {num_segments - 1}')
+    cuts = []
+    for name in names:
+      calls = graph.NodesOf(name) if name in graph.entries else []
+      if not calls:
+        raise ValueError(f'keras_graph: cut_after names {name!r}, which is '
+                         f'no layer called in model {graph.name!r}')
+      c = max(calls) + 1
+      if not ok[c]:
+        shared = [l for l in graph.entries
+                  if graph.NodesOf(l) and min(graph.NodesOf(l)) < c <= max(
+                      graph.NodesOf(l))]
+        what = (f'between the calls of shared layer {shared[0]!r}' if shared
+                else 'at the end of the model')
+        raise ValueError(f'keras_graph: cut_after {name!r} would cut {what}; '
+                         'choose another layer')
+      cuts.append(c)
+    if cuts != sorted(set(cuts)):
+      raise ValueError(f'keras_graph: cut_after={names} must name layers in '
+                       'model order, each once')
+    starts = [0] + cuts
+  else:
+    atoms, start = [], 0
+    for c in range(1, n + 1):
+      if c == n or ok[c]:
+        atoms.append((start, c))
+        start = c
+    if num_segments > len(atoms):
+      raise ValueError(
+          f'keras_graph: num_partitions={num_segments} but model '
+          f'{graph.name!r} can be cut in only {len(atoms)} pieces (its '
+          f'{n} layer calls, shared layers kept whole); use '
+          f'num_partitions <= {len(atoms)}')
+    if num_segments == 1:
+      starts = [0]
+    else:
+      atom_costs = [sum(costs.flops[a:b]) for a, b in atoms]
+      plan = partitioning.Partition(atom_costs, num_segments, method=method)
+      starts, i = [], 0
+      for size in plan.sizes:
+        starts.append(atoms[i][0])
+        i += size
+  boundaries = []
+  for c in starts[1:]:
+    keys = _Boundary(graph, c)
+    for key in keys:
+      info = costs.tensors.get(key)
+      if info is None or not info.batched:
+        raise ValueError(
+            f'keras_graph: tensor {key} crosses the cut before node {c} but '
+            'has no batch axis 0 (a pipeline splits every boundary tensor '
+            'into micro-batches); choose cut_after so that it stays in one '
+            'partition')
+    boundaries.append(keys)
+  ends = list(starts[1:]) + [n]
+  flops = tuple(float(sum(costs.flops[a:b])) for a, b in zip(starts, ends))
+  return CutPlan(tuple(starts), tuple(boundaries), flops)
+
+
+# -- segments -----------------------------------------------------------------
+
+
+class KerasGraphSegment(base_layer.BaseLayer):
+  """A run of consecutive nodes of a functional Keras graph: one partition.
+
+  Its Params are text: the Keras layers it calls (KerasLayer Params, named
+  by their Keras names), the keras.ops configs, the node list with tensor
+  references, and what it takes and returns. Made by `SegmentParams`.
+
+  FProp(theta, *inputs): the first segment takes the model's inputs
+  (positional, in keras.Input order), every other one the previous
+  segment's NestedMap; the last returns the model's outputs (a tensor, or a
+  tuple), every other one a NestedMap of the tensors a later segment needs.
+  """
+
+  ADDS_PATH_LEVEL = False
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('sub', [], 'KerasLayer Params of the Keras layers this segment '
+             'calls, each named by its Keras name.')
+    p.Define('ops', {}, 'keras.ops Operation name -> its serialised config '
+             '(stateless calls).')
+    p.Define('nodes', [], "The calls, in order: dicts {'layer', 'index', "
+             "'args', 'kwargs'} with tensors as {'__tensor__': key}.")
+    p.Define('inputs', [], 'Keys of the tensors this segment takes.')
+    p.Define('outputs', [], 'Keys of the tensors this segment returns.')
+    p.Define('first', True, 'Whether the inputs are the model inputs '
+             '(positional args) rather than one NestedMap.')
+    p.Define('last', True, 'Whether the outputs are the model outputs.')
+    p.Define('single_output', True, 'For the last segment: return one '
+             'tensor (else a tuple).')
+    p.Define('specs', {}, 'Tensor key -> [per-example shape, dtype name] of '
+             'the inputs and outputs (FPropMeta).')
+    p.Define('flops_per_example', 0.0, 'Forward FLOPs of one example.')
+    p.Define('num_params', 0, 'Weights of the layers called here.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    self.CreateChildren('sub', p.sub)
+    ops = {}
+    for name, entry in (p.ops or {}).items():
+      ops[name] = _NewObject(p.name, name, entry)
+    object.__setattr__(self, '_ops', ops)
+
+  def FProp(self, theta, *inputs):
+    p = self.params
+    if p.first:
+      if len(inputs) != len(p.inputs):
+        raise ValueError(
+            f'KerasGraphSegment {p.name!r}: the model takes {len(p.inputs)} '
+            f'input(s) but got {len(inputs)}; pass one tensor per keras.Input, '
+            'in order')
+      env = dict(zip(p.inputs, inputs))
+    else:
+      (boundary,) = inputs
+      env = {key: boundary[key] for key in p.inputs}
+    layers = {layer.layer_name: (layer, layer_theta)
+              for layer, layer_theta in zip(self.children.sub, theta.sub)}
+    for node in p.nodes:
+      args, kwargs = _Fill(node['args'], env), _Fill(node['kwargs'], env)
+      name = node['layer']
+      if name in self._ops:
+        with tf.name_scope(name):
+          out = self._ops[name](*args, **kwargs)
+      else:
+        layer, layer_theta = layers[name]
+        out = layer.CallKeras(layer_theta, tuple(args), kwargs)
+      for j, t in enumerate(tf.nest.flatten(out)):
+        env[TensorKey((name, node['index'], j))] = t
+    if p.last:
+      outs = [env[key] for key in p.outputs]
+      return outs[0] if p.single_output else tuple(outs)
+    return NestedMap({key: env[key] for key in p.outputs})
+
+  @classmethod
+  def FPropMeta(cls, p, *input_shapes):
+    leaves = tf.nest.flatten([base_layer.ToShape(s) if not isinstance(
+        s, (dict, NestedMap)) else s for s in input_shapes])
+    batch = None
+    for s in leaves:
+      s = base_layer.ToShape(s)
+      if s.rank:
+        batch = s[0]
+        break
+
+    def Shape(key):
+      shape, _ = p.specs[key]
+      return tf.TensorShape([batch] + list(shape))
+    if p.last:
+      outs = tuple(Shape(key) for key in p.outputs)
+      out = outs[0] if p.single_output else outs
+    else:
+      out = NestedMap({key: Shape(key) for key in p.outputs})
+    return base_layer.FPropMetaResult(p.flops_per_example * (batch or 0), out,
+                                      p.num_params)
+
+
+def SegmentParams(graph: Graph, costs: GraphCosts, plan: CutPlan,
+                  k: int) -> Any:
+  """The KerasGraphSegment Params of segment k of `plan`."""
+  nodes = [graph.nodes[i] for i in plan.Nodes(graph, k)]
+  last = k == plan.num_segments - 1
+  inputs = graph.inputs if k == 0 else plan.boundaries[k - 1]
+  outputs = graph.outputs if last else plan.boundaries[k]
+  subs, ops = [], {}
+  for node in nodes:
+    if node.layer in ops or any(s.name == node.layer for s in subs):
+      continue
+    if graph.IsOp(node.layer):
+      ops[node.layer] = copy.deepcopy(graph.entries[node.layer])
+    else:
+      subs.append(keras_layer.KerasLayer.Params().Set(
+          name=node.layer,
+          keras_config=copy.deepcopy(graph.entries[node.layer])))
+  specs = {key: [list(costs.tensors[key].shape), costs.tensors[key].dtype]
+           for key in list(inputs) + list(outputs)}
+  num_params = sum(costs.num_params[i] for i in plan.Nodes(graph, k))
+  return KerasGraphSegment.Params().Set(
+      name=f'segment_{k}', sub=subs, ops=ops,
+      nodes=[{'layer': n.layer, 'index': n.index, 'args': n.args,
+              'kwargs': n.kwargs} for n in nodes],
+      inputs=list(inputs), outputs=list(outputs), first=k == 0, last=last,
+      single_output=graph.single_output, specs=specs,
+      flops_per_example=float(plan.flops[k]), num_params=int(num_params))
+
+
+def InputSpecs(graph: Graph, costs: GraphCosts) -> List[TensorInfo]:
+  """The model inputs' TensorInfos, in order."""
+  return [costs.tensors[key] for key in graph.inputs]
+
+
+def WeightOrder(model: Any) -> List[List[Any]]:
+  """[Keras layer name, index in that layer's weights] per model weight.
+
+  The order of `model.weights` (what `get_weights` / `set_weights` use),
+  stated by the top-level layer that holds each weight.
+  """
+  owner = {}
+  for layer in model.layers:
+    for j, w in enumerate(layer.weights):
+      owner.setdefault(id(w), [layer.name, j])
+  order = []
+  for w in model.weights:
+    if id(w) not in owner:
+      raise ValueError(f'keras_graph: weight {w.path!r} of model '
+                       f'{model.name!r} belongs to no layer of the model')
+    order.append(owner[id(w)])
+  return order
