@@ -22,6 +22,22 @@ def _Tree(grads, order):
   return _Tree(grads, order[:half]) + _Tree(grads, order[half:])
 
 
+def _DocumentedTree(grads):
+  """grad_sum's documented order for any T, written out in NumPy float32:
+  the gradients in arrival order (T-1 first) fall into consecutive blocks,
+  one per set bit of T, largest first (T = 7: 4, 2, 1); each block is a
+  binary tree and the block sums are added largest first:
+  T = 7: (((g6 + g5) + (g4 + g3)) + (g2 + g1)) + g0."""
+  arrival = list(reversed(range(len(grads))))
+  total, start = None, 0
+  for i in reversed(range(len(grads).bit_length())):
+    if (len(grads) >> i) & 1:
+      block = _Tree(grads, arrival[start:start + 2 ** i])
+      start += 2 ** i
+      total = block if total is None else total + block
+  return total
+
+
 def _SumInLoop(acc, grads):
   """acc's total over grads added T-1 .. 0 inside a tf.while_loop."""
   num = len(grads)
@@ -40,10 +56,21 @@ def _SumInLoop(acc, grads):
 
 
 def _SumUnrolled(acc, grads):
-  state = acc.Init([tf.zeros(grads[0].shape)])
-  for t in reversed(range(len(grads))):
-    state = acc.Add(state, [tf.constant(grads[t])], t)
-  return acc.Total(state)[0].numpy()
+  """acc's total with Python int t, eagerly; for 'pairwise' also traced
+  into one graph (where Grappler could merge the additions into one AddN),
+  which must agree. (The pipelines add the sequential sum one micro-batch
+  per loop iteration, never as one traced chain.)"""
+  def Sum(*gs):
+    state = acc.Init([tf.zeros(grads[0].shape)])
+    for t in reversed(range(len(gs))):
+      state = acc.Add(state, [gs[t]], t)
+    return acc.Total(state)[0]
+  consts = [tf.constant(g) for g in grads]
+  eager = Sum(*consts).numpy()
+  if acc.mode == 'pairwise':
+    traced = tf.function(Sum, autograph=False)(*consts).numpy()
+    np.testing.assert_array_equal(traced, eager, 'traced vs eager')
+  return eager
 
 
 class GradSumTest(tf.test.TestCase):
@@ -82,6 +109,33 @@ class GradSumTest(tf.test.TestCase):
         acc = grad_sum.GradSum('pairwise', num)
         self.assertAllEqual(_SumUnrolled(acc, grads), want)
         self.assertAllEqual(_SumInLoop(acc, grads), want)
+
+  def testOtherCountsFollowTheDocumentedTreeBitForBit(self):
+    # Random magnitudes: unlike powers of two, their sum depends on the
+    # order, so any other grouping of the gradients shows in the bits.
+    for num in (3, 5, 6, 7, 11):
+      with self.subTest(T=num):
+        grads = _Grads(num, seed=num)
+        want = _DocumentedTree(grads)
+        acc = grad_sum.GradSum('pairwise', num)
+        self.assertAllEqual(_SumUnrolled(acc, grads), want)
+        self.assertAllEqual(_SumInLoop(acc, grads), want)
+
+  def testDocumentedTreeAtSevenIsPinned(self):
+    grads = _Grads(7, seed=7)
+    g = grads
+    want = (((g[6] + g[5]) + (g[4] + g[3])) + (g[2] + g[1])) + g[0]
+    self.assertAllEqual(_DocumentedTree(grads), want)
+    self.assertAllEqual(_SumInLoop(grad_sum.GradSum('pairwise', 7), grads),
+                        want)
+    # The check can fail: other orders of the same terms give other bits.
+    running = np.zeros_like(g[0])
+    for x in reversed(g):
+      running = running + x
+    smallest_first = g[6] + ((g[5] + g[4]) + ((g[3] + g[2]) + (g[1] + g[0])))
+    upward = ((g[6] + g[5]) + (g[4] + g[3])) + ((g[2] + g[1]) + g[0])
+    for other in (running, smallest_first, upward):
+      self.assertNotAllEqual(other, want)
 
   def testSequentialIsTheRunningSum(self):
     grads = _Grads(5, seed=1)
