@@ -152,6 +152,12 @@ class Cluster:
     return named + [(f'worker[{i}]', a) for i, a in enumerate(self.workers)]
 
   @property
+  def tasks(self) -> List[Tuple[str, str]]:
+    """(name, 'host:port') of every task in replica order, e.g.
+    ('worker[1]', '10.0.0.2:2222')."""
+    return self._Named()
+
+  @property
   def addresses(self) -> Tuple[str, ...]:
     """Every task's 'host:port', in replica order (chief first)."""
     return tuple(a for _, a in self._Named())

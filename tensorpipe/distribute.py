@@ -103,7 +103,7 @@ def SingleReplicaTopology() -> Topology:
 
 
 def MakeTopology(num_replicas: int, num_partitions: int,
-                 cluster: Any = None) -> Topology:
+                 cluster: Any = None, timeouts: Any = None) -> Topology:
   """The topology of a run: from a cluster, R local groups, or R = 1.
 
   Call at program start, after the logical devices are configured and before
@@ -114,6 +114,7 @@ def MakeTopology(num_replicas: int, num_partitions: int,
       must be 1 with a cluster, where R is the number of workers.
     num_partitions: K, each replica's pipeline partitions.
     cluster: a `cluster.Cluster` (from TF_CONFIG or flags), or None.
+    timeouts: the cluster's `cluster.FaultTimeouts` (default TF's own).
 
   Raises:
     ValueError: R < 1, R > 1 with a cluster, or too few devices.
@@ -130,7 +131,8 @@ def MakeTopology(num_replicas: int, num_partitions: int,
           f'({cluster.num_workers}); drop --num_replicas')
     # The strategy first: listing devices would initialise the runtime,
     # after which collectives can no longer be configured.
-    strategy = cluster_lib.MultiWorkerStrategy(cluster)
+    strategy = cluster_lib.MultiWorkerStrategy(
+        cluster, timeouts or cluster_lib.FaultTimeouts())
     group = cluster_lib.LocalDeviceGroups(1, num_partitions)[0]
     return MultiWorkerTopology(strategy, group, cluster.worker_index,
                                cluster.is_chief)
@@ -428,7 +430,10 @@ def TrainStep(topology: Topology, tasks: Sequence[Any],
       if stop is None:
         total_weight = AllReduceSum(weight)
       else:
-        total_weight, votes = AllReduceSum([weight, stop])
+        # One [2] tensor made in the replica (a captured input has no
+        # device for the collective); the weight's sum is unchanged.
+        both = AllReduceSum(tf.stack([weight, tf.cast(stop, tf.float32)]))
+        total_weight, votes = both[0], both[1]
       # R = 1: weight / total_weight == 1.0 exactly.
       objective = out.loss * (weight / total_weight)
     with tf.GradientTape() as reg_tape:

@@ -9,11 +9,14 @@ Everything after `--` is passed to every worker, `python -m tools.trainer
 OS, or --port_base + r) and gets a TF_CONFIG naming all R workers and itself
 as task r; worker 0 is the chief. Their output is streamed line by line with
 a `[worker r]` prefix. If a worker fails, the others are ended (SIGTERM, then
-SIGKILL after --grace_period_s: TensorFlow's coordination service catches
-SIGTERM as a preemption notice, so a worker inside a collective usually needs
-the SIGKILL) and the launcher exits with the failing worker's exit code
-(128 + N for a worker killed by signal N); 0 if all succeed. SIGINT / SIGTERM to the launcher end all workers the same way, and
-the workers get SIGTERM if the launcher itself dies (Linux).
+SIGKILL after --grace_period_s) and the launcher exits with the failing
+worker's exit code (128 + N for a worker killed by signal N); 0 if all
+succeed. SIGINT / SIGTERM to the launcher end all workers the same way: a
+trainer worker then finishes its step, the chief saves a checkpoint, and
+every worker exits 143 with a "stopped by SIGTERM" line (the default grace,
+60 s, covers a step and a checkpoint write; SIGKILL is for a hung worker).
+The workers get SIGTERM if the launcher itself dies (Linux). With
+--port_base the ports are checked before any worker starts.
 
 On real hosts there is no launcher: start the same command on every host with
 the TF_CONFIG that `tensorpipe.cluster.Cluster.ToTfConfig()` writes, e.g.
@@ -49,8 +52,10 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer('port_base', 0, 'Worker r listens on 127.0.0.1:'
                        'port_base + r; 0 picks free ports.', lower_bound=0,
                        flag_values=fv)
-  flags.DEFINE_float('grace_period_s', 5.0, 'Seconds between SIGTERM and '
-                     'SIGKILL when ending workers.', lower_bound=0.0,
+  flags.DEFINE_float('grace_period_s', 60.0, 'Seconds between SIGTERM and '
+                     'SIGKILL when ending workers: long enough for a step '
+                     'and a checkpoint write (the trainer stops after its '
+                     'step and saves on SIGTERM).', lower_bound=0.0,
                      flag_values=fv)
   flags.DEFINE_float('timeout_s', 0.0, 'End all workers and exit 124 after '
                      'this many seconds; 0 = no limit.', lower_bound=0.0,
@@ -89,7 +94,18 @@ def WorkerPorts(num_workers: int, port_base: int = 0) -> List[int]:
     raise ValueError(f'--port_base={port_base} with {num_workers} workers '
                      f'needs ports {port_base}..{last}; use a base in '
                      f'1024..{65536 - num_workers}, or 0 for free ports')
-  return [port_base + r for r in range(num_workers)]
+  ports = [port_base + r for r in range(num_workers)]
+  for r, port in enumerate(ports):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+      s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      try:
+        s.bind((_HOST, port))
+      except OSError as e:
+        raise ValueError(f'port {port} of worker {r} (--port_base='
+                         f'{port_base} + {r}) is not free ({e.strerror}); '
+                         'stop the process that holds it, use another '
+                         '--port_base, or 0 for free ports') from None
+  return ports
 
 
 def WorkerTfConfigs(ports: Sequence[int], host: str = _HOST) -> List[str]:
@@ -200,7 +216,7 @@ def _EndAll(procs: List[subprocess.Popen], grace_period_s: float,
 
 
 def Launch(worker_args: Sequence[str], num_workers: int, port_base: int = 0,
-           worker_module: str = 'tools.trainer', grace_period_s: float = 5.0,
+           worker_module: str = 'tools.trainer', grace_period_s: float = 60.0,
            timeout_s: Optional[float] = None,
            stop: Optional['StopRequest'] = None,
            out: Optional[IO[str]] = None,

@@ -30,6 +30,7 @@ always finite and intact, so after fixing the cause the same command resumes.
 """
 
 import atexit
+import os
 import sys
 
 from absl import app
@@ -71,6 +72,10 @@ flags.DEFINE_string('worker_hosts', None, 'Multi-worker training without '
                     'the same on each; worker 0 is the chief.')
 flags.DEFINE_integer('task_index', None, "This worker's index in "
                      '--worker_hosts.')
+flags.DEFINE_float('peer_wait_s', 60.0, 'Multi-worker start: seconds to '
+                   'wait for every other worker to accept connections on its '
+                   'address (progress lines every 10 s), then fail naming '
+                   'the missing ones.')
 flags.DEFINE_integer('seed', 1234, 'Global TensorFlow / NumPy seed.')
 flags.DEFINE_bool('deterministic', True, 'Enable op determinism (exact '
                   'resume and reproducible runs on CPU).')
@@ -127,6 +132,24 @@ def _NumPartitions(p) -> int:
   return best
 
 
+def _WaitForPeers(cluster) -> None:
+  """Waits for the other workers (tensorpipe/peer_wait.py), with signals on.
+
+  Raises:
+    _UserError: a worker missing after --peer_wait_s, or our port in use.
+  """
+  from tensorpipe import peer_wait  # pylint: disable=g-import-not-at-top
+  own = cluster.tasks[cluster.worker_index]
+  peers = [t for i, t in enumerate(cluster.tasks) if i != cluster.worker_index]
+  try:
+    seconds = peer_wait.WaitForPeers(own, peers, FLAGS.peer_wait_s,
+                                     logging.info)
+  except (peer_wait.PeersMissingError, peer_wait.PortInUseError) as e:
+    raise _UserError(f'{type(e).__name__}: {e}') from None
+  logging.info('%s: every worker accepts connections (%.1f s)', own[0],
+               seconds)
+
+
 def _Setup(stop: preemption.StopSignals):
   """Flags -> trainer; raises _UserError for user mistakes."""
   # Nothing here may run a TensorFlow op before the devices are configured.
@@ -176,6 +199,9 @@ def _Setup(stop: preemption.StopSignals):
     raise _UserError(str(e)) from None
   if FLAGS.num_replicas < 1:
     raise _UserError(f'--num_replicas={FLAGS.num_replicas} must be >= 1')
+  if not FLAGS.peer_wait_s > 0:
+    raise _UserError(f'--peer_wait_s={FLAGS.peer_wait_s:g} must be > 0 '
+                     '(seconds to wait for the other workers at start-up)')
   logdir = paths.UserPath(FLAGS.logdir)
   lock = logdir_lib.LogdirLock(logdir)
   if FLAGS.mode != 'eval' and (cluster is None or cluster.is_chief):
@@ -194,11 +220,18 @@ def _Setup(stop: preemption.StopSignals):
   if FLAGS.deterministic:
     trainer_lib.EnableDeterminism(FLAGS.seed)
   setup_errors, _ = _Errors()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorpipe import errors  # pylint: disable=g-import-not-at-top
   trainer = None
   try:
     # Before any other TF op: a cluster starts this process's server.
+    timeouts = None
+    if cluster is not None:
+      _WaitForPeers(cluster)
+      timeouts = cluster_lib.FaultTimeouts(
+          cluster_register_timeout_s=FLAGS.peer_wait_s)
     topology = distribute.MakeTopology(FLAGS.num_replicas, num_partitions,
-                                       cluster)
+                                       cluster, timeouts)
     # Again: a cluster's coordination service gave SIGTERM to TF's
     # preemption notifier.
     stop.Install()
@@ -223,7 +256,35 @@ def _Setup(stop: preemption.StopSignals):
   except setup_errors as e:
     lock.Release()
     raise _UserError(f'{type(e).__name__}: {_OneLine(e)}') from None
-  return trainer
+  except tf.errors.OpError as e:
+    # A worker that answered the peer wait but did not register with TF.
+    lock.Release()
+    raise _UserError(f'{type(e).__name__}: {errors.FirstLine(e)}') from None
+  return trainer, cluster
+
+
+def _LeaveLast(cluster, exit_code: int) -> None:
+  """The chief of a cluster exits after the other workers.
+
+  The chief hosts TF's coordination service: a worker still tearing TF down
+  after the chief has gone logs "Failed to send RPC to coordination service
+  ... Connection refused", and one whose teardown stops its heartbeats makes
+  the chief log "tasks are unhealthy". So the other workers end at once
+  (nothing is left to do or write: os._exit skips TF's teardown) and the
+  chief waits until their ports close (peer_wait.WaitForExit).
+  """
+  from tensorpipe import peer_wait  # pylint: disable=g-import-not-at-top
+  if cluster is None:
+    return
+  if not cluster.is_chief:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)  # pylint: disable=protected-access
+  peers = [t for i, t in enumerate(cluster.tasks) if i != cluster.worker_index]
+  left = peer_wait.WaitForExit(peers, timeout_s=30.0)
+  if left:
+    logging.warning('%s still running 30 s after this worker finished',
+                    ', '.join(left))
 
 
 def _Run(trainer, stop: preemption.StopSignals) -> None:
@@ -257,15 +318,17 @@ def _Main(argv):
   # finish the step, save and exit 128 + N (tensorpipe/preemption.py).
   stop = preemption.StopSignals(prog='trainer').Install()
   try:
-    trainer = _Setup(stop)
+    trainer, cluster = _Setup(stop)
   except _UserError as e:
     print(f'trainer: error: {e}', file=sys.stderr)
     return 2
   setup_errors, run_errors = _Errors()
   try:
     _Run(trainer, stop)
+    _LeaveLast(cluster, 0)
   except preemption.StopRequested as e:
     print(f'trainer: {e}', file=sys.stderr)
+    _LeaveLast(cluster, e.exit_code)
     return e.exit_code
   except run_errors as e:
     hint = ''
