@@ -85,6 +85,15 @@ def _NumpySgd(w, m, g, lr, mu=0.9, nesterov=False):
   return (w + mu * m - lr * g if nesterov else w + m), m
 
 
+def _NumpyAdam(w, s, g, lr, t, b1=0.9, b2=0.999, eps=1e-7):
+  """One Adam step (module docstring); s = (m, v) or None at t = 1."""
+  m, v = (0.0, 0.0) if s is None else s
+  m = m + (g - m) * (1 - b1)
+  v = v + (g * g - v) * (1 - b2)
+  alpha = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+  return w - m * alpha / (np.sqrt(v) + eps), (m, v)
+
+
 def _NumpyAdafactor(w, grads, lr, beta1=0.9, decay=-0.8, eps=1e-30,
                     clip=1.0, factored=True):
   """Reference Adafactor (module docstring) in NumPy."""
@@ -186,6 +195,48 @@ class OptimizersTest(tf.test.TestCase):
       alpha = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
       return w - m * alpha / (np.sqrt(v) + eps), (m, v)
     Check(optimizers.Adam.Params(), Adam)
+
+  def testSameShapeVariablesKeepTheirOwnSlots(self):
+    """Two [3, 5] variables, gradients of different scales, passed to Apply
+    in alternating order: each follows its own NumPy trajectory. Slots taken
+    by list position instead of by variable (a mix-up no shape check
+    catches) would give each variable the other's momentum every other step.
+    """
+    rng = np.random.RandomState(7)
+    w0 = [rng.randn(3, 5) for _ in range(2)]
+    grads = [[rng.randn(3, 5) * scale for scale in (1.0, 30.0)]
+             for _ in _LRS]
+    lrs = np.float32(_LRS).astype(np.float64)  # Apply takes a float32 lr.
+
+    def Sgd(w, s, g, lr, t):
+      del t
+      return _NumpySgd(w, 0.0 if s is None else s, g, lr)
+
+    tol = 64 * np.finfo(np.float64).eps
+    for name, p, update in [('sgd', optimizers.SGD.Params(), Sgd),
+                            ('adam', optimizers.Adam.Params(), _NumpyAdam)]:
+      with self.subTest(name):
+        variables = [tf.Variable(w) for w in w0]
+        opt = p.Instantiate()
+        opt.Build({'a/w': variables[0], 'b/w': variables[1]})
+        want, state = [w.copy() for w in w0], [None, None]
+        mixed, mixed_state = [w.copy() for w in w0], [None, None]
+        for t, (lr, gs) in enumerate(zip(lrs, grads), 1):
+          order = [0, 1] if t % 2 else [1, 0]
+          opt.Apply(lr, [tf.constant(gs[i]) for i in order],
+                    [variables[i] for i in order])
+          for i in range(2):
+            want[i], state[i] = update(want[i], state[i], gs[i], lr, t)
+          # The mix-up: the variable at list position j uses slot j.
+          new_state = list(mixed_state)
+          for j, i in enumerate(order):
+            mixed[i], new_state[j] = update(mixed[i], mixed_state[j], gs[i],
+                                            lr, t)
+          mixed_state = new_state
+        for i in range(2):
+          self.assertAllClose(variables[i].numpy(), want[i], rtol=tol,
+                              atol=tol, msg=f'variable {i}')
+          self.assertNotAllClose(mixed[i], want[i], rtol=1e-6, atol=1e-6)
 
   def testRMSPropDefaultsArePaperRecipe(self):
     p = optimizers.RMSProp.Params()
