@@ -150,6 +150,23 @@ def _WaitForPeers(cluster) -> None:
                seconds)
 
 
+def _CheckWorkersAgree(cluster, p) -> None:
+  """Every worker runs the same Params and step flags, or all stop here."""
+  from tensorpipe import worker_agreement as agree  # pylint: disable=g-import-not-at-top
+  text = p.ToText()
+  flag_values = {f'--{name}': str(FLAGS[name].value) for name in (
+      f.lstrip('-') for f in agree.STEP_FLAGS)}
+  values = dict(agree.ParamsValues(text), **flag_values)
+  try:
+    agree.CheckAgreement(
+        cluster.worker_index, cluster.num_workers,
+        agree.KeyDigests(text, flag_values),
+        agree.CoordinationExchange(cluster.num_workers, FLAGS.peer_wait_s),
+        values)
+  except ValueError as e:
+    raise _UserError(f'ValueError: {e}') from None
+
+
 def _Setup(stop: preemption.StopSignals):
   """Flags -> trainer; raises _UserError for user mistakes."""
   # Nothing here may run a TensorFlow op before the devices are configured.
@@ -235,6 +252,8 @@ def _Setup(stop: preemption.StopSignals):
     # Again: a cluster's coordination service gave SIGTERM to TF's
     # preemption notifier.
     stop.Install()
+    if cluster is not None:
+      _CheckWorkersAgree(cluster, p)
     if FLAGS.recompute_bn_stats and topology.num_replicas > 1:
       raise ValueError(
           f'--recompute_bn_stats runs in one process, but this run has '
