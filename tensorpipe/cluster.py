@@ -43,9 +43,10 @@ cores), with heartbeat_timeout_s=5:
 
 At start-up the leader would wait forever for a worker that never comes up;
 `cluster_register_timeout_s` with the registration barrier set here makes
-every task fail after it (measured: 6 s with 5 s). A TF worker does not end
-on SIGTERM (TF's preemption notifier catches it): stop workers with SIGKILL
-after a grace period (tools/launch.py does).
+every task fail after it (measured: 6 s with 5 s); tools/trainer sets it to
+--peer_wait_s and waits for the peers in Python first (peer_wait.py). TF's
+preemption notifier takes SIGTERM once the service starts: the trainer
+re-installs its own handler afterwards (preemption.py).
 """
 
 import dataclasses

@@ -12,16 +12,21 @@ three compute the same function. Per-step losses and the final checkpoint
 must agree to float32 rounding (the all-reduce adds the replicas' gradient
 sums in another order); the workers must agree with each other exactly
 (the trainer checks their weight fingerprints at the end and logs it).
+A successful run prints no error line on any worker; a lone worker whose
+peer never starts ends with one line within a bounded time.
 """
 
 import re
 import shutil
+import sys
 import tempfile
+import time
 import unittest
 
 import numpy as np
 
 from tests.tools import tool_testlib
+from tools import launch
 
 _MODEL = 'consistency.Consistency16'
 _STEPS = 6
@@ -101,9 +106,39 @@ class MultiWorkerTrainerTest(unittest.TestCase):
     for r in (0, 1):
       self.assertRegex(out, rf'\[worker {r}\].*the 2 replicas hold identical '
                        rf'weights and optimizer state after step {_STEPS}')
+    # No coordination-service error (the chief used to exit first); TF's
+    # "failed call to cuInit" on a machine without a GPU is not one.
+    errors = [line for line in out.splitlines()
+              if re.search(r'\] E0000 ', line) and 'cuInit' not in line]
+    self.assertEqual(errors, [])
     # Only the chief writes the logdir.
     self.assertRegex(out, r'\[worker 0\].*saved .*ckpt-6')
     self.assertNotRegex(out, r'\[worker 1\].*saved ')
+
+
+class LoneWorkerTest(unittest.TestCase):
+
+  def testLoneWorkerEndsWithOneLineNamingTheMissingPeer(self):
+    ports = launch.FreePorts(2)
+    hosts = ','.join(f'127.0.0.1:{p}' for p in ports)
+    tmp = tempfile.mkdtemp(prefix='lone_worker_')
+    self.addCleanup(shutil.rmtree, tmp, True)
+    t0 = time.monotonic()
+    run = tool_testlib.RunTool(
+        'trainer', *_Flags(f'{tmp}/lone', 4), f'--worker_hosts={hosts}',
+        '--task_index=0', '--peer_wait_s=5', timeout_s=60)
+    seconds = time.monotonic() - t0
+    print(f'lone worker: exit {run.returncode} after {seconds:.1f} s',
+          file=sys.stderr)
+    self.assertEqual(run.returncode, 2, run.stderr[-3000:])
+    lines = [l for l in run.stderr.splitlines() if 'trainer: error:' in l]
+    self.assertEqual(lines, [
+        f'trainer: error: PeersMissingError: worker[1] at 127.0.0.1:'
+        f'{ports[1]} did not start within 5 s (no connection accepted): '
+        'start every worker with the same cluster, or wait longer with '
+        '--peer_wait_s'])
+    self.assertNotIn('Traceback', run.stderr)
+    self.assertLess(seconds, 15)
 
 
 if __name__ == '__main__':

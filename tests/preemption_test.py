@@ -1,0 +1,63 @@
+"""Tests of tensorpipe/preemption.py: what a first and a second signal do."""
+
+import io
+import os
+import signal
+import unittest
+
+from tensorpipe import preemption
+
+
+class StopSignalsTest(unittest.TestCase):
+
+  def _Stop(self):
+    self.exits = []
+    self.out = io.StringIO()
+    stop = preemption.StopSignals(out=self.out, exit_fn=self.exits.append)
+    stop.Install()
+    self.addCleanup(stop.Uninstall)
+    return stop
+
+  def testSignalBeforeTheFirstStepExitsAtOnce(self):
+    stop = self._Stop()
+    os.kill(os.getpid(), signal.SIGTERM)
+    self.assertEqual(self.exits, [143])
+    self.assertFalse(stop.requested)
+    self.assertIn('trainer: stopped by SIGTERM before the first step',
+                  self.out.getvalue())
+
+  def testArmedSignalAsksForAStopAndASecondExitsAtOnce(self):
+    stop = self._Stop()
+    stop.Arm()
+    os.kill(os.getpid(), signal.SIGINT)
+    self.assertEqual(self.exits, [])
+    self.assertTrue(stop.requested)
+    self.assertEqual(stop.signum, signal.SIGINT)
+    self.assertIn('SIGINT received: finishing the current step',
+                  self.out.getvalue())
+    os.kill(os.getpid(), signal.SIGTERM)
+    self.assertEqual(self.exits, [143])
+    self.assertIn('second signal (SIGTERM): exiting at once',
+                  self.out.getvalue())
+
+  def testUninstallRestoresTheHandlers(self):
+    before = signal.getsignal(signal.SIGTERM)
+    stop = preemption.StopSignals(exit_fn=lambda code: None).Install()
+    self.assertNotEqual(signal.getsignal(signal.SIGTERM), before)
+    stop.Uninstall()
+    self.assertEqual(signal.getsignal(signal.SIGTERM), before)
+
+  def testStopRequestedLineAndExitCode(self):
+    e = preemption.StopRequested(signal.SIGTERM, 7, '/l/checkpoints/ckpt-7')
+    self.assertEqual(str(e), 'stopped by SIGTERM at step 7; saved ckpt-7; '
+                     'run the same command to resume')
+    self.assertEqual(e.exit_code, 143)
+    self.assertEqual(preemption.StopRequested(signal.SIGINT, 3,
+                                              None).exit_code, 130)
+    other = preemption.StopRequested(None, 3, None)
+    self.assertEqual(other.exit_code, 143)
+    self.assertIn("another worker's stop signal", str(other))
+
+
+if __name__ == '__main__':
+  unittest.main()
