@@ -172,6 +172,17 @@ class PortsTest(unittest.TestCase):
     self.assertEqual(launch.WorkerPorts(3, port_base=20000),
                      [20000, 20001, 20002])
 
+  def testPortBaseWithAPortInUseIsNamedBeforeAnyWorkerStarts(self):
+    import socket  # pylint: disable=g-import-not-at-top
+    with socket.socket() as busy:
+      busy.bind(('127.0.0.1', 0))
+      busy.listen(1)
+      port = busy.getsockname()[1]
+      with self.assertRaisesRegex(ValueError, rf'port {port} of worker 0 '
+                                  rf'\(--port_base={port} \+ 0\) is not '
+                                  'free'):
+        launch.WorkerPorts(2, port_base=port)
+
   def testPortBaseOutOfRange(self):
     with self.assertRaisesRegex(ValueError, r'--port_base=65535 with 2 '
                                 r'workers needs ports 65535\.\.65536; use a '
