@@ -5,6 +5,11 @@ Load with: load("//:build_defs.bzl", "tensorpipe_py_tests")
 
 _SLOW_SUFFIX = "_slow_test.py"
 
+# The main of every test (tests/test_main.py): runs the test file given as its
+# first argument, without tf.test.TestCase's test_session placeholder, and
+# fails when the file ran no test.
+_TEST_MAIN = "//tests:test_main.py"
+
 def tensorpipe_py_tests(
         name = None,
         srcs = None,
@@ -17,8 +22,11 @@ def tensorpipe_py_tests(
     """One py_test per *_test.py file of the calling package.
 
     Each test file is a self-contained unittest module that ends with
-    `unittest.main()` (or `absltest.main()`); it is the test's main.
-    The target name is the file name without ".py" (foo_test.py -> :foo_test).
+    `unittest.main()` (or `tf.test.main()`). The test's main is
+    tests/test_main.py, which runs that file as __main__, leaves out
+    tf.test.TestCase's test_session placeholder and fails a file that runs
+    no test. The target name is the file name without ".py"
+    (foo_test.py -> :foo_test).
 
     Slow tests: a file named *_slow_test.py gets the tag "slow". tools/test.sh
     runs `bazel test --test_tag_filters=-slow` and then pytest on the slow
@@ -77,10 +85,11 @@ def tensorpipe_py_tests(
         if src.endswith(_SLOW_SUFFIX):
             test_tags.append("slow")
         test_name = src[:-len(".py")]
+        attrs["args"] = ["$(rootpath %s)" % src] + attrs.get("args", [])
         native.py_test(
             name = test_name,
-            srcs = [src],
-            main = src,
+            srcs = [src, _TEST_MAIN],
+            main = _TEST_MAIN,
             deps = test_deps,
             data = test_data,
             tags = test_tags,

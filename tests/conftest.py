@@ -4,7 +4,13 @@ import threading
 
 import pytest
 
+from tests import test_main
+
 _SLOW_SUFFIX = '_slow_test.py'
+
+# tf.test.TestCase's test_session placeholder is not collected (it would
+# report one skip per test class), as under Bazel (tests/test_main.py).
+test_main.DropTfTestSessionPlaceholder()
 
 
 def pytest_collection_modifyitems(config, items):

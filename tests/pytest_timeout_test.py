@@ -1,7 +1,7 @@
 """A test that hangs fails with its name (pytest.ini's timeout, conftest.py).
 
 Runs pytest in a subprocess on a scratch tree holding copies of the repo's
-pytest.ini and tests/conftest.py and one test that sleeps past a 2 s
+pytest.ini and tests/conftest.py (with tests/test_main.py) and one test that sleeps past a 2 s
 timeout: the run must end (not hang), fail, and name the test; the test after
 it in another process still runs (tools/test.sh --slow runs one file per
 process).
@@ -40,8 +40,9 @@ class PytestTimeoutTest(unittest.TestCase):
     self.addCleanup(shutil.rmtree, self.tree)
     os.makedirs(os.path.join(self.tree, 'tests'))
     shutil.copy(os.path.join(_ROOT, 'pytest.ini'), self.tree)
-    shutil.copy(os.path.join(_ROOT, 'tests', 'conftest.py'),
-                os.path.join(self.tree, 'tests'))
+    for name in ('conftest.py', 'test_main.py'):  # conftest imports the latter
+      shutil.copy(os.path.join(_ROOT, 'tests', name),
+                  os.path.join(self.tree, 'tests'))
     with open(os.path.join(self.tree, 'tests', 'hang_test.py'), 'w') as f:
       f.write(_HANGING_TEST)
 
