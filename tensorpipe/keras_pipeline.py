@@ -403,15 +403,6 @@ def _WithRows(x: tf.Tensor, rows: int) -> tf.Tensor:
   return x
 
 
-def _InSymbolicBuild() -> bool:
-  """Whether Keras is tracing the model only for output specs."""
-  try:
-    from keras.src.backend.common import symbolic_scope  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return False
-  return symbolic_scope.in_symbolic_scope()
-
-
 @keras.saving.register_keras_serializable(package='tensorpipe')
 class TensorPipeModel(keras.Model):
   """A keras.Model whose forward pass is a TensorPipeLayer (GPipe).
@@ -690,7 +681,7 @@ class TensorPipeModel(keras.Model):
   def call(self, x, training=None):
     """The pipeline on x: training=True trains (batch statistics, dropout)."""
     xs = self._Inputs(x)
-    if _InSymbolicBuild():
+    if keras_utils.InSymbolicScope():
       return self._OutputSpecLike(xs)
     if training:
       with py_utils.StepSeed(self._StepSeed()), py_utils.TrainingMode(True):

@@ -6,6 +6,29 @@ value can live in text Params, importing a factory by its dotted name,
 building Keras objects reproducibly (SeededPythonRandom) or without
 allocating weights (NoAllocation), and walking a Keras object's sublayers.
 
+Keras private APIs TensorPipe relies on, all used through this module
+(tested with Keras 3.15.1, the version TF 2.21 installs and requirements.txt
+pins; re-check each on a Keras upgrade, keras_layer_test and
+keras_graph_test fail if one changes):
+
+  | private API                                   | used by                |
+  |-----------------------------------------------|------------------------|
+  | `Variable._value` (rebinding a Keras variable | RebindVariable:        |
+  |   to a TensorPipe tf.Variable)                |   KerasLayer weights   |
+  | `Layer._flatten_layers`                       | FlattenLayers          |
+  | `Dropout._get_noise_shape` (SpatialDropout)   | NoiseShape             |
+  | `Layer._seed_generators`                      | SeedGenerators         |
+  | `keras.src.backend.common.global_state`       | NoAllocation           |
+  |   ('uninitialized_variables')                 |                        |
+  | `keras.src.backend.common.symbolic_scope`     | InSymbolicScope:       |
+  |                                               |   TensorPipeModel.call |
+
+keras_graph reads the functional config layout that `keras.Model.get_config`
+writes (`inbound_nodes` args/kwargs, `__keras_tensor__` with
+`keras_history`), public in the sense that saved models depend on it, and
+follows Keras' functional rule that the call's `training` replaces a
+recorded one (keras/src/models/functional.py, `operation_fn`).
+
 Keras 2 is refused, not wrapped: it has no supported way to run a layer on
 substituted weights (Keras 3 has keras.StatelessScope and stateless_call),
 and a TensorPipe layer's FProp(theta) and the pipeline's recompute pass
@@ -158,3 +181,27 @@ def FlattenLayers(obj) -> List[Any]:
   # Keras 3 has no public recursive walk; _flatten_layers is what its own
   # Model.summary and saving use.
   return list(obj._flatten_layers(include_self=True, recursive=True))  # pylint: disable=protected-access
+
+
+def RebindVariable(keras_variable, variable) -> None:
+  """Makes a Keras variable read and write `variable` (a tf.Variable)."""
+  keras_variable._value = variable  # pylint: disable=protected-access
+
+
+def NoiseShape(layer, inputs) -> Any:
+  """A SpatialDropout's noise shape for `inputs` (Keras' own rule)."""
+  return layer._get_noise_shape(inputs)  # pylint: disable=protected-access
+
+
+def SeedGenerators(layer) -> List[Any]:
+  """The keras.random.SeedGenerators a layer draws from."""
+  return list(getattr(layer, '_seed_generators', []))
+
+
+def InSymbolicScope() -> bool:
+  """Whether Keras is tracing a model only for its output specs."""
+  try:
+    from keras.src.backend.common import symbolic_scope  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  return symbolic_scope.in_symbolic_scope()

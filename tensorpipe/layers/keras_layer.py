@@ -269,7 +269,7 @@ def _DropoutCall(layer, seed: int, inputs, training=False):
                      'draw a per-example mask')
   if hasattr(layer, '_get_noise_shape') and type(layer).call is not (
       keras.layers.Dropout.call):
-    noise = layer._get_noise_shape(inputs)  # pylint: disable=protected-access
+    noise = keras_utils.NoiseShape(layer, inputs)
   else:
     noise = layer.noise_shape
   mask_shape = shape.as_list()
@@ -473,7 +473,7 @@ class KerasLayer(base_layer.BaseLayer):
       if not abstract:
         # Rebind the Keras variable to the TensorPipe one: the Keras object
         # then holds no copy of its weights and reads ours in plain calls.
-        kv._value = var  # pylint: disable=protected-access
+        keras_utils.RebindVariable(kv, var)
       weights.append((kv, key))
     seeds = {}
     for i, layer in enumerate(keras_utils.FlattenLayers(obj)):
@@ -496,7 +496,7 @@ class KerasLayer(base_layer.BaseLayer):
               _DropoutCall, layer, seeds[id(layer)]))
     gens = []
     for layer in keras_utils.FlattenLayers(obj):
-      for gen in getattr(layer, '_seed_generators', []):
+      for gen in keras_utils.SeedGenerators(layer):
         if all(gen is not g for g, _ in gens):
           gens.append((gen, seeds[id(layer)]))
     # Plain attributes: the Keras object must not be walked by tf.Module
