@@ -1,403 +1,507 @@
-"""GPipe pipeline clock schedules: index functions and pure Python generators.
+"""Pipeline schedules as data: one table per schedule, from one builder each.
 
-GPipe (Huang et al. 2018, arXiv 1811.06965, figure 2c) splits a mini-batch into
-T micro-batches and a model into K partitions, one per device. On clock tick
-`clock` of the forward pass, partition k runs micro-batch t = clock - k, so
-micro-batch t reaches partition k only after partition k - 1 has finished it
-and each partition sees the micro-batches in order. The pass takes T + K - 1
-ticks; during the first and last K - 1 of them some devices idle (the
-"bubble"), a fraction (K - 1) / (T + K - 1) of each device's time. The backward
-pass is the mirror image: the last partition starts on the last micro-batch.
+A schedule says, for each device and clock tick, which action the device
+runs: (op, micro-batch, stage), op F (forward), B (full backward), I (input
+gradient only) or W (weight gradient only), stage a virtual stage (a device
+may hold several: round-robin for interleaved 1F1B (Narayanan et al. 2021,
+arXiv 2104.04473), a V for ZB-V (Qi et al. 2023, arXiv 2401.10241)). The
+table is the one definition a schedule has: its builder writes it
+(`schedule_builders.py`, looked up by name with `Build`; `Register` adds
+one), `Validate` checks it, and `ToCsv` / `FromCsv` exchange it with
+torch.distributed.pipelining's compute-only per-rank CSV, so a table made
+there, or by the zero-bubble authors' ILP, reads here.
 
-This module is the one definition of the schedule. The index functions
-(`GPipeForwardMicroBatch`, `GPipeBackwardMicroBatch`, `NumClockTicks`) say
-which micro-batch a partition runs on a tick; the generators list the (t, k)
-cells of each tick and are written with them, and so are the pipeline's
-tf.while_loop bodies (`pipeline.py`), the timeline's decoder (`timeline.py`)
-and the simulator (`simulator.py`). 1F1B's index function
-(`OneFOneBCell`) and generator (`OneFOneBClockCycles`) are defined beside
-them; nothing here imports TensorFlow except that function when it is given
-a tensor clock.
-
-Example (K=3 partitions, T=4 micro-batches), forward:
-
-  clock  0      1      2      3      4      5
-  k=0   (0,0)  (1,0)  (2,0)  (3,0)
-  k=1          (0,1)  (1,1)  (2,1)  (3,1)
-  k=2                 (0,2)  (1,2)  (2,2)  (3,2)
+GPipe's and 1F1B's index functions and generators (`clock_cycles.py`) are
+re-exported here unchanged for today's engines, timeline and simulator;
+the `gpipe` and `1f1b` tables are built from them.
 """
 
-import numbers
-from typing import Iterator, List, Tuple, TypeVar
+import csv as _csv
+import io as _io
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-# One unit of work: (micro-batch index t, partition index k).
-Cell = Tuple[int, int]
-# A clock tick: a Python int, or a scalar integer tf.Tensor (a loop's clock).
-Clock = TypeVar('Clock')
-
-
-def _CheckPositiveInt(name: str, value: object) -> int:
-  """Returns `value` as an int, or raises if it is not a positive integer."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise TypeError(
-        f'{name} must be a positive integer, got {value!r} of type '
-        f'{type(value).__name__}; pass an int such as {name}=4')
-  if value < 1:
-    raise ValueError(
-        f'{name} must be a positive integer, got {name}={value!r}; '
-        f'use {name} >= 1')
-  return int(value)
+# pylint: disable=unused-import,g-multiple-import
+from tensorpipe.clock_cycles import (
+    BACKWARD, FORWARD, IDLE, BubbleFraction, Cell, Clock,
+    GPipeBackwardClockCycles, GPipeBackwardMicroBatch, GPipeClockCycles,
+    GPipeForwardMicroBatch, NumClockTicks, OneFOneBCell, OneFOneBClockCycles,
+    OneFOneBMaxInFlight, OneFOneBNumClockTicks, OpCell, _CheckPositiveInt)
+# pylint: enable=unused-import,g-multiple-import
 
 
-def _CheckPartition(k: object, num_partitions: int) -> None:
-  """Raises if `k` is not a partition index in [0, num_partitions)."""
-  if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-    raise TypeError(f'partition index k must be an int, got {k!r} of type '
-                    f'{type(k).__name__}')
-  if not 0 <= k < num_partitions:
-    raise ValueError(f'partition index k={k} is not in [0, {num_partitions}); '
-                     f'use 0 <= k < num_partitions={num_partitions}')
-
-
-def GPipeForwardMicroBatch(clock: Clock, k: int, num_partitions: int,
-                           num_micro_batches: int) -> Clock:
-  """The micro-batch partition k runs on forward tick `clock`: t = clock - k.
-
-  The index functions use only `+` and `-` on `clock`, so `clock` may be a
-  Python int (the generators below, the timeline's decoder) or a scalar
-  integer tensor (the clock of the pipeline's tf.while_loop, whose body is
-  traced once for all ticks). One expression thus serves both, and this
-  module needs no TensorFlow: a pure-int function plus a TensorFlow copy in
-  the pipeline would be two definitions again. On a tensor it builds exactly
-  the ops the loop would build inline (one subtraction), so a tick costs
-  nothing extra.
-
-  Args:
-    clock: the tick, an int or a scalar integer tensor (any value; ticks
-      outside [0, NumClockTicks) just give an idle t).
-    k: the partition, an int in [0, K).
-    num_partitions: K, the number of pipeline partitions (devices).
-    num_micro_batches: T, the number of micro-batches per mini-batch.
-
-  Returns:
-    t, of the type of `clock`. Partition k works on micro-batch t on this
-    tick iff 0 <= t < T; any other value means it idles (a bubble tick).
-
-  Raises:
-    TypeError: if k, K or T is not an integer.
-    ValueError: if K or T is < 1 or k is not in [0, K).
-  """
-  k_total = _CheckPositiveInt('num_partitions', num_partitions)
-  _CheckPositiveInt('num_micro_batches', num_micro_batches)
-  _CheckPartition(k, k_total)
-  return clock - k
-
-
-def GPipeBackwardMicroBatch(clock: Clock, k: int, num_partitions: int,
-                            num_micro_batches: int) -> Clock:
-  """The micro-batch partition k runs on backward tick `clock`.
-
-  The mirror of `GPipeForwardMicroBatch`: the gradient of micro-batch T - 1
-  enters at the last partition on tick 0 and partition k receives its first
-  gradient K - 1 - k ticks later, so t = T - 1 - (clock - (K - 1 - k)).
-  `clock` may be an int or a scalar integer tensor, as there.
-
-  Args:
-    clock: the backward tick, an int or a scalar integer tensor.
-    k: the partition, an int in [0, K).
-    num_partitions: K, the number of pipeline partitions (devices).
-    num_micro_batches: T, the number of micro-batches per mini-batch.
-
-  Returns:
-    t, of the type of `clock`; partition k works on micro-batch t on this
-    tick iff 0 <= t < T.
-
-  Raises:
-    TypeError: if k, K or T is not an integer.
-    ValueError: if K or T is < 1 or k is not in [0, K).
-  """
-  k_total = _CheckPositiveInt('num_partitions', num_partitions)
-  t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
-  _CheckPartition(k, k_total)
-  return (t_total - 1) - (clock - (k_total - 1 - k))
-
-
-def NumClockTicks(num_partitions: int, num_micro_batches: int) -> int:
-  """Number of clock ticks of one GPipe forward (or backward) pass.
-
-  Ticks beyond it give every partition an idle micro-batch index.
-
-  Args:
-    num_partitions: K, the number of pipeline partitions (devices).
-    num_micro_batches: T, the number of micro-batches per mini-batch.
-
-  Returns:
-    T + K - 1.
-
-  Raises:
-    TypeError: if an argument is not an integer.
-    ValueError: if an argument is < 1.
-  """
-  k = _CheckPositiveInt('num_partitions', num_partitions)
-  t = _CheckPositiveInt('num_micro_batches', num_micro_batches)
-  return t + k - 1
-
-
-def BubbleFraction(num_partitions: int, num_micro_batches: int) -> float:
-  """Fraction of each device's time spent idle in one GPipe pass.
-
-  Each partition is busy T of the T + K - 1 ticks, so the idle share is
-  (K - 1) / (T + K - 1); it vanishes for K = 1 and shrinks as T grows, which is
-  why the paper recommends T >= 4 K.
-
-  Args:
-    num_partitions: K, the number of pipeline partitions (devices).
-    num_micro_batches: T, the number of micro-batches per mini-batch.
-
-  Returns:
-    (K - 1) / (T + K - 1), a float in [0, 1).
-
-  Raises:
-    TypeError: if an argument is not an integer.
-    ValueError: if an argument is < 1.
-  """
-  k = _CheckPositiveInt('num_partitions', num_partitions)
-  t = _CheckPositiveInt('num_micro_batches', num_micro_batches)
-  return (k - 1) / (t + k - 1)
-
-
-def GPipeClockCycles(num_partitions: int,
-                     num_micro_batches: int) -> Iterator[List[Cell]]:
-  """Yields, tick by tick, the (t, k) cells active in the GPipe forward pass.
-
-  Pseudo-code (t = GPipeForwardMicroBatch(clock, k, K, T) = clock - k):
-
-    for clock in range(T + K - 1):
-      yield [(t, k) for k in range(K) if 0 <= t < T]
-
-  Args:
-    num_partitions: K, the number of pipeline partitions (devices).
-    num_micro_batches: T, the number of micro-batches per mini-batch.
-
-  Returns:
-    An iterator over T + K - 1 lists of (t, k) pairs, each list in increasing
-    k. Every (t, k) with 0 <= t < T, 0 <= k < K appears exactly once.
-
-  Raises:
-    TypeError: if an argument is not an integer.
-    ValueError: if an argument is < 1. Raised by this call, not on the first
-      `next()`.
-  """
-  k_total = _CheckPositiveInt('num_partitions', num_partitions)
-  t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
-
-  def _Cycles() -> Iterator[List[Cell]]:
-    for clock in range(NumClockTicks(k_total, t_total)):
-      cells = [(GPipeForwardMicroBatch(clock, k, k_total, t_total), k)
-               for k in range(k_total)]
-      yield [(t, k) for t, k in cells if 0 <= t < t_total]
-
-  return _Cycles()
-
-
-def GPipeBackwardClockCycles(num_partitions: int,
-                             num_micro_batches: int) -> Iterator[List[Cell]]:
-  """Yields, tick by tick, the (t, k) cells active in the GPipe backward pass.
-
-  The mirror of `GPipeClockCycles`: the gradient of micro-batch T - 1 enters
-  at the last partition first, and on backward tick `clock` partition k works
-  on micro-batch t = T - 1 - (clock - (K - 1 - k)). So (t, k) runs strictly
-  after (t, k + 1), and each partition sees the micro-batches in decreasing
-  order.
-
-  Pseudo-code (t = GPipeBackwardMicroBatch(clock, k, K, T)):
-
-    for clock in range(T + K - 1):
-      yield [(t, k) for k in reversed(range(K)) if 0 <= t < T]
-
-  Args:
-    num_partitions: K, the number of pipeline partitions (devices).
-    num_micro_batches: T, the number of micro-batches per mini-batch.
-
-  Returns:
-    An iterator over T + K - 1 lists of (t, k) pairs, each list in decreasing
-    k (last partition first). Every (t, k) appears exactly once.
-
-  Raises:
-    TypeError: if an argument is not an integer.
-    ValueError: if an argument is < 1. Raised by this call, not on the first
-      `next()`.
-  """
-  k_total = _CheckPositiveInt('num_partitions', num_partitions)
-  t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
-
-  def _Cycles() -> Iterator[List[Cell]]:
-    for clock in range(NumClockTicks(k_total, t_total)):
-      cells = [(GPipeBackwardMicroBatch(clock, k, k_total, t_total), k)
-               for k in reversed(range(k_total))]
-      yield [(t, k) for t, k in cells if 0 <= t < t_total]
-
-  return _Cycles()
-
-
-# -- 1F1B (one forward, one backward; PipeDream-flush) ----------------------
+# -- Schedules as data ------------------------------------------------------
 #
-# The loss is computed inside the pipeline, so a micro-batch's backward pass
-# starts as soon as the last partition has finished its forward pass. With
-# unit-length forward (F) and backward (B) cells on one clock, partition k
-# runs micro-batch t's forward on tick f(t, k) and its backward on b(t, k):
+# A `Schedule` is a table: for each device and tick, the action that device
+# runs on that tick, or None (idle). An action is (op, micro-batch, stage):
+# op F (forward), B (full backward), I (input gradient only) or W (weight
+# gradient only), and stage a virtual stage index (device k may hold several
+# stages: round-robin for interleaved 1F1B, a V for ZB-V). The table is the
+# one definition a schedule has: its builder writes it, `Validate` checks it,
+# and `ToCsv` / `FromCsv` exchange it with torch.distributed.pipelining's
+# compute-only per-rank CSV (`0F0`, `1I3`, `2W1`; empty cells idle). Builders
+# live in `schedule_builders.py` and are looked up by name (`Build`);
+# `Register` adds one.
 #
-#   f(t, k) = t + k            for t < K - k   (warm-up, as GPipe)
-#   f(t, k) = 2 t + k          for t >= K - k  (steady state)
-#   b(t, k) = 2 K - 1 - k + 2 t
+# Tick rule (what `Validate` checks): an action may use only what actions on
+# strictly earlier ticks produced, on any device. F(m, s) needs F(m, s - 1);
+# B(m, s) and I(m, s) need F(m, s) and the input gradient of (m, s + 1) (its
+# B or I; the last stage's loss is inside the pipeline); W(m, s) needs
+# I(m, s). Every F(m, s) runs once, and every (m, s) has one B or one I and
+# one W. A stage runs on one device.
 #
-# so b(t, K-1) = f(t, K-1) + 1, b(t, k) = b(t, k + 1) + 1, and partition k
-# alternates B(t), F(t + K - k) from tick 2 K - 1 - k on. At most K - k
-# micro-batches are in flight on partition k (forward done, backward not):
-# a stage keeps at most K - k boundary inputs, where GPipe keeps T. The
-# schedule takes 2 (T + K - 1) ticks, GPipe's forward plus backward ticks, so
-# the bubble fraction is the same.
+# Example: 1F1B, K=2 devices, T=3 micro-batches (Grid()):
 #
-# Example (K=3, T=4): F<t> / B<t> per partition and tick.
-#
-#   clock  0   1   2   3   4   5   6   7   8   9   10  11
-#   k=0    F0  F1  F2          B0  F3  B1      B2      B3
-#   k=1        F0  F1      B0  F2  B1  F3  B2      B3
-#   k=2            F0  B0  F1  B1  F2  B2  F3  B3
+#   tick   0    1    2    3    4    5    6    7
+#   dev 0  0F0  0F1            0B0  0F2  0B1       0B2
+#   dev 1       1F0  1B0  1F1  1B1  1F2  1B2
 
-# Operation codes of the 1F1B index function.
-IDLE = 0
-FORWARD = 1
-BACKWARD = 2
+OPS = ('F', 'B', 'I', 'W')
+# torch.distributed.pipelining's communication and overlap actions, which
+# a compute-only table does not hold (the engine places its own transfers).
+_COMM_OPS = ('SEND_F', 'RECV_F', 'SEND_B', 'RECV_B', 'UNSHARD', 'RESHARD',
+             'REDUCE_GRAD', 'OVERLAP_F_B')
 
 
-def OneFOneBCell(clock: Clock, k: int, num_partitions: int,
-                 num_micro_batches: int) -> Tuple[Clock, Clock]:
-  """What partition k does on 1F1B tick `clock`: (op, t).
+class Action(NamedTuple):
+  """One cell of a schedule: op 'F', 'B', 'I' or 'W' on (micro_batch, stage).
 
-  `clock` may be a Python int (the generator, the timeline's decoder, the
-  simulator) or a scalar int32 tensor (the clock of the pipeline's
-  tf.while_loop): one definition for both, as for GPipe. On a tensor the
-  result is a pair of scalar int32 tensors built from a handful of integer
-  ops (TensorFlow is imported only then).
+  str() is torch's action text, stage first: Action('I', 3, 1) is '1I3'.
+  """
+  op: str
+  micro_batch: int
+  stage: int
 
-  Args:
-    clock: the tick, an int or a scalar int32 tensor.
-    k: the partition, an int in [0, K).
-    num_partitions: K.
+  def __str__(self) -> str:
+    return f'{self.stage}{self.op}{self.micro_batch}'
+
+  @staticmethod
+  def FromStr(text: str, where: str = '') -> Optional['Action']:
+    """Parses torch's '<stage><op><micro-batch>' text; '' is idle (None).
+
+    Raises:
+      ValueError: on a communication action or text that is no action.
+    """
+    text = text.strip()
+    if not text:
+      return None
+    where = f'{where}: ' if where else ''
+    if any(c in text for c in _COMM_OPS) or text.startswith('('):
+      raise ValueError(
+          f'{where}{text!r} is a communication or overlap action; TensorPipe '
+          'reads only compute actions (F, B, I, W): write the table with '
+          "torch's _dump_csv(format='compute_only')")
+    digits = len(text) - len(text.lstrip('0123456789'))
+    op, mb = text[digits:digits + 1], text[digits + 1:]
+    if not digits or op not in OPS or not mb.isdigit():
+      raise ValueError(
+          f'{where}{text!r} is not an action; write <stage><op><micro-batch> '
+          'with op one of F, B, I, W, e.g. 0F0 or 1I3')
+    return Action(op, int(mb), int(text[:digits]))
+
+
+def _Fail(schedule: 'Schedule', device: int, tick: int, what: str,
+          fix: str) -> None:
+  """Raises a ValueError naming device and tick, with the grid below it."""
+  name = f'schedule {schedule.name!r}: ' if schedule.name else ''
+  raise ValueError(f'{name}device {device}, tick {tick}: {what}; {fix}\n'
+                   + schedule.Grid(mark=(device, tick)))
+
+
+class Schedule:
+  """A pipeline schedule as a table: grid[device][tick] is an Action or None.
+
+    s = schedules.Build('1f1b', num_devices=2, num_micro_batches=3)
+    s.grid[1][2]          # Action('B', 0, 1), shown as 1B0
+    s.Validate()          # raises ValueError naming device and tick
+    s.ToCsv()             # torch.distributed.pipelining's compute-only CSV
+
+  Attributes:
+    grid: tuple (one per device) of tuples (one per tick, all rows as long
+      as the longest) of Action or None.
+    num_devices: K, the rows of the grid.
+    num_ticks: the columns of the grid.
+    num_stages: S, the virtual stages; stage s runs on one device.
     num_micro_batches: T.
+    name: the builder's name or the CSV's, for messages.
+    slots: None, or an explicit boundary-slot assignment
+      {(stage, micro_batch): slot} that `Validate` checks (builders whose
+      engine indexes slots by a rule pass it); None derives one (`Slots`).
+  """
 
-  Returns:
-    (op, t): op is IDLE, FORWARD or BACKWARD (0, 1, 2); t is the micro-batch,
-    in [0, T) when op != IDLE (and 0 when IDLE).
+  def __init__(self, grid: Sequence[Sequence[Optional[Action]]],
+               num_micro_batches: Optional[int] = None,
+               num_stages: Optional[int] = None, name: str = '',
+               slots: Optional[Dict[Tuple[int, int], int]] = None):
+    rows = [list(r) for r in grid]
+    if not rows:
+      raise ValueError('got an empty grid; pass one list per device')
+    width = max(len(r) for r in rows)
+    self.grid = tuple(tuple(r + [None] * (width - len(r))) for r in rows)
+    self.name = name
+    self.num_devices = len(rows)
+    self.num_ticks = width
+    acts = [a for r in self.grid for a in r if a is not None]
+    bad = [a for a in acts if not isinstance(a, Action)]
+    if bad:
+      raise TypeError(f'{bad[0]!r} is not an Action or None; write '
+                      "Action('F', micro_batch, stage)")
+    self.num_micro_batches = num_micro_batches or 1 + max(
+        (a.micro_batch for a in acts), default=0)
+    self.num_stages = num_stages or 1 + max((a.stage for a in acts),
+                                            default=0)
+    self.slots = slots
+
+  def __eq__(self, other) -> bool:
+    return (isinstance(other, Schedule) and self.grid == other.grid and
+            self.num_stages == other.num_stages and
+            self.num_micro_batches == other.num_micro_batches)
+
+  def __repr__(self) -> str:
+    return (f'Schedule({self.name!r}, K={self.num_devices}, '
+            f'S={self.num_stages}, T={self.num_micro_batches})')
+
+  def Ticks(self) -> Dict[Action, Tuple[int, int]]:
+    """Maps each action to its (device, tick) (the last one if repeated)."""
+    return {a: (d, c) for d, row in enumerate(self.grid)
+            for c, a in enumerate(row) if a is not None}
+
+  def StageDevice(self) -> Dict[int, int]:
+    """Maps each stage that appears in the table to its device."""
+    return {a.stage: d for d, row in enumerate(self.grid)
+            for a in row if a is not None}
+
+  def Rows(self) -> List[str]:
+    """One string per device: its cells' text, '.' where idle."""
+    return [' '.join(str(a) if a else '.' for a in r) for r in self.grid]
+
+  def Orders(self) -> List[List[Action]]:
+    """Per device, its actions in tick order (idle ticks dropped)."""
+    return [[a for a in row if a is not None] for row in self.grid]
+
+  def Grid(self, mark: Optional[Tuple[int, int]] = None) -> str:
+    """The device-by-tick grid as text; `mark` (device, tick) is pointed at."""
+    cells = [[str(a) if a else '' for a in row] for row in self.grid]
+    w = max([len(str(self.num_ticks))] + [len(x) for r in cells for x in r])
+    lines = ['tick    ' + ' '.join(f'{c:<{w}}'
+                                   for c in range(self.num_ticks)).rstrip()]
+    for d, row in enumerate(cells):
+      line = f'dev {d:<3} ' + ' '.join(f'{x or ".":<{w}}' for x in row)
+      lines.append(line + (f'   <-- device {d}, tick {mark[1]}'
+                           if mark and mark[0] == d else ''))
+    if mark:
+      lines.append(' ' * (8 + mark[1] * (w + 1)) + '^' * w)
+    return '\n'.join(lines)
+
+  def Validate(self) -> 'Schedule':
+    """Checks the table (module comment: tick rule); returns self.
+
+    Raises:
+      ValueError: naming the device and tick of the first error, then the
+        device-by-tick grid with that cell marked.
+    """
+    kk, ss, tt = self.num_devices, self.num_stages, self.num_micro_batches
+    done: Dict[Action, int] = {}
+    stage_dev: Dict[int, int] = {}
+    fix_dep = 'move it to a later tick than the action it needs'
+    for c in range(self.num_ticks):
+      for d in range(kk):
+        a = self.grid[d][c]
+        if a is None:
+          continue
+        if a.op not in OPS:
+          _Fail(self, d, c, f'op {a.op!r} of {a} is not one of F, B, I, W',
+                'use F, B, I or W')
+        if not 0 <= a.micro_batch < tt:
+          _Fail(self, d, c, f'{a}: micro-batch {a.micro_batch} is not in '
+                f'[0, {tt})', f'use micro-batches 0 .. {tt - 1}')
+        if not 0 <= a.stage < ss:
+          _Fail(self, d, c, f'{a}: stage {a.stage} is not in [0, {ss})',
+                f'use stages 0 .. {ss - 1}')
+        if stage_dev.setdefault(a.stage, d) != d:
+          _Fail(self, d, c, f'{a}: stage {a.stage} already runs on device '
+                f'{stage_dev[a.stage]}', 'keep each stage on one device')
+        if a in done:
+          _Fail(self, d, c, f'{a} already ran on tick {done[a]}',
+                'run each action once')
+        m, s = a.micro_batch, a.stage
+        other = Action('I' if a.op == 'B' else 'B', m, s)
+        if a.op in 'BI' and other in done:
+          _Fail(self, d, c, f'{a}: micro-batch {m} of stage {s} already ran '
+                f'{other} on tick {done[other]}',
+                'use either one B or one I and one W per micro-batch')
+        for need in _Needs(a, ss):
+          got = [done.get(n) for n in need]
+          if all(g is None for g in got):
+            names = ' or '.join(str(n) for n in need)
+            _Fail(self, d, c, f'{a} runs before {names}', fix_dep)
+      for d in range(kk):
+        a = self.grid[d][c]
+        if a is not None:
+          done[a] = c
+    last = self.num_ticks - 1
+    for s in range(ss):
+      if s not in stage_dev:
+        _Fail(self, 0, last, f'stage {s} never runs',
+              f'give stage {s} a device and its F and B cells')
+    for s in range(ss):
+      d = stage_dev[s]
+      for m in range(tt):
+        missing = None
+        if Action('F', m, s) not in done:
+          missing = Action('F', m, s)
+        elif Action('B', m, s) not in done and Action('I', m, s) not in done:
+          missing = Action('B', m, s)
+        elif Action('I', m, s) in done and Action('W', m, s) not in done:
+          missing = Action('W', m, s)
+        if missing:
+          _Fail(self, d, last, f'{missing} never runs (by the last tick)',
+                f'add {missing} on device {d}')
+    if self.slots is not None:
+      self._CheckSlots(done)
+    return self
+
+  def _Lives(self, first: str, last: str, done=None):
+    """{(stage, m): (device, first tick, last tick)} of a buffer's lives."""
+    done = done if done is not None else {a: c for a, (d, c)
+                                          in self.Ticks().items()}
+    dev = self.StageDevice()
+    lives = {}
+    for a, c in done.items():
+      if a.op == first:
+        ends = [done.get(Action(op, a.micro_batch, a.stage)) for op in last]
+        ends = [e for e in ends if e is not None]
+        if ends:
+          lives[(a.stage, a.micro_batch)] = (dev[a.stage], c, max(ends))
+    return lives
+
+  def _CheckSlots(self, done) -> None:
+    """Raises if an explicit slot is written while another input holds it."""
+    holders: Dict[Tuple[int, int], Tuple[int, int]] = {}
+    lives = sorted(self._Lives('F', 'BI', done).items(),
+                   key=lambda kv: kv[1][1])
+    for (s, m), (d, start, end) in lives:
+      slot = self.slots.get((s, m))
+      if slot is None:
+        _Fail(self, d, start, f'{Action("F", m, s)} has no boundary slot',
+              f'give (stage {s}, micro-batch {m}) a slot')
+      held = holders.get((s, slot))
+      if held is not None and held[1] >= start:
+        _Fail(self, d, start, f'{Action("F", m, s)} writes boundary slot '
+              f'{slot} of stage {s} while micro-batch {held[0]} holds it '
+              f'until tick {held[1]}', 'give it another slot')
+      holders[(s, slot)] = (m, end)
+
+  def Slots(self) -> Dict[Tuple[int, int], int]:
+    """{(stage, micro_batch): slot}: the boundary input each F keeps.
+
+    A stage keeps micro-batch m's input from its F tick through its B (or
+    I) tick; the slot is freed after that tick. Explicit `slots` if given,
+    else the lowest free slot at each F, in tick order.
+    """
+    if self.slots is not None:
+      return dict(self.slots)
+    return _Colour(self._Lives('F', 'BI'))
+
+  def NumSlots(self) -> Dict[int, int]:
+    """{stage: number of boundary slots it needs}."""
+    out = {s: 0 for s in range(self.num_stages)}
+    for (s, _), slot in self.Slots().items():
+      out[s] = max(out[s], slot + 1)
+    return out
+
+  def SlotsPerDevice(self) -> List[int]:
+    """Per device, the boundary inputs it keeps (all its stages' slots)."""
+    dev = self.StageDevice()
+    out = [0] * self.num_devices
+    for s, n in self.NumSlots().items():
+      if s in dev:
+        out[dev[s]] += n
+    return out
+
+  def StashSlots(self) -> Dict[int, int]:
+    """{stage: slots of the I-to-W stash} (0 for stages that run B)."""
+    out = {s: 0 for s in range(self.num_stages)}
+    for (s, _), slot in _Colour(self._Lives('I', 'W')).items():
+      out[s] = max(out[s], slot + 1)
+    return out
+
+  def ToCsv(self) -> str:
+    """torch.distributed.pipelining's compute-only CSV: a row per rank.
+
+    What its `_dump_csv(filename, format='compute_only')` writes: Python's
+    csv.writer (CRLF line ends), each row the rank's list, trailing idle
+    ticks dropped.
+    """
+    buf = _io.StringIO(newline='')
+    writer = _csv.writer(buf)
+    for row in self.grid:
+      cells = [str(a) if a else '' for a in row]
+      while cells and not cells[-1]:
+        cells.pop()
+      writer.writerow(cells)
+    return buf.getvalue()
+
+  @staticmethod
+  def FromCsv(text: str, name: str = 'csv',
+              num_micro_batches: Optional[int] = None,
+              num_stages: Optional[int] = None) -> 'Schedule':
+    """Reads `ToCsv` / torch's compute-only CSV (not validated: `Validate`).
+
+    Raises:
+      ValueError: on a communication action or text that is not an action,
+        naming row (device) and column (tick).
+    """
+    rows = list(_csv.reader(_io.StringIO(text, newline='')))
+    grid = [[Action.FromStr(x, f'CSV {name!r} row {d} (device {d}), column '
+                            f'{c} (tick {c})') for c, x in enumerate(row)]
+            for d, row in enumerate(rows)]
+    return Schedule(grid, num_micro_batches, num_stages, name=name)
+
+  def Retimed(self) -> 'Schedule':
+    """Each device's actions in the same order, each on its earliest tick.
+
+    torch's tables are orders; ticks there are only roughly aligned. This
+    gives each action the first tick after its device's previous action and
+    after what it needs (the tick rule), so the result validates if the
+    orders are consistent.
+    """
+    return FromOrders(self.Orders(), self.num_micro_batches, self.num_stages,
+                      name=self.name, slots=self.slots)
+
+
+def _Needs(a: Action, num_stages: int) -> List[Tuple[Action, ...]]:
+  """What `a` needs on earlier ticks: a list of alternatives (any one)."""
+  m, s = a.micro_batch, a.stage
+  if a.op == 'F':
+    return [(Action('F', m, s - 1),)] if s > 0 else []
+  if a.op == 'W':
+    return [(Action('I', m, s),)]
+  needs = [(Action('F', m, s),)]
+  if s < num_stages - 1:
+    needs.append((Action('B', m, s + 1), Action('I', m, s + 1)))
+  return needs
+
+
+def _Colour(lives) -> Dict[Tuple[int, int], int]:
+  """Lowest free slot per stage for {(stage, m): (device, start, end)}."""
+  slots, ends = {}, {}
+  for key, (_, start, end) in sorted(lives.items(),
+                                     key=lambda kv: (kv[1][1], kv[0])):
+    busy = ends.setdefault(key[0], [])
+    free = [i for i, e in enumerate(busy) if e < start]
+    slot = free[0] if free else len(busy)
+    if slot == len(busy):
+      busy.append(end)
+    busy[slot] = end
+    slots[key] = slot
+  return slots
+
+
+def FromOrders(orders: Sequence[Sequence[Action]],
+               num_micro_batches: Optional[int] = None,
+               num_stages: Optional[int] = None, name: str = '',
+               slots=None) -> Schedule:
+  """A schedule from per-device action orders, each action as early as it can.
+
+  Pseudo-code (list scheduling on the tick rule):
+
+    while some device has actions left:
+      on each device whose next action's needs ran on earlier ticks: run it
+      tick += 1
 
   Raises:
-    TypeError: if k, K or T is not an integer.
-    ValueError: if K or T is < 1 or k is not in [0, K).
+    ValueError: if no device can make progress (the orders deadlock),
+      naming each device's next action.
   """
-  k_total = _CheckPositiveInt('num_partitions', num_partitions)
-  t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
-  _CheckPartition(k, k_total)
-  where, both, either = _Ops(clock)
-  # Warm-up: F(clock - k) on ticks [k, K), while t < T.
-  t_warm = clock - k
-  is_warm = both(both(clock >= k, clock < k_total), t_warm < t_total)
-  # Steady state from B(0)'s tick on: d = clock - (2 K - 1 - k); even d
-  # runs B(d / 2), odd d runs F(K - k + (d - 1) / 2).
-  d = clock - (2 * k_total - 1 - k)
-  d_pos = where(d >= 0, d, 0 * d)         # // and % of non-negatives only
-  half = d_pos // 2
-  odd = d_pos % 2
-  t_fwd = (k_total - k) + half
-  is_back = both(both(d >= 0, odd == 0), half < t_total)
-  is_fwd = both(both(d >= 0, odd == 1), t_fwd < t_total)
-  zero = 0 * clock
-  op = where(is_back, zero + BACKWARD,
-             where(either(is_warm, is_fwd), zero + FORWARD, zero + IDLE))
-  t = where(is_back, half,
-            where(is_warm, t_warm, where(is_fwd, t_fwd, zero)))
-  return op, t
+  orders = [list(o) for o in orders]
+  acts = [a for o in orders for a in o]
+  ss = num_stages if num_stages is not None else 1 + max(
+      (a.stage for a in acts), default=0)
+  pos = [0] * len(orders)
+  done: Dict[Action, int] = {}
+  grid: List[List[Optional[Action]]] = [[] for _ in orders]
+  tick = 0
+  while any(p < len(o) for p, o in zip(pos, orders)):
+    ran = []
+    for d, o in enumerate(orders):
+      a = o[pos[d]] if pos[d] < len(o) else None
+      if a is not None and all(any(done.get(n, tick) < tick for n in need)
+                               for need in _Needs(a, ss)):
+        ran.append(a)
+        grid[d].append(a)
+        pos[d] += 1
+      else:
+        grid[d].append(None)
+    if not ran:
+      nxt = ', '.join(f'device {d}: {o[pos[d]]}' for d, o in enumerate(orders)
+                      if pos[d] < len(o))
+      raise ValueError(f'schedule {name!r}: the orders deadlock at tick {tick} '
+                       f'({nxt} wait on each other); reorder them')
+    for a in ran:
+      done[a] = tick
+    tick += 1
+  return Schedule(grid, num_micro_batches, num_stages, name=name, slots=slots)
 
 
-def _Ops(clock):
-  """(where, and, or) for a Python int clock or a TensorFlow tensor clock."""
-  if isinstance(clock, numbers.Integral):
-    return ((lambda c, a, b: a if c else b), (lambda a, b: bool(a and b)),
-            (lambda a, b: bool(a or b)))
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.where, tf.logical_and, tf.logical_or
+# -- Registry ---------------------------------------------------------------
+
+# A builder: (num_devices K, num_micro_batches T, num_stages_per_device v)
+# -> Schedule, refusing what it does not support with a one-line ValueError.
+Builder = Callable[[int, int, int], Schedule]
+_REGISTRY: Dict[str, Builder] = {}
 
 
-def OneFOneBNumClockTicks(num_partitions: int, num_micro_batches: int) -> int:
-  """Ticks of one 1F1B step (forward and backward): 2 (T + K - 1)."""
-  k = _CheckPositiveInt('num_partitions', num_partitions)
-  t = _CheckPositiveInt('num_micro_batches', num_micro_batches)
-  return 2 * (t + k - 1)
-
-
-def OneFOneBMaxInFlight(k: int, num_partitions: int,
-                        num_micro_batches: int) -> int:
-  """Most micro-batches partition k holds (forward done, backward not).
-
-  min(K - k, T): the number of boundary inputs the stage must keep with
-  recompute (GPipe keeps T).
-  """
-  k_total = _CheckPositiveInt('num_partitions', num_partitions)
-  t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
-  _CheckPartition(k, k_total)
-  return min(k_total - k, t_total)
-
-
-# One unit of 1F1B work: (op, micro-batch t, partition k), op FORWARD or
-# BACKWARD.
-OpCell = Tuple[int, int, int]
-
-
-def OneFOneBClockCycles(num_partitions: int,
-                        num_micro_batches: int) -> Iterator[List[OpCell]]:
-  """Yields, tick by tick, the (op, t, k) cells active in one 1F1B step.
-
-  Warm-up (partition k runs forwards of micro-batches 0 .. K-k-1 as GPipe
-  does), steady state (from tick 2K-1-k partition k alternates the backward
-  of its oldest micro-batch in flight with the forward of a new one) and
-  cool-down (the remaining backwards), all from `OneFOneBCell`. The forward
-  and backward of one step share one clock.
-
-  Pseudo-code ((op, t) = OneFOneBCell(clock, k, K, T)):
-
-    for clock in range(2 (T + K - 1)):
-      yield [(op, t, k) for k in range(K) if op != IDLE]
-
-  Example (K=3, T=4), as in the diagram above:
-
-    clock 0: [(F, 0, 0)]
-    clock 1: [(F, 1, 0), (F, 0, 1)]
-    clock 2: [(F, 2, 0), (F, 1, 1), (F, 0, 2)]
-    clock 3: [(B, 0, 2)]
-    clock 4: [(B, 0, 1), (F, 1, 2)]
-    ...
-
-  Args:
-    num_partitions: K, the number of pipeline partitions (devices).
-    num_micro_batches: T, the number of micro-batches per mini-batch.
-
-  Returns:
-    An iterator over 2 (T + K - 1) lists of (op, t, k) triples, each list in
-    increasing k, op FORWARD or BACKWARD. Every (FORWARD, t, k) and
-    (BACKWARD, t, k) with 0 <= t < T, 0 <= k < K appears exactly once.
+def Register(name: str, builder: Builder, replace: bool = False) -> None:
+  """Makes `Build(name, ...)` call `builder(K, T, v)`.
 
   Raises:
-    TypeError: if an argument is not an integer.
-    ValueError: if an argument is < 1. Raised by this call, not on the first
-      `next()`.
+    ValueError: if `name` is taken and not `replace`, or is not a non-empty
+      string.
   """
-  k_total = _CheckPositiveInt('num_partitions', num_partitions)
-  t_total = _CheckPositiveInt('num_micro_batches', num_micro_batches)
+  if not isinstance(name, str) or not name:
+    raise ValueError(f'schedule name must be a non-empty string, got '
+                     f'{name!r}; pass a name such as "my_schedule"')
+  _Builtins()
+  if name in _REGISTRY and not replace:
+    raise ValueError(f'schedule {name!r} is already registered; pick another '
+                     'name or pass replace=True')
+  _REGISTRY[name] = builder
 
-  def _Cycles() -> Iterator[List[OpCell]]:
-    for clock in range(OneFOneBNumClockTicks(k_total, t_total)):
-      cells = [OneFOneBCell(clock, k, k_total, t_total) + (k,)
-               for k in range(k_total)]
-      yield [cell for cell in cells if cell[0] != IDLE]
 
-  return _Cycles()
+def Names() -> List[str]:
+  """Registered schedule names, sorted."""
+  _Builtins()
+  return sorted(_REGISTRY)
+
+
+def Build(name: str, num_devices: int, num_micro_batches: int,
+          num_stages_per_device: int = 1) -> Schedule:
+  """The validated schedule `name` for K devices, T micro-batches, v stages.
+
+  Raises:
+    ValueError: for an unknown name (listing the known ones), bad sizes, or
+      a combination the builder does not support.
+  """
+  _Builtins()
+  if name not in _REGISTRY:
+    raise ValueError(f'unknown schedule {name!r}; use one of {Names()} or '
+                     'register it with schedules.Register(name, builder)')
+  kk = _CheckPositiveInt('num_devices', num_devices)
+  tt = _CheckPositiveInt('num_micro_batches', num_micro_batches)
+  v = _CheckPositiveInt('num_stages_per_device', num_stages_per_device)
+  schedule = _REGISTRY[name](kk, tt, v)
+  if not schedule.name:
+    schedule.name = name
+  return schedule.Validate()
+
+
+def _Builtins() -> None:
+  """Registers the built-in builders (schedule_builders.BUILDERS) once."""
+  if not _BUILTINS_LOADED:
+    from tensorpipe import schedule_builders  # pylint: disable=g-import-not-at-top
+    for name, builder in schedule_builders.BUILDERS.items():
+      _REGISTRY.setdefault(name, builder)
+    _BUILTINS_LOADED.append(True)
+
+
+_BUILTINS_LOADED: List[bool] = []

@@ -1,0 +1,222 @@
+"""The built-in schedule builders: one function per schedule, each a table.
+
+Each builder takes (K devices, T micro-batches, v stages per device) and
+returns a `schedules.Schedule`; `schedules.Build(name, K, T, v)` looks them up
+in `BUILDERS` and validates the result. A combination a builder does not
+support is refused in one line that names the value and the fix.
+
+- `gpipe`, `1f1b`: today's tables, from `clock_cycles`' generators (the
+  engines' index functions), with the boundary slots those engines use.
+- `interleaved_1f1b`: v >= 2 stages per device, stage s on device s mod K
+  (Megatron-LM's round-robin placement and order; Narayanan et al. 2021).
+- `zb_h1`: 1F1B with B split into I and W, W delayed to fill the bubble at
+  1F1B's activation memory (Qi et al. 2023, arXiv 2401.10241, ZB-H1).
+- `zb_v`: two stages per device in a V, device k holding stages k and
+  2K-1-k, with I and W split (same paper, section 6).
+
+The last three are written as each device's order of actions; `FromOrders`
+puts every action on its earliest tick under the tick rule (schedules.py),
+with unit-time cells. Their orders are those of torch.distributed.pipelining's
+`ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble` (one stage per
+rank) and `ScheduleZBVZeroBubble` (tests/testdata/torch_schedules/README.md
+names the commit; the tests compare against tables transcribed from it).
+"""
+
+from typing import Dict, List
+
+from tensorpipe import clock_cycles
+from tensorpipe.schedules import Action, Builder, FromOrders, Schedule
+
+
+def _OneStagePerDevice(name: str, v: int) -> None:
+  if v != 1:
+    raise ValueError(
+        f'schedule {name!r} runs one stage per device, got '
+        f'num_stages_per_device={v}; use 1, or schedule="interleaved_1f1b" '
+        'or "zb_v" for more stages per device')
+
+
+def GPipe(num_devices: int, num_micro_batches: int,
+          num_stages_per_device: int = 1) -> Schedule:
+  """All forwards (micro-batch t on device k at tick t + k), then backwards.
+
+  The backward pass is the forward's mirror (the last micro-batch first) on
+  ticks T + K - 1 onward; each stage keeps all T inputs (slot m).
+
+    K=2, T=3:  tick  0   1   2   3   4   5   6   7
+               dev 0 0F0 0F1 0F2         0B2 0B1 0B0
+               dev 1     1F0 1F1 1F2 1B2 1B1 1B0
+  """
+  kk, tt = num_devices, num_micro_batches
+  _OneStagePerDevice('gpipe', num_stages_per_device)
+  span = clock_cycles.NumClockTicks(kk, tt)
+  grid = [[None] * (2 * span) for _ in range(kk)]
+  for c, cells in enumerate(clock_cycles.GPipeClockCycles(kk, tt)):
+    for t, k in cells:
+      grid[k][c] = Action('F', t, k)
+  for c, cells in enumerate(clock_cycles.GPipeBackwardClockCycles(kk, tt)):
+    for t, k in cells:
+      grid[k][span + c] = Action('B', t, k)
+  slots = {(k, t): t for k in range(kk) for t in range(tt)}
+  return Schedule(grid, tt, kk, name='gpipe', slots=slots)
+
+
+def OneFOneB(num_devices: int, num_micro_batches: int,
+             num_stages_per_device: int = 1) -> Schedule:
+  """1F1B (PipeDream-flush), loss inside: `clock_cycles.OneFOneBCell`.
+
+  Device k keeps min(K - k, T) inputs, micro-batch m in slot m mod that (as
+  pipeline_1f1b's engine indexes them).
+
+    K=2, T=3:  tick  0   1   2   3   4   5   6   7
+               dev 0 0F0 0F1         0B0 0F2 0B1     0B2
+               dev 1     1F0 1B0 1F1 1B1 1F2 1B2
+  """
+  kk, tt = num_devices, num_micro_batches
+  _OneStagePerDevice('1f1b', num_stages_per_device)
+  grid = [[None] * clock_cycles.OneFOneBNumClockTicks(kk, tt)
+          for _ in range(kk)]
+  for c, cells in enumerate(clock_cycles.OneFOneBClockCycles(kk, tt)):
+    for op, t, k in cells:
+      grid[k][c] = Action('F' if op == clock_cycles.FORWARD else 'B', t, k)
+  slots = {(k, t): t % clock_cycles.OneFOneBMaxInFlight(k, kk, tt)
+           for k in range(kk) for t in range(tt)}
+  return Schedule(grid, tt, kk, name='1f1b', slots=slots)
+
+
+def Interleaved1F1B(num_devices: int, num_micro_batches: int,
+                    num_stages_per_device: int = 2) -> Schedule:
+  """Interleaved 1F1B: v stages per device, stage j K + k on device k.
+
+  Megatron-LM's order: device k runs w = min(2 (K - k - 1) + (v - 1) K, T v)
+  warm-up forwards, then alternates one forward and one backward, then the
+  remaining backwards. Its i-th forward is on its local stage
+  (i // K) mod v, micro-batch (i // (K v)) K + i mod K; the i-th backward
+  walks the local stages in reverse.
+
+    K=2, v=2, T=2:  stages 0, 2 on device 0; 1, 3 on device 1.
+  """
+  kk, tt, v = num_devices, num_micro_batches, num_stages_per_device
+  if v < 2:
+    raise ValueError(
+        f'interleaved_1f1b needs num_stages_per_device >= 2, got {v}; use 2, '
+        'or schedule="1f1b" for one stage per device')
+  if tt % kk:
+    raise ValueError(
+        f'interleaved_1f1b needs num_micro_batches a multiple of '
+        f'num_devices={kk}, got {tt}; use T={kk * (tt // kk + 1)}')
+  orders = []
+  for k in range(kk):
+    total = tt * v
+    warm = min(2 * (kk - k - 1) + (v - 1) * kk, total)
+
+    def Op(op: str, i: int, k=k) -> Action:
+      chunk = (i // kk) % v
+      if op == 'B':
+        chunk = v - 1 - chunk
+      return Action(op, (i // (kk * v)) * kk + i % kk, chunk * kk + k)
+
+    order = [Op('F', i) for i in range(warm)]
+    for i in range(total - warm):
+      order += [Op('F', warm + i), Op('B', i)]
+    order += [Op('B', i) for i in range(total - warm, total)]
+    orders.append(order)
+  return FromOrders(orders, tt, kk * v, name='interleaved_1f1b')
+
+
+def ZeroBubbleH1(num_devices: int, num_micro_batches: int,
+                 num_stages_per_device: int = 1) -> Schedule:
+  """ZB-H1: 1F1B with I and W split; device k delays each W by k steps.
+
+  Device k runs min(K - 1 - k, T) warm-up forwards, then per step one F
+  and one I (oldest first), adding the W of its oldest pending I once k
+  steps have passed; then the remaining I (with their W once due) and Ws.
+  At most K - k micro-batches are in flight, as in 1F1B.
+  """
+  kk, tt = num_devices, num_micro_batches
+  _OneStagePerDevice('zb_h1', num_stages_per_device)
+  orders = []
+  for k in range(kk):
+    warm = min(kk - 1 - k, tt)
+    order = [Action('F', m, k) for m in range(warm)]
+    done_i = done_w = 0
+    for step in range(warm, tt + warm):
+      if step < tt:
+        order.append(Action('F', step, k))
+      order.append(Action('I', done_i, k))
+      done_i += 1
+      if step - warm >= k:
+        order.append(Action('W', done_w, k))
+        done_w += 1
+    order += [Action('W', m, k) for m in range(done_w, tt)]
+    orders.append(order)
+  return FromOrders(orders, tt, kk, name='zb_h1')
+
+
+def ZeroBubbleV(num_devices: int, num_micro_batches: int,
+                num_stages_per_device: int = 2) -> Schedule:
+  """ZB-V: device k holds stages k and 2K-1-k (a V), I and W split.
+
+  Device k's order: 2 (K - k) - 1 forwards of its first stage; k pairs
+  (F of the second stage, F of the first); K - k triples (F, I, W) of the
+  second stage; then steady steps (F, I, W of the first stage, then of the
+  second) until all forwards ran; then k pairs of Is (first, second stage),
+  K - k (I, W) pairs of the first stage, and the remaining Ws.
+  """
+  kk, tt, v = num_devices, num_micro_batches, num_stages_per_device
+  if v != 2:
+    raise ValueError(
+        f'zb_v holds exactly 2 stages per device, got num_stages_per_device='
+        f'{v}; use 2')
+  if tt < 2 * kk - 1:
+    raise ValueError(
+        f'zb_v needs num_micro_batches >= 2K-1 = {2 * kk - 1} at K={kk}, got '
+        f'{tt}; use T >= {2 * kk - 1} or schedule="zb_h1"')
+  orders = []
+  for k in range(kk):
+    s0, s1 = k, 2 * kk - 1 - k
+    n: Dict[str, int] = {}
+    order: List[Action] = []
+
+    def Add(op: str, stage: int, order=order, n=n) -> None:
+      key = f'{op}{stage}'
+      order.append(Action(op, n.get(key, 0), stage))
+      n[key] = n.get(key, 0) + 1
+
+    for _ in range(2 * (kk - k) - 1):
+      Add('F', s0)
+    for _ in range(k):
+      Add('F', s1)
+      Add('F', s0)
+    for _ in range(kk - k):
+      Add('F', s1)
+      Add('I', s1)
+      Add('W', s1)
+    while n.get(f'F{s1}', 0) < n.get(f'F{s0}', 0) or n[f'F{s0}'] < tt:
+      if n[f'F{s0}'] < tt:
+        Add('F', s0)
+      Add('I', s0)
+      Add('W', s0)
+      Add('F', s1)
+      Add('I', s1)
+      Add('W', s1)
+    for _ in range(k):
+      Add('I', s0)
+      Add('I', s1)
+    for _ in range(kk - k):
+      Add('I', s0)
+      Add('W', s0)
+    for stage in (s1, s0):
+      while n.get(f'W{stage}', 0) < tt:
+        Add('W', stage)
+    orders.append(order)
+  return FromOrders(orders, tt, 2 * kk, name='zb_v')
+
+
+BUILDERS: Dict[str, Builder] = {
+    'gpipe': GPipe,
+    '1f1b': OneFOneB,
+    'interleaved_1f1b': Interleaved1F1B,
+    'zb_h1': ZeroBubbleH1,
+    'zb_v': ZeroBubbleV,
+}
