@@ -229,7 +229,7 @@ class Schedule:
           _Fail(self, d, c, f'{a}: micro-batch {m} of stage {s} already ran '
                 f'{other} on tick {done[other]}',
                 'use either one B or one I and one W per micro-batch')
-        for need in _Needs(a, ss):
+        for need in Needs(a, ss):
           got = [done.get(n) for n in need]
           if all(g is None for g in got):
             names = ' or '.join(str(n) for n in need)
@@ -369,8 +369,12 @@ class Schedule:
                       name=self.name, slots=self.slots)
 
 
-def _Needs(a: Action, num_stages: int) -> List[Tuple[Action, ...]]:
-  """What `a` needs on earlier ticks: a list of alternatives (any one)."""
+def Needs(a: Action, num_stages: int) -> List[Tuple[Action, ...]]:
+  """What `a` needs on earlier ticks (the tick rule; the simulator's edges).
+
+  A list of alternatives: each entry is satisfied by any one of its actions
+  (the input gradient of (m, s + 1) comes from its B or its I).
+  """
   m, s = a.micro_batch, a.stage
   if a.op == 'F':
     return [(Action('F', m, s - 1),)] if s > 0 else []
@@ -426,7 +430,7 @@ def FromOrders(orders: Sequence[Sequence[Action]],
     for d, o in enumerate(orders):
       a = o[pos[d]] if pos[d] < len(o) else None
       if a is not None and all(any(done.get(n, tick) < tick for n in need)
-                               for need in _Needs(a, ss)):
+                               for need in Needs(a, ss)):
         ran.append(a)
         grid[d].append(a)
         pos[d] += 1

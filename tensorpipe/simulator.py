@@ -40,6 +40,13 @@ max(f, r + b) where GPipe's ticks last f or r + b: 1F1B in lock step is only
 as fast as GPipe when f = r + b. The 1F1B loop (pipeline_1f1b.py) therefore
 runs two ticks in flight (`ticks_in_flight=2`).
 
+Any schedule table (`schedules.Build`, a torch CSV) runs through the same
+cell builder (`_TableCells`, which `Simulate` uses for GPipe and 1F1B too):
+`SimulateSchedule(table, f_s, b_s)` with costs per (virtual) stage, I and W
+cells for the zero-bubble tables (t_W = b / 2 unless given), as dataflow
+by default. At t_F = t_I = t_W it gives issue 22's ideals over 1F1B (K=2,
+T=4: interleaved v=2 0.900, ZB-H1 0.900, ZB-V 0.850).
+
 Memory: `SimResult.max_in_flight[k]` is the most micro-batches partition k
 holds (forward started, backward not finished): T for GPipe, min(K - k, T)
 for 1F1B. `ActivationPeak` turns it into bytes.
@@ -71,6 +78,7 @@ class SimCell:
   start: float
   end: float
   recompute: float = 0.0   # the part of [start, end] spent recomputing
+  stage: int = -1          # the (virtual) stage; k is its device
 
 
 @dataclasses.dataclass
@@ -100,6 +108,7 @@ class SimResult:
   cells: List[SimCell]
   schedule: str = 'gpipe'
   max_in_flight: List[int] = dataclasses.field(default_factory=list)
+  max_stash: List[int] = dataclasses.field(default_factory=list)
 
 
 def _CheckCosts(name: str, costs: Sequence[float]) -> List[float]:
@@ -255,94 +264,166 @@ def Simulate(forward_costs: Sequence[float], backward_costs: Sequence[float],
   rc = [fk if recompute else 0.0 for fk in f]
   run = dict(tick_overhead=tick_overhead, synchronous=synchronous_ticks,
              num_cores=cores, ticks_in_flight=ticks_in_flight)
-  if schedule == '1f1b':
-    cells = _OneFOneBCells(f, b, rc, tt, run)
-  else:
-    cells = _GPipeCells(f, b, rc, tt, run)
+  table = schedules.Build(schedule, kk, tt)
+  cells = _TableCells(table, {'F': f, 'B': [r + x for r, x in zip(rc, b)]},
+                      rc, run, loss_outside=schedule == 'gpipe')
+  return _Result(cells, kk, fixed_overhead, schedule)
+
+
+def _Result(cells: List[SimCell], num_devices: int, fixed_overhead: float,
+            schedule: str) -> SimResult:
+  """The SimResult of simulated cells."""
   cells.sort(key=lambda c: (c.start, c.k))
   fwd_end = max(c.end for c in cells if c.phase == 'forward')
   bwd_end = max(c.end for c in cells)
-  busy = [0.0] * kk
+  busy = [0.0] * num_devices
   for c in cells:
     busy[c.k] += c.end - c.start
   span = bwd_end
-  bubble = (sum(1.0 - bk / span for bk in busy) / kk) if span > 0 else 0.0
+  bubble = (sum(1.0 - bk / span for bk in busy) / num_devices
+            if span > 0 else 0.0)
   return SimResult(step_time=bwd_end + fixed_overhead, forward_time=fwd_end,
                    backward_time=bwd_end - fwd_end, busy=busy,
                    bubble_fraction=bubble, cells=cells, schedule=schedule,
-                   max_in_flight=_MaxInFlight(cells, kk))
+                   max_in_flight=_MaxInFlight(cells, num_devices),
+                   max_stash=_MaxInFlight(cells, num_devices,
+                                          ('input_grad', 'weight_grad')))
 
 
-def _BackwardCell(t, k, start, end, recompute_cost, cost) -> SimCell:
-  share = recompute_cost / cost if cost else 0.0
-  return SimCell('backward', t, k, start, end,
-                 recompute=(end - start) * share)
+def SimulateSchedule(table: schedules.Schedule,
+                     forward_costs: Sequence[float],
+                     backward_costs: Sequence[float], recompute: bool = True,
+                     weight_grad_costs: Optional[Sequence[float]] = None,
+                     loss_outside: Optional[bool] = None,
+                     tick_overhead: float = 0.0, fixed_overhead: float = 0.0,
+                     synchronous_ticks: bool = False,
+                     num_cores: Optional[float] = None,
+                     ticks_in_flight: int = 1) -> SimResult:
+  """Simulates one step of any schedule table (`schedules.Build`, a CSV).
+
+  Costs are per stage (the table's S = K v stages). A B cell costs
+  r_s + b_s (r_s = f_s with recompute, else 0); with the I/W split an I
+  cell costs r_s + (b_s - w_s) and a W cell w_s, where w_s defaults to
+  b_s / 2 (the stated assumption t_I = t_W). Cells run as dataflow by
+  default (each waits for its inputs and the cell before it on its device);
+  `synchronous_ticks` adds the loop's barrier, as in `Simulate`.
+
+  Args:
+    table: the schedule.
+    forward_costs: f_s per stage.
+    backward_costs: b_s per stage, the full backward without recompute.
+    recompute: whether B and I cells first recompute the stage's forward.
+    weight_grad_costs: w_s per stage (default b_s / 2).
+    loss_outside: the loss follows the whole forward pass (GPipe); default:
+      True for a table named 'gpipe'.
+    tick_overhead, fixed_overhead, num_cores, ticks_in_flight: as for
+      `Simulate` (num_cores defaults to one per device).
+
+  Returns:
+    A SimResult; `max_in_flight` counts each device's boundary inputs held
+    (over all its stages), `max_stash` its I-to-W pairs held.
+
+  Raises:
+    ValueError: cost lists whose length is not the table's number of
+      stages, or negative costs.
+  """
+  ss = table.num_stages
+  f = _CheckCosts('forward_costs', forward_costs)
+  b = _CheckCosts('backward_costs', backward_costs)
+  w = ([x / 2 for x in b] if weight_grad_costs is None else
+       _CheckCosts('weight_grad_costs', weight_grad_costs))
+  for name, costs in (('forward_costs', f), ('backward_costs', b),
+                      ('weight_grad_costs', w)):
+    if len(costs) != ss:
+      raise ValueError(f'{name} has {len(costs)} entries but schedule '
+                       f'{table.name!r} has {ss} stages; give one per stage')
+  rc = [x if recompute else 0.0 for x in f]
+  cost = {'F': f, 'B': [r + x for r, x in zip(rc, b)],
+          'I': [r + x - y for r, x, y in zip(rc, b, w)], 'W': w}
+  run = dict(tick_overhead=tick_overhead, synchronous=synchronous_ticks,
+             num_cores=float(num_cores or table.num_devices),
+             ticks_in_flight=ticks_in_flight)
+  if loss_outside is None:
+    loss_outside = table.name == 'gpipe'
+  cells = _TableCells(table, cost, rc, run, loss_outside)
+  return _Result(cells, table.num_devices, fixed_overhead, table.name)
 
 
-def _GPipeCells(f, b, rc, tt, run) -> List[SimCell]:
-  """GPipe: the forward pass, then the backward pass after all of it."""
-  kk = len(f)
-  fwd_ticks = list(schedules.GPipeClockCycles(kk, tt))
-  bwd_ticks = list(schedules.GPipeBackwardClockCycles(kk, tt))
-  fwd_cost = {(t, k): f[k] for t in range(tt) for k in range(kk)}
-  bwd_cost = {(t, k): rc[k] + b[k] for t in range(tt) for k in range(kk)}
-
-  def FwdDeps(t, k):
-    return [c for c in ((t, k - 1), (t - 1, k)) if c[0] >= 0 and c[1] >= 0]
-
-  def BwdDeps(t, k):
-    return [c for c in ((t, k + 1), (t + 1, k)) if c[0] < tt and c[1] < kk]
-
-  fwd = _RunPhase(fwd_ticks, fwd_cost, FwdDeps, t0=0.0, **run)
-  fwd_end = max(e for _, e in fwd.values())
-  bwd = _RunPhase(bwd_ticks, bwd_cost, BwdDeps, t0=fwd_end, **run)
-  cells = [SimCell('forward', t, k, s, e) for (t, k), (s, e) in fwd.items()]
-  cells += [_BackwardCell(t, k, s, e, rc[k], bwd_cost[(t, k)])
-            for (t, k), (s, e) in bwd.items()]
-  return cells
+_PHASES = {'F': 'forward', 'B': 'backward', 'I': 'input_grad',
+           'W': 'weight_grad'}
 
 
-def _OneFOneBCells(f, b, rc, tt, run) -> List[SimCell]:
-  """1F1B: one clock; each device runs its cells in the schedule's order."""
-  kk = len(f)
-  ticks = list(schedules.OneFOneBClockCycles(kk, tt))
-  fwd_op, bwd_op = schedules.FORWARD, schedules.BACKWARD
-  cost = {}
-  before = {}                       # cell -> the previous cell on its device
-  last_on = [None] * kk
+def _TableCells(table: schedules.Schedule, cost: Dict[str, List[float]],
+                recompute_cost: List[float], run, loss_outside: bool
+                ) -> List[SimCell]:
+  """Simulates any schedule table: one cell builder for every schedule.
+
+  Each action waits for what it needs (`schedules.Needs`) and for the
+  action before it on its device; `run['synchronous']` adds the loop's
+  tick barrier. With `loss_outside` (GPipe: the loss follows the whole
+  forward pass) the ticks up to the first backward run as one pass and the
+  rest as a second pass that starts when the first has ended.
+
+  Args:
+    table: the schedule.
+    cost: op ('F', 'B', 'I', 'W') -> per stage, the cell's work (B and I
+      include the recompute).
+    recompute_cost: per stage, the part of a B or I cell that recomputes.
+    run: _RunPhase's keyword arguments.
+    loss_outside: see above.
+  """
+  ticks = [[(a.op, a.micro_batch, a.stage, d)
+            for d, a in enumerate(col) if a is not None]
+           for col in zip(*table.grid)]
+  cell_of = {schedules.Action(*cell[:3]): cell for cells in ticks
+             for cell in cells}
+  before, last_on = {}, {}
   for cells in ticks:
     for cell in cells:
-      op, _, k = cell
-      cost[cell] = f[k] if op == fwd_op else rc[k] + b[k]
-      before[cell] = last_on[k]
-      last_on[k] = cell
+      before[cell] = last_on.get(cell[-1])
+      last_on[cell[-1]] = cell
+  split = len(ticks)
+  if loss_outside:
+    split = next((c for c, cells in enumerate(ticks)
+                  if any(cell[0] != 'F' for cell in cells)), len(ticks))
+  out, t0 = [], 0.0
+  for phase in (ticks[:split], ticks[split:]):
+    if not any(phase):
+      continue
+    here = {cell for cells in phase for cell in cells}
 
-  def Deps(op, t, k):
-    if op == fwd_op:
-      data = (fwd_op, t, k - 1) if k > 0 else None
-    else:
-      data = (bwd_op, t, k + 1) if k < kk - 1 else (fwd_op, t, k)
-    return [c for c in (data, before[(op, t, k)]) if c is not None]
+    def Deps(*cell, here=here):
+      deps = [before[cell]]
+      for need in schedules.Needs(schedules.Action(*cell[:3]),
+                                  table.num_stages):
+        deps += [cell_of.get(a) for a in need]
+      return [d for d in deps if d in here]
 
-  done = _RunPhase(ticks, cost, Deps, t0=0.0, **run)
-  out = []
-  for (op, t, k), (s, e) in done.items():
-    if op == fwd_op:
-      out.append(SimCell('forward', t, k, s, e))
-    else:
-      out.append(_BackwardCell(t, k, s, e, rc[k], cost[(op, t, k)]))
+    done = _RunPhase(phase, {c: cost[c[0]][c[2]] for c in here}, Deps,
+                     t0=t0, **run)
+    t0 = max(e for _, e in done.values())
+    for (op, m, stage, k), (start, end) in done.items():
+      work = cost[op][stage]
+      share = recompute_cost[stage] / work if op in 'BI' and work else 0.0
+      out.append(SimCell(_PHASES[op], m, k, start, end,
+                         recompute=(end - start) * share, stage=stage))
   return out
 
 
-def _MaxInFlight(cells: Sequence[SimCell], num_partitions: int) -> List[int]:
+def _MaxInFlight(cells: Sequence[SimCell], num_partitions: int,
+                 phases=('forward', 'backward')) -> List[int]:
   """Per device, the most micro-batches whose forward has started and whose
-  backward has not ended (a cell ending frees before one starting at the
-  same time takes)."""
+  backward (B or I) has not ended (a cell ending frees before one starting
+  at the same time takes); with phases ('input_grad', 'weight_grad'), the
+  I-to-W stash: from an I's end to its W's end."""
+  first, last = phases
+  ends = ('backward', 'input_grad') if last == 'backward' else (last,)
   peak = []
   for k in range(num_partitions):
     events = sorted(
-        [(c.start, 1) for c in cells if c.k == k and c.phase == 'forward'] +
-        [(c.end, -1) for c in cells if c.k == k and c.phase == 'backward'])
+        [(c.start if first == 'forward' else c.end, 1) for c in cells
+         if c.k == k and c.phase == first] +
+        [(c.end, -1) for c in cells if c.k == k and c.phase in ends])
     held = top = 0
     for _, delta in events:
       held += delta
