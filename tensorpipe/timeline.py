@@ -21,11 +21,12 @@ built, so instrumentation costs nothing when off. The pipeline builds all of
 it through one object, a `Probe`, whose methods build nothing when recording
 is off. Timestamps are wall-clock seconds (float64); cells whose tick was a
 bubble carry -1 and are dropped. A row's tick is turned into its micro-batch
-by the schedule's index functions (`schedules.py`), as in the loops.
+by the schedule's table (`schedules.Build`; one decoder, `TableEvents`, for
+every schedule).
 
 The 1F1B schedule runs forward and backward cells on one clock: its loop
 hands each partition's [2 (T + K - 1), 3] log to `Probe.Add('1f1b', ...)`,
-and row c is decoded with `schedules.OneFOneBCell(c, k, K, T)`: a forward
+and row c is decoded from the `1f1b` table (`schedules.OneFOneBCell`): a forward
 row is (start, -, end); a backward row is (start, mid, end), recompute then
 backward, or (start, -1, end) when the cell recomputed nothing; a
 [ticks, 2] log (start, end) is read the same way without a recompute split.
@@ -122,22 +123,11 @@ class Recorder:
       if e.direction == '1f1b':
         events.extend(OneFOneBEvents(rows, e.k, kk, tt))
         continue
-      for c, row in enumerate(rows):
-        if row[0] < 0:
-          continue
-        # Row c is tick c of its loop; the schedule says which t ran there.
-        if e.direction == 'forward':
-          t = schedules.GPipeForwardMicroBatch(c, e.k, kk, tt)
-          spans = [('forward', row[0], row[1])]
-        elif len(row) == 3:
-          t = schedules.GPipeBackwardMicroBatch(c, e.k, kk, tt)
-          spans = [('recompute', row[0], row[1]),
-                   ('backward', row[1], row[2])]
-        else:
-          t = schedules.GPipeBackwardMicroBatch(c, e.k, kk, tt)
-          spans = [('backward', row[0], row[1])]
-        events.extend(Event(phase, e.k, t, float(start), float(end), c)
-                      for phase, start, end in spans)
+      # GPipe's loops log its table's forward ticks, then its backward ticks.
+      span = schedules.NumClockTicks(kk, tt)
+      events.extend(TableEvents(
+          rows, schedules.Build('gpipe', kk, tt), e.k,
+          first=0 if e.direction == 'forward' else span, ticks=span))
     events.sort(key=lambda ev: (ev.start, ev.k))
     return events
 
@@ -166,29 +156,50 @@ def OneFOneBEvents(rows: Any, k: int, num_partitions: int,
       has another number of rows than the schedule has ticks (a log of
       another schedule or of another K, T).
   """
-  ticks = schedules.OneFOneBNumClockTicks(num_partitions, num_micro_batches)
+  return TableEvents(rows, schedules.Build('1f1b', num_partitions,
+                                           num_micro_batches), k)
+
+
+def TableEvents(rows: Any, table: 'schedules.Schedule', k: int,
+                first: int = 0, ticks: Optional[int] = None) -> List[Event]:
+  """Decodes device k's log of table ticks [first, first + ticks).
+
+  The one event decoder: row c ran `table.grid[k][first + c]`. A forward
+  (F) row is (start, -, end); a B or I row is (start, mid, end), recompute
+  then backward, or (start, -1, end) / a 2-column row without a recompute
+  split; a W row is one 'backward' span. Rows whose first stamp is < 0 did
+  not run (idle ticks). Events carry the row's index as `tick`.
+
+  Raises:
+    ValueError: a row ran on a tick where the table idles, or the log has
+      another number of rows than the ticks it covers (a log of another
+      schedule or of another K, T).
+  """
+  ticks = table.num_ticks - first if ticks is None else ticks
+  kk, tt = table.num_devices, table.num_micro_batches
   if len(rows) != ticks:
     raise ValueError(
-        f'1F1B log of partition {k} has {len(rows)} rows, but K='
-        f'{num_partitions}, T={num_micro_batches} has {ticks} ticks; record '
-        'one row per tick of schedules.OneFOneBNumClockTicks(K, T)')
+        f'{table.name} log of partition {k} has {len(rows)} rows, but K={kk}, '
+        f'T={tt} has {ticks} ticks; record one row per tick of its loop')
   events = []
   for c, row in enumerate(rows):
     if row[0] < 0:
       continue
-    op, t = schedules.OneFOneBCell(c, k, num_partitions, num_micro_batches)
-    start, end = float(row[0]), float(row[-1])
-    if op == schedules.FORWARD:
-      spans = [('forward', start, end)]
-    elif op == schedules.BACKWARD:
-      mid = float(row[1]) if len(row) == 3 else -1.0
-      spans = ([('recompute', start, mid), ('backward', mid, end)]
-               if mid >= 0 else [('backward', start, end)])
-    else:
-      raise ValueError(f'1F1B log of partition {k} has a cell on tick {c}, '
-                       'where the schedule idles; record -1 there '
+    action = table.grid[k][first + c]
+    if action is None:
+      raise ValueError(f'{table.name} log of partition {k} has a cell on '
+                       f'tick {c}, where the schedule idles; record -1 there '
                        '(Probe.Missing)')
-    events.extend(Event(phase, k, t, s, e, c) for phase, s, e in spans)
+    start, end = float(row[0]), float(row[-1])
+    mid = float(row[1]) if len(row) == 3 and action.op in 'BI' else -1.0
+    if action.op == 'F':
+      spans = [('forward', start, end)]
+    elif mid >= 0:
+      spans = [('recompute', start, mid), ('backward', mid, end)]
+    else:
+      spans = [('backward', start, end)]
+    events.extend(Event(phase, k, action.micro_batch, s, e, c)
+                  for phase, s, e in spans)
   return events
 
 
