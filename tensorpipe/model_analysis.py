@@ -382,6 +382,11 @@ def _Bytes(n: float) -> str:
 # -- analysis ------------------------------------------------------------------
 
 
+# The table and byte formats, for other reports (schedule_plan).
+FormatTable = _Table
+FormatBytes = _Bytes
+
+
 def _LayerMetas(layer_params_list, shapes):
   metas = []
   for i, p in enumerate(layer_params_list):

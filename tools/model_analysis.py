@@ -38,6 +38,7 @@ from models import consistency_cnn
 from models import resnet
 from models import transformer
 from tensorpipe import model_analysis
+from tensorpipe import schedule_plan
 
 MODELS = ('transformer', 'transformer_lm', 'paper_transformers',
           'amoebanet_d', 'amoebanet_b', 'resnet50', 'resnet101', 'resnet152',
@@ -120,6 +121,11 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     flag_values=fv)
   flags.DEFINE_bool('recompute', True, 'Plan: the backward recomputes the '
                     'forward (TensorPipeLayer default).', flag_values=fv)
+  flags.DEFINE_list('schedules', [], "Schedules to predict side by side "
+                    "(step, bubble, activation peak): 'all', or names from "
+                    'tensorpipe.schedules.Names() (interleaved_1f1b and zb_v '
+                    'with 2 stages per device); uses --recompute and '
+                    '--device_tflops.', flag_values=fv)
 
 
 def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
@@ -236,6 +242,12 @@ def Run(fv: flags.FlagValues) -> str:
       param_dtype=fv.param_dtype, activation_dtype=fv.activation_dtype,
       method=fv.partition_method, grad_sum_mode=fv.grad_sum)
   text = title + '\n' + report.ToText(max_layer_rows=fv.max_layer_rows or None)
+  if fv.schedules:
+    rows = schedule_plan.CompareSchedules(
+        report, _Schedules(fv.schedules), recompute=fv.recompute,
+        device_flops=fv.device_tflops * 1e12)
+    text += '\n\n' + schedule_plan.CompareText(
+        rows, fv.num_partitions, fv.num_micro_batches, fv.recompute)
   if fv.num_replicas:
     replicas = _PositiveInts('num_replicas', fv.num_replicas)
     assumptions = model_analysis.ScaleOutAssumptions(
@@ -246,6 +258,18 @@ def Run(fv: flags.FlagValues) -> str:
     plan = model_analysis.PlanScaleOut(report, replicas, assumptions)
     text += '\n\n' + plan.ToText()
   return text
+
+
+def _Schedules(names: List[str]) -> List[Tuple[str, int]]:
+  """--schedules as (name, stages per device) pairs."""
+  if names == ['all']:
+    return list(schedule_plan.ALL)
+  known = dict(schedule_plan.ALL)
+  bad = [n for n in names if n not in known]
+  if bad:
+    raise ValueError(f'--schedules={",".join(names)}: {bad[0]!r} is not one '
+                     f'of {sorted(known)}; use all or a comma-separated list')
+  return [(n, known[n]) for n in names]
 
 
 def _PositiveInts(name: str, values: List[str]) -> List[int]:
