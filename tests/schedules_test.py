@@ -273,7 +273,7 @@ class OneFOneBClockCyclesTest(unittest.TestCase):
   F, B = schedules.FORWARD, schedules.BACKWARD
 
   def testThreePartitionsFourMicroBatches(self):
-    # The diagram in schedules.py.
+    # The diagram in clock_cycles.py (re-exported by schedules).
     self.assertEqual(_OpTable(3, 4), [
         # 0  1  2  3  4  5  6  7  8  9  10 11
         'F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3',  # k=0
