@@ -31,17 +31,6 @@ from tensorpipe.clock_cycles import (
 
 # -- Schedules as data ------------------------------------------------------
 #
-# A `Schedule` is a table: for each device and tick, the action that device
-# runs on that tick, or None (idle). An action is (op, micro-batch, stage):
-# op F (forward), B (full backward), I (input gradient only) or W (weight
-# gradient only), and stage a virtual stage index (device k may hold several
-# stages: round-robin for interleaved 1F1B, a V for ZB-V). The table is the
-# one definition a schedule has: its builder writes it, `Validate` checks it,
-# and `ToCsv` / `FromCsv` exchange it with torch.distributed.pipelining's
-# compute-only per-rank CSV (`0F0`, `1I3`, `2W1`; empty cells idle). Builders
-# live in `schedule_builders.py` and are looked up by name (`Build`);
-# `Register` adds one.
-#
 # Tick rule (what `Validate` checks): an action may use only what actions on
 # strictly earlier ticks produced, on any device. F(m, s) needs F(m, s - 1);
 # B(m, s) and I(m, s) need F(m, s) and the input gradient of (m, s + 1) (its
@@ -49,11 +38,11 @@ from tensorpipe.clock_cycles import (
 # I(m, s). Every F(m, s) runs once, and every (m, s) has one B or one I and
 # one W. A stage runs on one device.
 #
-# Example: 1F1B, K=2 devices, T=3 micro-batches (Grid()):
+# Example: 1F1B, K=2 devices, T=3 micro-batches (`Grid()`):
 #
-#   tick   0    1    2    3    4    5    6    7
-#   dev 0  0F0  0F1            0B0  0F2  0B1       0B2
-#   dev 1       1F0  1B0  1F1  1B1  1F2  1B2
+#   tick    0   1   2   3   4   5   6   7
+#   dev 0   0F0 0F1 .   0B0 0F2 0B1 .   0B2
+#   dev 1   .   1F0 1B0 1F1 1B1 1F2 1B2 .
 
 OPS = ('F', 'B', 'I', 'W')
 # torch.distributed.pipelining's communication and overlap actions, which
@@ -169,10 +158,6 @@ class Schedule:
     """Maps each stage that appears in the table to its device."""
     return {a.stage: d for d, row in enumerate(self.grid)
             for a in row if a is not None}
-
-  def Rows(self) -> List[str]:
-    """One string per device: its cells' text, '.' where idle."""
-    return [' '.join(str(a) if a else '.' for a in r) for r in self.grid]
 
   def Orders(self) -> List[List[Action]]:
     """Per device, its actions in tick order (idle ticks dropped)."""
