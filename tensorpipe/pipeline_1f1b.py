@@ -680,6 +680,12 @@ SCHEDULES = ('gpipe', '1f1b')
 
 def CheckScheduleParams(p) -> None:
   """ValueError for a TensorPipeLayer `schedule` its settings cannot run."""
+  if p.schedule not in SCHEDULES and p.schedule in schedules.Names():
+    raise ValueError(
+        f'TensorPipeLayer {p.name!r}: schedule={p.schedule!r} is a schedule '
+        'table (schedules.Build) that TensorPipeLayer does not run yet; use '
+        "schedule='gpipe' or '1f1b' (tools/model_analysis --schedules=all "
+        'predicts the others)')
   if p.schedule not in SCHEDULES:
     raise ValueError(f'TensorPipeLayer {p.name!r}: schedule={p.schedule!r} '
                      f'is not one of {SCHEDULES}; use schedule=\'gpipe\' '

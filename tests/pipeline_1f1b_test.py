@@ -542,6 +542,13 @@ class BadInputTest(tf.test.TestCase):
                                 r"one of \('gpipe', '1f1b'\)"):
       self._Pipe(schedule='pipedream')
 
+  def testTableOnlyScheduleRaises(self):
+    with self.assertRaisesRegex(ValueError, r"schedule='zb_v' is a schedule "
+                                r'table \(schedules.Build\) that '
+                                r"TensorPipeLayer does not run yet; use "
+                                r"schedule='gpipe' or '1f1b'"):
+      self._Pipe(schedule='zb_v')
+
   def testTfRecomputeGradImplRaises(self):
     with self.assertRaisesRegex(ValueError, "recompute_impl="
                                 "'tf_recompute_grad' does not apply"):
