@@ -343,14 +343,16 @@ def CopyReplicaZero(variables_per_replica: Sequence[Sequence[tf.Variable]]
 def GlobalMetrics(metrics: Dict[str, Any]) -> Dict[str, Any]:
   """All-reduces (value, weight) metric pairs into global weighted means.
 
-  With one replica the pairs are returned unchanged (no rounding).
+  With one replica the pairs are returned unchanged (no rounding). Sums are
+  float32, float64 for a float64 value (py_utils.AccumulationDtype).
   """
   if NumReplicasInSync() == 1:
     return dict(metrics)
   names = sorted(metrics)
-  pairs = [(tf.cast(metrics[k][0], tf.float32) * tf.cast(metrics[k][1],
-                                                         tf.float32),
-            tf.cast(metrics[k][1], tf.float32)) for k in names]
+  dtypes = [py_utils.AccumulationDtype(tf.convert_to_tensor(
+      metrics[k][0]).dtype) for k in names]
+  pairs = [(tf.cast(metrics[k][0], d) * tf.cast(metrics[k][1], d),
+            tf.cast(metrics[k][1], d)) for k, d in zip(names, dtypes)]
   pairs = AllReduceSum(pairs)
   return {k: (s / tf.maximum(w, 1e-30), w) for k, (s, w) in zip(names, pairs)}
 
@@ -426,13 +428,14 @@ def TrainStep(topology: Topology, tasks: Sequence[Any],
     with tf.GradientTape() as tape:
       with py_utils.ReplicaExampleOffset(n):
         out = task.FPropDefaultTheta(rows)
-      weight = tf.cast(out.metrics.loss[1], tf.float32)
+      # In the loss's dtype: float64 in a float64 model.
+      weight = tf.cast(out.metrics.loss[1], out.loss.dtype)
       if stop is None:
         total_weight = AllReduceSum(weight)
       else:
         # One [2] tensor made in the replica (a captured input has no
         # device for the collective); the weight's sum is unchanged.
-        both = AllReduceSum(tf.stack([weight, tf.cast(stop, tf.float32)]))
+        both = AllReduceSum(tf.stack([weight, tf.cast(stop, weight.dtype)]))
         total_weight, votes = both[0], both[1]
       # R = 1: weight / total_weight == 1.0 exactly.
       objective = out.loss * (weight / total_weight)

@@ -40,11 +40,13 @@ Usage:
   probabilities = serve(image=images)['probabilities']
 """
 
+import dataclasses
 import json
 import os
 import shutil
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import (Any, Callable, Dict, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 import tensorflow as tf
 
@@ -59,6 +61,10 @@ from tensorpipe import tasks
 from tensorpipe.layers import composite
 
 SIGNATURE_KEY = 'serving_default'
+# The signature taking raw uint8 images (image experiments): the eval
+# preprocessing is in the graph. Not the default, so that float32 clients of
+# serving_default keep working.
+RAW_SIGNATURE_KEY = 'serving_raw'
 # Written next to the SavedModel's own files (SavedModel's folder for files
 # that TensorFlow does not read): what was exported from where.
 INFO_FILE = os.path.join('assets.extra', 'tensorpipe_export.json')
@@ -248,6 +254,56 @@ def ServingFunction(model: base_layer.BaseLayer,
   return concrete
 
 
+@dataclasses.dataclass(frozen=True)
+class RawImages:
+  """A second signature, RAW_SIGNATURE_KEY, that takes raw images.
+
+  Attributes:
+    input_name: the signature's input name (the model's, e.g. 'image').
+    example_shape: [height, width, channels] of one raw image.
+    preprocess: uint8 [b, height, width, channels] -> the model's input
+      (the experiment's eval preprocessing, e.g. ImageTfdsInput.
+      ServingPreprocess).
+  """
+  input_name: str
+  example_shape: Tuple[int, int, int]
+  preprocess: Callable[[tf.Tensor], tf.Tensor]
+
+
+def CheckedRequest(x: tf.Tensor, example_shape: Sequence[int],
+                   name: str) -> tf.Tensor:
+  """x, after a graph-time check of its rank and shape [b, *example_shape].
+
+  A request of another rank or shape ends in InvalidArgumentError naming
+  the expected shape, before any kernel sees it (a convolution given the
+  wrong rank can abort the process under oneDNN). Give `x` a spec of
+  unknown rank, or the check is decided (and folded away) when tracing.
+  """
+  want = [int(d) for d in example_shape]
+  shape = tf.shape(x, out_type=tf.int64)
+  rank_ok = tf.equal(tf.size(shape), len(want) + 1)
+  padded = tf.concat([shape, tf.zeros([len(want) + 1], tf.int64)], 0)
+  dims_ok = tf.reduce_all(tf.equal(padded[1:len(want) + 1], want))
+  check = tf.debugging.Assert(
+      tf.logical_and(rank_ok, dims_ok),
+      [f'request {name} must have shape [batch, {", ".join(map(str, want))}]'
+       f' ({x.dtype.name}); got shape', shape], summarize=8)
+  with tf.control_dependencies([check]):
+    x = tf.identity(x)
+  return tf.reshape(x, [-1] + want)
+
+
+def _RawFunction(default: tf.types.experimental.ConcreteFunction,
+                 raw: RawImages) -> tf.types.experimental.ConcreteFunction:
+  """RAW_SIGNATURE_KEY's function: check, preprocess, serving_default."""
+
+  def ServeRaw(images):
+    x = CheckedRequest(images, raw.example_shape, raw.input_name)
+    return default(**{raw.input_name: raw.preprocess(x)})
+  return tf.function(ServeRaw, autograph=False).get_concrete_function(
+      tf.TensorSpec(None, tf.uint8, name=raw.input_name))
+
+
 def ExportModel(model: base_layer.BaseLayer, export_dir: str,
                 input_specs: Dict[str, tf.TensorSpec],
                 pipelined: bool = False, device: Optional[str] = None,
@@ -255,8 +311,12 @@ def ExportModel(model: base_layer.BaseLayer, export_dir: str,
                 outputs: OutputsFn = ClassifierOutputs,
                 overwrite: bool = False,
                 info: Optional[Dict[str, Any]] = None,
-                extra_files: Optional[Dict[str, str]] = None) -> str:
+                extra_files: Optional[Dict[str, str]] = None,
+                raw: Optional[RawImages] = None) -> str:
   """Writes `model` as a SavedModel with a `serving_default` signature.
+
+  With `raw`, a second signature RAW_SIGNATURE_KEY takes uint8 images of
+  any rank (checked in the graph) and applies `raw.preprocess` first.
 
   The SavedModel is written to a temporary folder next to export_dir and
   moved into place when complete, so export_dir never holds half an export.
@@ -269,6 +329,7 @@ def ExportModel(model: base_layer.BaseLayer, export_dir: str,
     overwrite: replace what export_dir holds.
     info: more JSON-serialisable facts for assets.extra/ (e.g. the run).
     extra_files: {relative path: text} also written (e.g. params.txt).
+    raw: the raw-image signature to add, if any.
 
   Returns:
     export_dir.
@@ -290,12 +351,19 @@ def ExportModel(model: base_layer.BaseLayer, export_dir: str,
                      f'{os.getpid()}')
   shutil.rmtree(tmp, ignore_errors=True)
   try:
-    tf.saved_model.save(root, tmp, signatures={SIGNATURE_KEY: concrete})
+    signatures = {SIGNATURE_KEY: concrete}
+    if raw is not None:
+      signatures[RAW_SIGNATURE_KEY] = _RawFunction(concrete, raw)
+    tf.saved_model.save(root, tmp, signatures=signatures)
     facts = dict(
         signature=SIGNATURE_KEY,
         inputs={n: dict(shape=s.shape.as_list(), dtype=s.dtype.name)
                 for n, s in input_specs.items()},
         outputs=sorted(concrete.structured_outputs),
+        signatures=sorted(signatures),
+        raw_inputs=({raw.input_name: dict(
+            shape=[None] + list(raw.example_shape), dtype='uint8')}
+                    if raw is not None else None),
         mode='pipelined' if pipelined else 'one_device',
         devices=list(model.devices) if pipelined else [device],
         serving_batch_size=serving_batch_size if pipelined else None,
@@ -469,6 +537,19 @@ def TaskInputSpecs(task: base_layer.BaseLayer) -> Dict[str, tf.TensorSpec]:
   return {p.input_key: tf.TensorSpec(shape, tf.float32)}
 
 
+def RawSignature(run_params: hyperparams.Params,
+                 input_specs: Dict[str, tf.TensorSpec]
+                 ) -> Optional[RawImages]:
+  """The raw-image signature of a run whose eval input can preprocess one
+  (image experiments: `ServingPreprocess`), else None."""
+  eval_input = run_params.eval_input.Instantiate()
+  preprocess = getattr(eval_input, 'ServingPreprocess', None)
+  if preprocess is None or len(input_specs) != 1:
+    return None
+  (name,) = input_specs
+  return RawImages(name, tuple(eval_input.RawImageShape()), preprocess)
+
+
 class ExportResult(NamedTuple):
   export_dir: str
   checkpoint: str            # the checkpoint path restored
@@ -493,7 +574,8 @@ def ExportRun(experiment_params: hyperparams.Params, model_key: str,
               num_partitions: Optional[int] = None,
               serving_batch_size: Optional[int] = None,
               overwrite: bool = False,
-              log_fn: Callable[[str], None] = print) -> ExportResult:
+              log_fn: Callable[[str], None] = print,
+              raw_images: bool = True) -> ExportResult:
   """Exports the newest intact checkpoint of a trainer's run.
 
   Every check that needs no TensorFlow comes first: the export folder, the
@@ -511,6 +593,8 @@ def ExportRun(experiment_params: hyperparams.Params, model_key: str,
       run's input.batch_size).
     overwrite: replace a non-empty export_dir.
     log_fn: progress and warnings (e.g. damaged checkpoints skipped).
+    raw_images: for an image experiment, also write RAW_SIGNATURE_KEY,
+      taking uint8 images and applying the eval input's preprocessing.
 
   Returns:
     ExportResult.
@@ -558,6 +642,7 @@ def ExportRun(experiment_params: hyperparams.Params, model_key: str,
   if path is None:  # removed since the check above
     _CheckpointsOf(logdir, log_fn)
   input_specs = TaskInputSpecs(task)
+  raw = RawSignature(p, input_specs) if raw_images else None
   with open(os.path.join(logdir, logdir_lib.PARAMS_FILE)) as f:
     params_text = f.read()
   info = dict(model=model_key, logdir=os.path.abspath(logdir),
@@ -565,7 +650,7 @@ def ExportRun(experiment_params: hyperparams.Params, model_key: str,
   ExportModel(task.children.model, export_dir, input_specs,
               pipelined=pipelined, device=device,
               serving_batch_size=serving_batch_size, overwrite=overwrite,
-              info=info, extra_files={PARAMS_COPY: params_text})
+              info=info, extra_files={PARAMS_COPY: params_text}, raw=raw)
   mode = 'pipelined' if pipelined else 'one_device'
   log_fn(f'exported {path} (step {int(step.numpy())}) of {model_key} to '
          f'{export_dir} ({mode}; inputs '

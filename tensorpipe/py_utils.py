@@ -488,6 +488,16 @@ class BatchStats:
     return mean, variance
 
 
+def AccumulationDtype(dtype: Any) -> tf.DType:
+  """The dtype of statistics, losses and regularisers of `dtype` values.
+
+  float64 for a float64 model, so that its oracle tests check that
+  arithmetic too; float32 otherwise (bfloat16 and float16 models keep
+  float32 statistics; a float32 model computes exactly as before).
+  """
+  return tf.float64 if tf.as_dtype(dtype) == tf.float64 else tf.float32
+
+
 def AddBatchStats(layer: Any, stats: BatchStats) -> None:
   """Reports a layer's batch statistics for its moving-average update.
 

@@ -124,15 +124,18 @@ class BaseTask(base_layer.BaseLayer):
     self.CreateChild('model', p.model)
 
   def RegularizationLoss(self) -> tf.Tensor:
-    """train.l2_regularizer_weight * sum(w^2) / 2 over regularised weights."""
+    """train.l2_regularizer_weight * sum(w^2) / 2 over regularised weights.
+
+    float64 when every regularised weight is float64, else float32.
+    """
     tp = self.params.train
-    if not tp.l2_regularizer_weight:
-      return tf.constant(0.0, tf.float32)
-    terms = [tf.nn.l2_loss(tf.cast(v, tf.float32))
-             for v in self.trainable_variables
-             if tp.l2_regularize_all or v.shape.rank >= 2]
-    if not terms:
-      return tf.constant(0.0, tf.float32)
+    regularised = [v for v in self.trainable_variables
+                   if tp.l2_regularize_all or v.shape.rank >= 2]
+    dtype = (tf.float64 if regularised and all(
+        v.dtype == tf.float64 for v in regularised) else tf.float32)
+    if not tp.l2_regularizer_weight or not regularised:
+      return tf.constant(0.0, dtype)
+    terms = [tf.nn.l2_loss(tf.cast(v, dtype)) for v in regularised]
     return tp.l2_regularizer_weight * tf.add_n(terms)
 
   def ComputeLoss(self, batch: NestedMap) -> NestedMap:
@@ -278,12 +281,14 @@ class ClassificationTask(BaseTask):
       logits, aux = out['logits'], out.get('aux_logits')
     else:
       logits = out
-    logits = tf.cast(logits, tf.float32)
+    # float32 (float64 for a float64 model), as are n and the weights.
+    logits = tf.cast(logits, py_utils.AccumulationDtype(logits.dtype))
     labels = batch.label
-    n = tf.cast(tf.shape(logits)[0], tf.float32)
+    n = tf.cast(tf.shape(logits)[0], logits.dtype)
     if weights is None:
       mean = tf.reduce_mean
     else:  # padded eval batch: means over the weighted (real) rows
+      weights = tf.cast(weights, logits.dtype)
       n = tf.reduce_sum(weights)
       mean = lambda x: tf.reduce_sum(x * weights) / tf.maximum(n, 1.0)
     xent = mean(losses.SoftmaxCrossEntropyLoss(
@@ -297,7 +302,8 @@ class ClassificationTask(BaseTask):
                                        per_example=True)), n))
     if aux is not None:
       aux_xent = mean(losses.SoftmaxCrossEntropyLoss(
-          tf.cast(aux, tf.float32), labels, p.label_smoothing, p.num_classes))
+          tf.cast(aux, logits.dtype), labels, p.label_smoothing,
+          p.num_classes))
       loss += p.aux_loss_weight * aux_xent
       metrics.aux_loss = (aux_xent, n)
     return NestedMap(loss=loss, metrics=metrics, logits=logits)
@@ -308,8 +314,8 @@ class ClassificationTask(BaseTask):
 
     def LossSums(out, labels):
       logits = out['logits'] if isinstance(out, dict) else out
-      logits = tf.cast(logits, tf.float32)
-      m = tf.cast(tf.shape(logits)[0], tf.float32)
+      logits = tf.cast(logits, py_utils.AccumulationDtype(logits.dtype))
+      m = tf.cast(tf.shape(logits)[0], logits.dtype)
       xent = tf.reduce_sum(losses.SoftmaxCrossEntropyLoss(
           logits, labels, p.label_smoothing, p.num_classes))
       metrics = NestedMap(
@@ -320,7 +326,7 @@ class ClassificationTask(BaseTask):
       loss = xent
       if isinstance(out, dict) and out.get('aux_logits') is not None:
         aux_xent = tf.reduce_sum(losses.SoftmaxCrossEntropyLoss(
-            tf.cast(out['aux_logits'], tf.float32), labels,
+            tf.cast(out['aux_logits'], logits.dtype), labels,
             p.label_smoothing, p.num_classes))
         loss += p.aux_loss_weight * aux_xent
         metrics.aux_loss = (aux_xent, m)

@@ -27,9 +27,6 @@ SMOOTHING = 0.1
 # Weight decay: train.l2_regularizer_weight of the replicated task; the
 # oracle adds L2 * sum(w^2) / 2 over the weight matrices itself.
 L2 = 1e-2
-# Relative tolerance of the regulariser's value: float32 rounding
-# (tasks.RegularizationLoss sums in float32).
-REG_RTOL = 1e-6
 
 
 def Layers():
@@ -103,13 +100,14 @@ class OracleModel:
     with py_utils.TrainingMode(True), py_utils.StepSeed(step):
       with tf.GradientTape() as tape:
         logits, collected = self._Forward(batch.image)
+        # float64 throughout, as the task's loss in a float64 model.
         loss = tf.reduce_mean(losses.SoftmaxCrossEntropyLoss(
-            tf.cast(logits, tf.float32), batch.label, SMOOTHING, CLASSES))
+            logits, batch.label, SMOOTHING, CLASSES))
         # The regulariser of the whole model, once (not once per replica);
         # weight matrices only (rank >= 2), as l2_regularize_all=False.
         reg = L2 * tf.add_n([0.5 * tf.reduce_sum(tf.square(v))
                              for v in self.variables if v.shape.rank >= 2])
-        total = tf.cast(loss, reg.dtype) + reg
+        total = loss + reg
     grads = tape.gradient(total, self.variables)
     merged = {}
     for layer, stats in collected:
@@ -178,17 +176,14 @@ class ReplicatedPipelineTest(tf.test.TestCase):
                                       msg=f'step {step}')
 
   def testRegulariserIsAddedOnceToTheLoss(self):
-    # The gradients and weights above include the regulariser at float64
-    # tolerance. tasks.RegularizationLoss sums sum(w^2) / 2 in float32 (of
-    # the float64 weights): its value is float32-rounded.
-    rtol = REG_RTOL
+    rtol = test_utils.DEFAULT_RTOL[tf.float64]
     for step, ((got, want_loss, _), want_reg) in enumerate(
         zip(self.history, self.regs)):
       self.assertGreater(float(want_reg), 1e-3 * float(want_loss))
       test_utils.AssertAllCloseScaled(self, got['l2_loss'], want_reg, rtol,
                                       msg=f'step {step}')
       test_utils.AssertAllCloseScaled(
-          self, got['total_loss'], tf.cast(want_loss, tf.float64) + want_reg,
+          self, got['total_loss'], want_loss + want_reg,
           rtol, msg=f'step {step}')
 
   def testGradientNormEqualsTheOracle(self):
@@ -203,13 +198,11 @@ class ReplicatedPipelineTest(tf.test.TestCase):
       got = ByPath(task)
       self.assertEqual(sorted(got), sorted(want))
       for path, var in got.items():
-        # Weights in float64. Batch norm's moving statistics (from all R x T
-        # micro-batches) are summed in float32 (normalization.py), the R
-        # replicas' sums added by the all-reduce instead of in micro-batch
-        # order: float32 rounding of a 16-term sum, ~16 eps32 = 2e-6.
-        rtol = (test_utils.DEFAULT_RTOL[tf.float64] if var.trainable
-                else 1e-5)
-        test_utils.AssertAllCloseScaled(self, var, want[path], rtol,
+        # Weights and batch norm's moving statistics, all float64 (the
+        # statistics of the R replicas added by the all-reduce instead of
+        # in micro-batch order: float64 rounding).
+        test_utils.AssertAllCloseScaled(self, var, want[path],
+                                        test_utils.DEFAULT_RTOL[tf.float64],
                                         msg=f'replica {r} {path}')
     for a, b in zip(*[list(ByPath(t).values()) for t in self.replicas]):
       self.assertAllEqual(a, b)

@@ -20,6 +20,8 @@ of the largest logit; 1e-5 of it is the bound asked for serving.
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -187,6 +189,50 @@ class ExportTest(tf.test.TestCase):
     # The run's params.txt (with the override) travels with the export.
     with open(os.path.join(export_dir, export.PARAMS_COPY)) as f:
       self.assertIn('task.model.layers[0].bn_tpl.epsilon : 0.5', f.read())
+
+  def testRawSignatureChecksTheRequestThenPreprocesses(self):
+    # serving_raw takes uint8 images of any rank: a wrong rank or shape
+    # gets an error naming the expected shape, with oneDNN on, and the
+    # serving process goes on to the next request.
+    export_dir = os.path.join(self.tmp, 'raw')
+    export.ExportModel(
+        self.trainer.task.children.model, export_dir,
+        {'image': tf.TensorSpec([None, 6, 6, 1], tf.float32)},
+        raw=export.RawImages('image', (6, 6, 1),
+                             lambda x: tf.cast(x, tf.float32) / 255.0 - 0.5))
+    raw = np.random.RandomState(5).randint(0, 256, (5, 6, 6, 1)).astype(
+        np.uint8)
+    requests = [{'image': raw}, {'image': raw[0]}, {'image': raw[:, :5]},
+                {'image': raw.astype(np.uint8)[:3]}]
+    onednn = os.environ.get('TF_ENABLE_ONEDNN_OPTS')
+    os.environ['TF_ENABLE_ONEDNN_OPTS'] = '1'
+    try:
+      loaded = export_testlib.RunInCleanProcess(
+          export_dir, requests, self.tmp, signature=export.RAW_SIGNATURE_KEY)
+    finally:
+      if onednn is None:
+        del os.environ['TF_ENABLE_ONEDNN_OPTS']
+      else:
+        os.environ['TF_ENABLE_ONEDNN_OPTS'] = onednn
+    self.assertEqual(loaded.inputs, {'image': [None, 'uint8']})
+    self.assertEqual(sorted(loaded.errors), [1, 2])
+    for i, shape in ((1, '[6 6 1]'), (2, '[5 5 6 1]')):
+      self.assertIn('request image must have shape [batch, 6, 6, 1] '
+                    '(uint8); got shape', loaded.errors[i])
+      self.assertIn(shape, loaded.errors[i])
+    want = self._TrainerLogits(raw.astype(np.float32) / 255.0 - 0.5)
+    scale = max(test_utils.MaxAbs(want), 1.0)
+    test_utils.AssertAllCloseScaled(self, loaded.outputs[0]['logits'], want,
+                                    _RTOL, scale=scale)
+    test_utils.AssertAllCloseScaled(self, loaded.outputs[3]['logits'],
+                                    want[:3], _RTOL, scale=scale)
+    cli = os.path.join(os.path.dirname(sys.executable), 'saved_model_cli')
+    shown = subprocess.run(
+        [cli, 'show', '--dir', export_dir, '--tag_set', 'serve'],
+        capture_output=True, text=True, timeout=120, check=False)
+    self.assertEqual(shown.returncode, 0, shown.stderr[-2000:])
+    self.assertIn(export.RAW_SIGNATURE_KEY, shown.stdout)
+    self.assertIn('serving_default', shown.stdout)
 
   def testPipelinedExportServesTheTrainersEvalOutputs(self):
     # Chunks of 4 rows (T=2 micro-batches of 2): 5 rows are 2 chunks, 13 are

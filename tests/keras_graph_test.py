@@ -244,6 +244,30 @@ class GraphPipelineTest(tf.test.TestCase):
       for g, w in zip(pm(xs), want_eval):
         self.assertAllClose(g, w, rtol=RTOL, atol=1e-14)
 
+  def testNestedModelIsOneNodeKeptWhole(self):
+    inner_in = keras.Input((5,), dtype='float64')
+    inner = keras.Model(inner_in, keras.layers.Dense(
+        5, 'tanh', kernel_initializer=_Init(11), name='inner_fc',
+        dtype='float64')(inner_in), name='block')
+    x = keras.Input((5,), name='x', dtype='float64')
+    h = keras.layers.Dense(5, kernel_initializer=_Init(12), name='pre',
+                           dtype='float64')(x)
+    out = keras.layers.Dense(2, kernel_initializer=_Init(13), name='post',
+                             dtype='float64')(
+                                 keras.layers.Add(dtype='float64')(
+                                     [inner(h), x]))
+    model = keras.Model(x, out)
+    graph = keras_graph.ReadGraph(model.get_config())
+    self.assertIn('block', [n.layer for n in graph.nodes])
+    xs = _Inputs(BATCH, width=5, names=('x',))
+    for k in (1, 2, 3):
+      pm = keras_pipeline.TensorPipeModel(model, num_partitions=k,
+                                          num_micro_batches=T,
+                                          batch_size=BATCH)
+      self.assertAllClose(pm(xs[0]), model(xs[0]), rtol=RTOL, atol=1e-14)
+      paths = [v.name for v in pm.weights]
+      self.assertIn('block/inner_fc__kernel:0', paths)
+
   def testFrozenBatchNormKeepsItsStatisticsWhileTheOtherUpdates(self):
     model = _Rich()
     pm = keras_pipeline.TensorPipeModel(model, num_partitions=2,

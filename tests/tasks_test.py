@@ -100,6 +100,44 @@ class TasksTest(tf.test.TestCase):
     plain = task.FPropDefaultTheta(batch)
     self.assertAllClose(float(out.loss), float(plain.loss) + want, rtol=1e-5)
 
+  def testFloat64TaskComputesLossWeightsAndRegulariserInFloat64(self):
+    # Logits near 1e3 apart by ~1e-6: float32 rounding would show at 1e-8.
+    p = tasks.ClassificationTask.Params().Set(
+        name='task', num_classes=4, label_smoothing=0.2, aux_loss_weight=0.5,
+        model=_AuxModel.Params(), dtype=tf.float64)
+    p.train.l2_regularizer_weight = 0.1
+    task = p.Instantiate()
+    rng = np.random.RandomState(0)
+    x = 300.0 + rng.randn(6, 4) * 1e-3
+    labels = np.array([0, 1, 2, 3, 0, 1], np.int32)
+    weights = np.array([1, 1, 1, 1, 1, 0], np.float32)  # a padded last row
+    out = task.FPropDefaultTheta(NestedMap(
+        image=tf.constant(x), label=tf.constant(labels),
+        example_weight=tf.constant(weights)))
+    m = task.children.model
+    logits = x @ m.children.main.vars.w.numpy() + m.children.main.vars.b.numpy()
+    aux = x @ m.children.aux.vars.w.numpy() + m.children.aux.vars.b.numpy()
+    target = np.eye(4)[labels] * 0.8 + 0.05
+
+    def Xent(lg):
+      return float(np.sum(-(target * _LogSoftmax(lg)).sum(-1) * weights) / 5)
+    tol = test_utils.DEFAULT_RTOL[tf.float64]
+    self.assertEqual(out.loss.dtype, tf.float64)
+    self.assertEqual(out.logits.dtype, tf.float64)
+    self.assertAllClose(out.loss, Xent(logits) + 0.5 * Xent(aux), rtol=tol,
+                        atol=0)
+    self.assertEqual(float(out.metrics.loss[1]), 5.0)
+    reg = task.RegularizationLoss()
+    self.assertEqual(reg.dtype, tf.float64)
+    kernels = [v.numpy() for v in task.trainable_variables if v.shape.rank >= 2]
+    self.assertAllClose(reg, 0.1 * sum((k ** 2).sum() / 2 for k in kernels),
+                        rtol=tol, atol=0)
+    # A float32 task keeps float32 throughout.
+    p32 = p.Copy().Set(dtype=tf.float32)
+    out32 = p32.Instantiate().FPropDefaultTheta(NestedMap(
+        image=tf.constant(x, tf.float32), label=tf.constant(labels)))
+    self.assertEqual(out32.loss.dtype, tf.float32)
+
   def testSequenceTaskMasksPaddingAndReportsPerplexity(self):
     p = tasks.SequenceTask.Params().Set(name='task', vocab_size=5,
                                         model=_LogitsModel.Params())

@@ -16,6 +16,17 @@ batch size works. Load it anywhere with TensorFlow alone:
   serve = tf.saved_model.load(export_dir).signatures['serving_default']
   serve(image=images)['probabilities']
 
+Image experiments get a second signature, `serving_raw` (--raw_images,
+default on): it takes the raw uint8 images [batch, height, width, channels]
+and applies the experiment's eval preprocessing (scaling, normalisation) in
+the graph, so a client cannot send unnormalised pixels by mistake; a request
+of another rank or shape gets an InvalidArgumentError naming the expected
+shape. `serving_default` stays the float32 signature of the preprocessed
+images, for existing clients:
+
+  raw = tf.saved_model.load(export_dir).signatures['serving_raw']
+  raw(image=uint8_images)['probabilities']
+
 --devices: where the SavedModel runs.
   (unset) or 1     the layers chained on one device (first GPU, else CPU:0)
   /GPU:1           the same on that device
@@ -31,6 +42,9 @@ the fix (exit code 2): a logdir without params.txt or checkpoint, --model
 not the run's experiment, a checkpoint of another model, an export_dir that
 is not empty (pass --overwrite to replace it).
 """
+
+# First, before anything imports TensorFlow: its C++ log lines off (--tf_logs).
+from tools import console  # pylint: disable=g-bad-import-order
 
 import sys
 
@@ -56,6 +70,10 @@ flags.DEFINE_integer('serving_batch_size', None, 'Pipelined serving: rows per '
                      'pipeline call (a multiple of the micro-batch count); '
                      "default: the run's input.batch_size.")
 flags.DEFINE_bool('overwrite', False, 'Replace what --export_dir holds.')
+flags.DEFINE_bool('raw_images', True, "Image experiments: also write the "
+                  "'serving_raw' signature, which takes uint8 images [batch, "
+                  'height, width, channels] and applies the eval '
+                  'preprocessing in the graph.')
 
 
 class _UserError(Exception):
@@ -90,6 +108,7 @@ class _Placement:
 
 
 def _Main(argv):
+  console.QuietPythonLogs()
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   logging.set_verbosity(logging.INFO)
@@ -143,7 +162,8 @@ def _Export() -> None:
                      devices=placement.devices,
                      num_partitions=placement.num_partitions,
                      serving_batch_size=FLAGS.serving_batch_size,
-                     overwrite=FLAGS.overwrite, log_fn=logging.info)
+                     overwrite=FLAGS.overwrite, log_fn=logging.info,
+                     raw_images=FLAGS.raw_images)
   except setup_errors as e:
     raise _UserError(_OneLine(e)) from None
 

@@ -20,6 +20,9 @@ and the fix, without a traceback (as tools/trainer.py). Exit codes: 0 done;
 1 the run failed on the way (damaged input data, a NaN / Inf).
 """
 
+# First, before anything imports TensorFlow: its C++ log lines off (--tf_logs).
+from tools import console  # pylint: disable=g-bad-import-order
+
 import os
 import sys
 
@@ -165,6 +168,7 @@ def _Run(model, train, test) -> None:
 
 
 def _Main(argv):
+  console.QuietPythonLogs()
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   try:

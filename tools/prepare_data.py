@@ -60,6 +60,10 @@ def main(argv):
     start = time.time()
     if tfds_utils.IsPrepared(name, data_dir):
       logging.info('%s: already prepared in %s', name, data_dir)
+      if name == 'fashion_mnist' and fashion_mnist_builder.FixModuleName(
+          data_dir):
+        logging.info('fashion_mnist: dataset_info.json now names the stock '
+                     "builder's module")
     else:
       logging.info('%s: preparing into %s', name, data_dir)
       if name == 'fashion_mnist':

@@ -102,14 +102,16 @@ elif [ "$every_slow" = 1 ]; then
   failed=()
   for f in "${slow_files[@]}"; do
     echo "test: pytest -m slow $f"
+    start=$SECONDS
     run_pytest -q -m slow "$f"
+    echo "test: $f: $result ($((SECONDS - start))s)"
     [[ "$result" == PASS* ]] || failed+=("$f: $result")
   done
   if [ "${#failed[@]}" -eq 0 ]; then
     slow_result="PASS"
   else
-    slow_result="FAIL (${#failed[@]} of ${#slow_files[@]} files: $(
-      printf '%s; ' "${failed[@]}"))"
+    list="$(printf '%s; ' "${failed[@]}")"
+    slow_result="FAIL (${#failed[@]} of ${#slow_files[@]} files: ${list%; })"
   fi
 else
   echo "test: pytest -m slow (${#slow_files[@]} files)"

@@ -29,6 +29,9 @@ input data, a checkpoint that could not be written). The newest checkpoint is
 always finite and intact, so after fixing the cause the same command resumes.
 """
 
+# First, before anything imports TensorFlow: its C++ log lines off (--tf_logs).
+from tools import console  # pylint: disable=g-bad-import-order
+
 import atexit
 import os
 import sys
@@ -330,6 +333,7 @@ def _Run(trainer, stop: preemption.StopSignals) -> None:
 
 
 def _Main(argv):
+  console.QuietPythonLogs()
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   logging.set_verbosity(logging.INFO)

@@ -20,7 +20,7 @@ Fashion-MNIST is prepared offline from Debian's `dataset-fashion-mnist` by
 `bash tools/prepare_data.sh`.
 """
 
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import tensorflow as tf
 
@@ -191,6 +191,36 @@ class ImageTfdsInput(base_input.BaseInput):
   def _Dataset(self) -> tf.data.Dataset:
     ds = self._Read().map(self._Decode, num_parallel_calls=tf.data.AUTOTUNE)
     return self._Finish(ds, augment=self._Augment)
+
+  def RawImageShape(self) -> Tuple[int, int, int]:
+    """[height, width, channels] of the raw images a served model takes."""
+    p = self.params
+    return (p.image_size[0], p.image_size[1], len(p.mean))
+
+  def ServingPreprocess(self, images: tf.Tensor) -> tf.Tensor:
+    """The evaluation preprocessing of a batch of raw images.
+
+    Args:
+      images: uint8 [b, height, width, channels] (RawImageShape).
+
+    Returns:
+      float32 [b, *image_size, channels]: what this input's evaluation
+      batches hold for the same images (the serving graph's preprocessing).
+    """
+    p = self.params
+    eval_params = p.Copy().Set(split=self._EvalSplit())
+    evaluation = type(self)(eval_params) if self.is_training else self
+    shape = [p.image_size[0], p.image_size[1], len(p.mean)]
+
+    def One(image):
+      return evaluation._Augment(
+          {'image': image, 'label': tf.constant(0, tf.int32)},
+          tf.zeros([2], tf.int64))['image']
+    return tf.map_fn(One, images,
+                     fn_output_signature=tf.TensorSpec(shape, tf.float32))
+
+  def _EvalSplit(self) -> str:
+    return 'test' if self.is_training else self.params.split
 
 
 def _Preset(name: str, doc: str, **overrides):

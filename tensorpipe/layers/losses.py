@@ -5,6 +5,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import py_utils
 from tensorpipe.nested_map import NestedMap
 
 # Approximate FLOPs per logit: exp, sum, log, subtract, multiply-sum.
@@ -12,7 +13,7 @@ _SOFTMAX_FLOPS_PER_LOGIT = 5
 
 
 def _Targets(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-  """Labels as float32 target distributions shaped like logits."""
+  """Labels as target distributions shaped like logits, in their dtype."""
   num_classes = logits.shape[-1]
   if labels.dtype.is_integer:
     if labels.shape.rank is not None and logits.shape.rank is not None and (
@@ -21,18 +22,19 @@ def _Targets(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
                        f'{logits.shape.rank - 1} for logits of shape '
                        f'{logits.shape} ([..., num_classes])')
     depth = num_classes if num_classes is not None else tf.shape(logits)[-1]
-    return tf.one_hot(labels, depth, dtype=tf.float32)
+    return tf.one_hot(labels, depth, dtype=logits.dtype)
   if not labels.shape.is_compatible_with(logits.shape):
     raise ValueError(f'probability labels of shape {labels.shape} must have '
                      f'the shape of the logits {logits.shape}; or pass int '
                      'class ids')
-  return tf.cast(labels, tf.float32)
+  return tf.cast(labels, logits.dtype)
 
 
 def SoftmaxCrossEntropyLoss(logits: tf.Tensor, labels: tf.Tensor,
                             label_smoothing: float = 0.0,
                             num_classes: Optional[int] = None) -> tf.Tensor:
-  """Per-example softmax cross-entropy, computed in float32.
+  """Per-example softmax cross-entropy, computed in float32 (float64 for
+  float64 logits: py_utils.AccumulationDtype).
 
   With smoothing s and C classes the target is (1 - s) * labels + s / C.
 
@@ -44,7 +46,7 @@ def SoftmaxCrossEntropyLoss(logits: tf.Tensor, labels: tf.Tensor,
     num_classes: optional C, checked against the logits.
 
   Returns:
-    [batch, ...] float32 loss.
+    [batch, ...] float32 (or float64) loss.
 
   Raises:
     ValueError: on mismatched shapes or a bad label_smoothing.
@@ -56,10 +58,10 @@ def SoftmaxCrossEntropyLoss(logits: tf.Tensor, labels: tf.Tensor,
     raise ValueError(f'logits of shape {logits.shape} have '
                      f'{logits.shape[-1]} classes but num_classes='
                      f'{num_classes}')
-  logits = tf.cast(logits, tf.float32)
+  logits = tf.cast(logits, py_utils.AccumulationDtype(logits.dtype))
   targets = _Targets(logits, labels)
   if label_smoothing:
-    depth = tf.cast(tf.shape(logits)[-1], tf.float32)
+    depth = tf.cast(tf.shape(logits)[-1], logits.dtype)
     targets = targets * (1.0 - label_smoothing) + label_smoothing / depth
   return tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
 
@@ -79,16 +81,18 @@ def TopKAccuracy(logits: tf.Tensor, labels: tf.Tensor, k: int = 1,
     per_example: if True return [batch, ...] 0/1 values instead of the mean.
 
   Returns:
-    float32 scalar mean (or per-example values).
+    float32 (float64 for float64 logits) scalar mean (or per-example
+    values).
   """
   if not isinstance(k, int) or k <= 0:
     raise ValueError(f'k={k!r} must be a positive int')
   if not labels.dtype.is_integer:
     labels = tf.argmax(labels, axis=-1)
-  top = tf.math.top_k(tf.cast(logits, tf.float32), k=k).indices
+  dtype = py_utils.AccumulationDtype(logits.dtype)
+  top = tf.math.top_k(tf.cast(logits, dtype), k=k).indices
   hit = tf.reduce_any(
       tf.equal(top, tf.cast(labels, top.dtype)[..., tf.newaxis]), axis=-1)
-  hit = tf.cast(hit, tf.float32)
+  hit = tf.cast(hit, dtype)
   return hit if per_example else tf.reduce_mean(hit)
 
 

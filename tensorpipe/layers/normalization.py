@@ -72,7 +72,8 @@ class BatchNormLayer(base_layer.BaseLayer):
     y = (x - mean) / sqrt(var + epsilon) * gamma + beta
   FProp, eval: the same with moving_mean / moving_variance.
   Statistics and normalisation are computed in float32 (also for bfloat16
-  activations); the output is in fprop_dtype.
+  activations), in float64 for float64 activations
+  (py_utils.AccumulationDtype); the output is in fprop_dtype.
   """
 
   @classmethod
@@ -121,10 +122,11 @@ class BatchNormLayer(base_layer.BaseLayer):
     """
     p = self.params
     _CheckChannels('BatchNormLayer', p, x.shape)
-    x32 = tf.cast(x, tf.float32)
+    acc = py_utils.AccumulationDtype(x.dtype)
+    x32 = tf.cast(x, acc)
     # Read the moving statistics before a report below may update them.
-    moving_mean = tf.cast(theta.moving_mean, tf.float32)
-    moving_variance = tf.cast(theta.moving_variance, tf.float32)
+    moving_mean = tf.cast(theta.moving_mean, acc)
+    moving_variance = tf.cast(theta.moving_variance, acc)
     if py_utils.IsTraining(
         f'BatchNormLayer {self.path or self.layer_name!r}'):
       if not p.use_moving_avg_in_training:
@@ -134,9 +136,9 @@ class BatchNormLayer(base_layer.BaseLayer):
       axes = list(range(x.shape.rank - 1))
       mean, variance = tf.nn.moments(x32, axes)
       if x.shape.is_fully_defined():
-        count = tf.constant(x.shape.num_elements() // p.dim, tf.float32)
+        count = tf.constant(x.shape.num_elements() // p.dim, acc)
       else:
-        count = tf.cast(tf.size(x32, out_type=tf.int64) // p.dim, tf.float32)
+        count = tf.cast(tf.size(x32, out_type=tf.int64) // p.dim, acc)
       py_utils.AddBatchStats(self, py_utils.BatchStats(
           count=tf.stop_gradient(count),
           total=tf.stop_gradient(tf.reduce_sum(x32, axes)),
@@ -145,9 +147,8 @@ class BatchNormLayer(base_layer.BaseLayer):
         mean, variance = moving_mean, moving_variance
     else:
       mean, variance = moving_mean, moving_variance
-    scale = tf.cast(theta.gamma, tf.float32) * tf.math.rsqrt(
-        variance + p.epsilon)
-    y = (x32 - mean) * scale + tf.cast(theta.beta, tf.float32)
+    scale = tf.cast(theta.gamma, acc) * tf.math.rsqrt(variance + p.epsilon)
+    y = (x32 - mean) * scale + tf.cast(theta.beta, acc)
     return tf.cast(y, self.fprop_dtype)
 
   def UpdateMovingStats(self, stats: py_utils.BatchStats) -> None:
@@ -281,7 +282,7 @@ class LayerNormLayer(base_layer.BaseLayer):
     p = LayerNormLayer.Params().Set(name='ln', dim=512)
 
   y = (x - mean(x, -1)) / sqrt(var(x, -1) + epsilon) * scale + bias, computed
-  in float32 and returned in fprop_dtype.
+  in float32 (float64 for float64 inputs) and returned in fprop_dtype.
   """
 
   @classmethod
@@ -307,10 +308,11 @@ class LayerNormLayer(base_layer.BaseLayer):
     """Normalises x: [batch, ..., dim] -> [batch, ..., dim] in fprop_dtype."""
     p = self.params
     _CheckChannels('LayerNormLayer', p, x.shape)
-    x32 = tf.cast(x, tf.float32)
+    acc = py_utils.AccumulationDtype(x.dtype)
+    x32 = tf.cast(x, acc)
     mean, variance = tf.nn.moments(x32, [-1], keepdims=True)
     y = (x32 - mean) * tf.math.rsqrt(variance + p.epsilon)
-    y = y * tf.cast(theta.scale, tf.float32) + tf.cast(theta.bias, tf.float32)
+    y = y * tf.cast(theta.scale, acc) + tf.cast(theta.bias, acc)
     return tf.cast(y, self.fprop_dtype)
 
   @classmethod

@@ -24,6 +24,22 @@ class SoftmaxCrossEntropyLossTest(tf.test.TestCase):
     expected = -_LogSoftmax(logits.numpy())[np.arange(4), labels.numpy()]
     self.assertAllClose(expected, loss)
 
+  def testFloat64LogitsGiveAFloat64Loss(self):
+    # Logits 1e3 apart by ~1e-5: float32 would be off by ~1e-5 relative.
+    logits = 1000.0 + tf.random.stateless_normal([4, 5], [1, 0],
+                                                 dtype=tf.float64) * 1e-5
+    labels = tf.constant([2, 0, 1, 4])
+    s, c = 0.1, 5
+    loss = losses.SoftmaxCrossEntropyLoss(logits, labels, s, c)
+    self.assertEqual(loss.dtype, tf.float64)
+    target = np.eye(c)[labels.numpy()] * (1 - s) + s / c
+    expected = -(target * _LogSoftmax(logits.numpy())).sum(-1)
+    self.assertAllClose(loss, expected, rtol=1e-9, atol=1e-9)
+    self.assertEqual(
+        losses.SoftmaxCrossEntropyLoss(tf.cast(logits, tf.float32),
+                                       labels).dtype, tf.float32)
+    self.assertEqual(losses.TopKAccuracy(logits, labels).dtype, tf.float64)
+
   def testLabelSmoothingMatchesNumpyFormula(self):
     logits = _Logits()
     labels = np.array([2, 0, 1, 4])

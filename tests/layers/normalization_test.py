@@ -57,6 +57,40 @@ class BatchNormLayerTest(tf.test.TestCase):
     self.assertAllClose(np.zeros(3), layer.vars.moving_mean)
     self.assertAllClose(np.ones(3), layer.vars.moving_variance)
 
+  def testFloat64BatchNormComputesInFloat64(self):
+    # Values 1e4 with a spread of 1e-3: float32 statistics would lose it.
+    p = normalization.BatchNormLayer.Params().Set(name='bn', dim=3,
+                                                  dtype=tf.float64)
+    layer = p.Instantiate()
+    layer.vars.gamma.assign(np.linspace(0.5, 1.5, 3))
+    layer.vars.beta.assign(np.linspace(-1.0, 1.0, 3))
+    x = 1e4 + tf.random.stateless_normal([16, 3], [3, 4],
+                                         dtype=tf.float64) * 1e-3
+    with py_utils.TrainingMode(True), py_utils.CollectBatchStats() as got:
+      out = layer.FPropDefaultTheta(x)
+    xn = x.numpy()
+    expected = _NumpyNormalize(xn, xn.mean(0), xn.var(0),
+                               layer.vars.gamma.numpy(),
+                               layer.vars.beta.numpy(), 1e-3)
+    self.assertEqual(out.dtype, tf.float64)
+    self.assertAllClose(out, expected, rtol=1e-9, atol=1e-9)
+    stats = got[0][1]
+    self.assertEqual([t.dtype for t in stats.Flatten()], [tf.float64] * 3)
+    self.assertAllClose(stats.total, xn.sum(0), rtol=1e-14, atol=0)
+    # Eval: the moving statistics in float64.
+    layer.vars.moving_mean.assign(xn.mean(0))
+    layer.vars.moving_variance.assign(xn.var(0))
+    with py_utils.EvalMode():
+      self.assertAllClose(layer.FPropDefaultTheta(x), expected, rtol=1e-9,
+                          atol=1e-9)
+    ln = normalization.LayerNormLayer.Params().Set(
+        name='ln', dim=16, dtype=tf.float64).Instantiate()
+    xt = 5.0 + (xn.T - 1e4)  # ~5, spread 1e-3: float32 would err by ~1e-3
+    y = ln.FPropDefaultTheta(tf.constant(xt))
+    self.assertEqual(y.dtype, tf.float64)
+    self.assertAllClose(y, (xt - xt.mean(-1, keepdims=True)) / np.sqrt(
+        xt.var(-1, keepdims=True) + 1e-6), rtol=1e-7, atol=1e-7)
+
   def testStatisticsAreFloat32ForBfloat16Activations(self):
     layer = normalization.BatchNormLayer.Params().Set(
         name='bn', dim=3, fprop_dtype=tf.bfloat16).Instantiate()

@@ -8,8 +8,10 @@ cannot import tensorpipe loads each SavedModel with tf.saved_model.load.
 Its logits on those 256 images equal the trainer's eval-mode logits (the
 restored task's eval step, run here) within 1e-5 of the largest logit, its
 probabilities give the trainer's eval accuracy, and a 5-row request (not a
-multiple of T=8) gives the same rows. Bad input through the binary: one
-line `export: error: ...` each, exit code 2, no traceback.
+multiple of T=8) gives the same rows. The raw-image signature, fed the
+stored uint8 test images, gives the trainer's accuracy on the whole test
+split. Bad input through the binary: one line `export: error: ...` each,
+exit code 2, no traceback.
 """
 
 import json
@@ -125,6 +127,34 @@ class ExportSlowTest(tf.test.TestCase):
         info = json.load(f)
       self.assertEqual((info['model'], info['step']), (_MODEL, _STEPS))
       self.assertLen(info['devices'], 4 if flags else 1)
+
+  def testRawSignatureGivesTheTrainersAccuracyOnTheWholeTestSplit(self):
+    # serving_raw takes the TFDS test images as stored (uint8) and applies
+    # the eval preprocessing itself; over all 10,000 test images its
+    # accuracy is the trainer's evaluation of the same checkpoint.
+    self._Train()
+    export_dir = os.path.join(self.tmp, 'raw_one_device')
+    result = self._Export(export_dir)
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    p = model_registry.GetExperiment(_MODEL).ModelParams()
+    trainer_lib.ApplyOverrides(p, _OVERRIDES)
+    p.task.train.eval_steps = None  # the whole split
+    trainer = trainer_lib.Trainer(p, self.logdir, log_fn=lambda _: None)
+    metrics = trainer.Evaluate()
+    self.assertEqual(metrics['num_examples'], 10000)
+    raw = list(trainer.EvalInput()._Read().batch(500).as_numpy_iterator())  # pylint: disable=protected-access
+    labels = np.concatenate([b['label'] for b in raw])
+    loaded = export_testlib.RunInCleanProcess(
+        export_dir, [{'image': b['image']} for b in raw], self.tmp,
+        signature='serving_raw')
+    self.assertEqual(loaded.inputs, {'image': [None, 'uint8']})
+    self.assertEqual(loaded.errors, {})
+    predicted = np.concatenate([o['probabilities'].argmax(1)
+                                for o in loaded.outputs])
+    accuracy = np.mean(predicted == labels)
+    print(f'serving_raw accuracy {accuracy:.4f}, trainer '
+          f'{metrics["accuracy"]:.4f} (10,000 test images)')
+    self.assertLessEqual(abs(accuracy - metrics['accuracy']), 1e-4)
 
   def testBadInputEndsInOneLineEach(self):
     logdir = self._Train()

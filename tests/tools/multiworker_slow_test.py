@@ -58,7 +58,9 @@ class MultiWorkerTrainerTest(unittest.TestCase):
             timeout_s=_TIMEOUT_S),
         'r2_workers': tool_testlib.RunTool(
             'launch', '--num_workers=2', f'--timeout_s={_TIMEOUT_S - 20}',
-            '--', *_Flags(cls.logdirs['r2_workers'], 4),
+            # --tf_logs: TF's C++ lines shown, so that the check for
+            # coordination-service error lines below can fail.
+            '--', *_Flags(cls.logdirs['r2_workers'], 4), '--tf_logs',
             timeout_s=_TIMEOUT_S),
     }
 

@@ -222,6 +222,13 @@ class TrainerSlowTest(unittest.TestCase):
                    '--model_params_override='
                    'task.train.summary_interval_steps=2'])
     self.assertIn('step 4/4', result.stderr)
+    # A healthy run's console: the trainer's own lines only, no C++ lines
+    # of TensorFlow (E0000 cuInit on a machine without GPU, load notices)
+    # and no INFO lines of TFDS or TensorFlow (tools/console.py).
+    for line in result.stderr.splitlines():
+      self.assertNotRegex(line, r'^[IWE]0000 |absl::InitializeLog|'
+                          r'dataset_info\.py|reader\.py|functional_saver|'
+                          r'INFO:tensorflow', msg=result.stderr[-3000:])
     with open(os.path.join(logdir, 'eval_metrics.json')) as f:
       metrics = json.load(f)
     self.assertEqual(metrics['step'], 4)
