@@ -178,10 +178,12 @@ def ZeroBubbleV(num_devices: int, num_micro_batches: int,
     n: Dict[str, int] = {}
     order: List[Action] = []
 
-    def Add(op: str, stage: int, order=order, n=n) -> None:
-      key = f'{op}{stage}'
-      order.append(Action(op, n.get(key, 0), stage))
-      n[key] = n.get(key, 0) + 1
+    def Add(ops: str, stage: int, order=order, n=n) -> None:
+      """Appends each op of `ops` on `stage`, at its next micro-batch."""
+      for op in ops:
+        key = f'{op}{stage}'
+        order.append(Action(op, n.get(key, 0), stage))
+        n[key] = n.get(key, 0) + 1
 
     for _ in range(2 * (kk - k) - 1):
       Add('F', s0)
@@ -189,23 +191,17 @@ def ZeroBubbleV(num_devices: int, num_micro_batches: int,
       Add('F', s1)
       Add('F', s0)
     for _ in range(kk - k):
-      Add('F', s1)
-      Add('I', s1)
-      Add('W', s1)
+      Add('FIW', s1)
     while n.get(f'F{s1}', 0) < n.get(f'F{s0}', 0) or n[f'F{s0}'] < tt:
       if n[f'F{s0}'] < tt:
         Add('F', s0)
-      Add('I', s0)
-      Add('W', s0)
-      Add('F', s1)
-      Add('I', s1)
-      Add('W', s1)
+      Add('IW', s0)
+      Add('FIW', s1)
     for _ in range(k):
       Add('I', s0)
       Add('I', s1)
     for _ in range(kk - k):
-      Add('I', s0)
-      Add('W', s0)
+      Add('IW', s0)
     for stage in (s1, s0):
       while n.get(f'W{stage}', 0) < tt:
         Add('W', stage)
