@@ -327,7 +327,13 @@ def _NodeFlops(obj, args: Any, kwargs: Any) -> float:
   takes_training = isinstance(obj, keras.Layer) and 'training' in (
       keras_layer.CallArgs(obj))
 
-  def Call(*tensors):
+  # A plain tf.Graph with placeholders, not a traced tf.function: tracing
+  # initialises TensorFlow's devices, and experiments build their Params
+  # (this cost model included) before the trainer sets the devices up.
+  graph = tf.Graph()
+  with graph.as_default():
+    tensors = [tf.raw_ops.Placeholder(dtype=s.dtype, shape=s.shape)
+               for s in list(specs) + var_specs]
     xs, ws = tensors[:len(specs)], tensors[len(specs):]
     leaves = list(flat)
     for i, x in zip(positions, xs):
@@ -335,11 +341,9 @@ def _NodeFlops(obj, args: Any, kwargs: Any) -> float:
     a, kw = tf.nest.pack_sequence_as([args, kwargs], leaves)
     kw = dict(kw)
     if takes_training:
-      kw.setdefault('training', False)
+      kw['training'] = False
     with keras.StatelessScope(state_mapping=list(zip(variables, ws))):
-      return obj(*a, **kw)
-  graph = tf.function(Call, autograph=False).get_concrete_function(
-      *specs, *var_specs).graph
+      obj(*a, **kw)
   return flops_lib.CountFlops(graph)
 
 
