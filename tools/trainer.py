@@ -354,13 +354,18 @@ def _Main(argv):
     _LeaveLast(cluster, e.exit_code)
     return e.exit_code
   except run_errors as e:
-    hint = ''
     if trainer.topology.num_replicas > 1 and not isinstance(
         e, (FloatingPointError, OSError)) and 'DataFileError' not in type(
             e).__name__:
-      hint = ('; another worker failed or cannot be reached: relaunch every '
-              "worker to resume from the chief's newest checkpoint")
-    print(f'trainer: error: {type(e).__name__}: {_OneLine(e)}{hint}',
+      # The hint first; TF's message (a collective's graph trace) cut to
+      # its first line.
+      from tensorpipe import errors  # pylint: disable=g-import-not-at-top
+      print('trainer: error: another worker failed or cannot be reached: '
+            "relaunch every worker to resume from the chief's newest "
+            f'checkpoint ({type(e).__name__}: '
+            f'{errors.FirstLine(e, limit=200)})', file=sys.stderr)
+      return 1
+    print(f'trainer: error: {type(e).__name__}: {_OneLine(e)}',
           file=sys.stderr)
     return 1
   except setup_errors as e:
