@@ -308,10 +308,11 @@ _FLOPS_CACHE: Dict[str, float] = {}
 def _FlopsKey(entry: Dict[str, Any], args: Any, kwargs: Any) -> str:
   config = dict(entry.get('config') or {})
   config.pop('name', None)
-  spec = lambda t: [list(t.shape[1:]), str(t.dtype)]  # pylint: disable=g-long-lambda
-  leaves = tf.nest.map_structure(
-      lambda t: spec(t) if isinstance(t, keras.KerasTensor) else t,
-      [args, kwargs])
+  def Spec(t):
+    if isinstance(t, keras.KerasTensor):
+      return [list(t.shape[1:]), str(t.dtype)]
+    return t
+  leaves = tf.nest.map_structure(Spec, [args, kwargs])
   return json.dumps([entry.get('module'), entry.get('class_name'), config,
                      leaves], sort_keys=True, default=repr)
 
@@ -319,7 +320,8 @@ def _FlopsKey(entry: Dict[str, Any], args: Any, kwargs: Any) -> str:
 def _NodeFlops(obj, args: Any, kwargs: Any) -> float:
   """CountFlops of one inference call of `obj` on one example."""
   flat = tf.nest.flatten([args, kwargs])
-  positions = [i for i, t in enumerate(flat) if isinstance(t, keras.KerasTensor)]
+  positions = [i for i, t in enumerate(flat)
+               if isinstance(t, keras.KerasTensor)]
   specs = [tf.TensorSpec([1] + list(flat[i].shape[1:]), flat[i].dtype)
            for i in positions]
   variables = list(getattr(obj, 'weights', []))

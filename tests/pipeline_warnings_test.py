@@ -40,7 +40,8 @@ def _Pipe(partitions, **kwargs):
       name='pipe', partitions=partitions, **kwargs).Instantiate()
 
 
-class TrainingByDefaultWarningTest(tf.test.TestCase):
+class _FreshTrainingWarning(tf.test.TestCase):
+  """Each test starts as if no training-by-default warning was logged."""
 
   def setUp(self):
     super().setUp()
@@ -48,6 +49,9 @@ class TrainingByDefaultWarningTest(tf.test.TestCase):
                                 False)
     patcher.start()
     self.addCleanup(patcher.stop)
+
+
+class TrainingByDefaultWarningTest(_FreshTrainingWarning):
 
   def testFPropDefaultThetaWithoutModeBlockWarnsOnceNamingTheBlocks(self):
     pipe = _Pipe([[_Fc('a'), _Bn('bn')], [_Fc('b')]], num_micro_batches=2)
@@ -114,15 +118,8 @@ class OneExampleBatchNormWarningTest(tf.test.TestCase):
                 tf.random.stateless_normal([64, 4], [1, 2]))
 
 
-class KerasWarningTest(tf.test.TestCase):
+class KerasWarningTest(_FreshTrainingWarning):
   """The same two warnings for Keras layers (KerasLayer)."""
-
-  def setUp(self):
-    super().setUp()
-    patcher = mock.patch.object(py_utils, '_warned_training_by_default',
-                                False)
-    patcher.start()
-    self.addCleanup(patcher.stop)
 
   def _KerasBn(self):
     return keras_layer.KerasLayer.Params().Set(
