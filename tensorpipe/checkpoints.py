@@ -27,6 +27,7 @@ import collections
 import os
 import re
 import shutil
+import signal
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from google.protobuf import message as protobuf_message
@@ -360,3 +361,36 @@ def RestoreNewest(checkpoint: tf.train.Checkpoint, roots: Dict[str, tf.Module],
       f'no usable checkpoint in {ckpt_dir}: {"; ".join(problems)}. Move the '
       'damaged files away to start again from step 0, or restore them from '
       'a backup')
+
+
+# Test-only: SIGKILL the process in the save of this step, leaving what a
+# kill between the data file and the index leaves (see TestKillInSave).
+TEST_KILL_ENV = 'TENSORPIPE_TEST_KILL_DURING_SAVE'
+
+
+def TestKillInSave(path: str, previous: Optional[str]) -> None:
+  """Test-only fault injection, when TENSORPIPE_TEST_KILL_DURING_SAVE=<step>.
+
+  If `path` (just written by CheckpointManager.save) is the checkpoint of
+  that step: removes its index and takes it back out of the state file
+  (TensorFlow writes the data file, then the index, then the state file),
+  then SIGKILLs this process. What is left is what a kill between the data
+  file and the index leaves, at a point a test can choose: a resume must
+  skip the data file without index and restore `previous`.
+
+  Args:
+    path: the checkpoint prefix just saved, e.g. '.../ckpt-8'.
+    previous: the checkpoint before it (None: there was none).
+  """
+  want = os.environ.get(TEST_KILL_ENV)
+  if not want or CheckpointNumber(path) != int(want):
+    return
+  os.remove(path + '.index')
+  ckpt_dir = os.path.dirname(path)
+  _, listed, _ = _ReadState(ckpt_dir)
+  kept = sorted(n for n in listed if n != CheckpointNumber(path))
+  if previous is None or not kept:
+    os.remove(os.path.join(ckpt_dir, STATE_FILE))
+  else:
+    _WriteState(ckpt_dir, kept)
+  os.kill(os.getpid(), signal.SIGKILL)

@@ -308,10 +308,11 @@ _FLOPS_CACHE: Dict[str, float] = {}
 def _FlopsKey(entry: Dict[str, Any], args: Any, kwargs: Any) -> str:
   config = dict(entry.get('config') or {})
   config.pop('name', None)
-  spec = lambda t: [list(t.shape[1:]), str(t.dtype)]  # pylint: disable=g-long-lambda
-  leaves = tf.nest.map_structure(
-      lambda t: spec(t) if isinstance(t, keras.KerasTensor) else t,
-      [args, kwargs])
+  def Spec(t):
+    if isinstance(t, keras.KerasTensor):
+      return [list(t.shape[1:]), str(t.dtype)]
+    return t
+  leaves = tf.nest.map_structure(Spec, [args, kwargs])
   return json.dumps([entry.get('module'), entry.get('class_name'), config,
                      leaves], sort_keys=True, default=repr)
 
@@ -319,7 +320,8 @@ def _FlopsKey(entry: Dict[str, Any], args: Any, kwargs: Any) -> str:
 def _NodeFlops(obj, args: Any, kwargs: Any) -> float:
   """CountFlops of one inference call of `obj` on one example."""
   flat = tf.nest.flatten([args, kwargs])
-  positions = [i for i, t in enumerate(flat) if isinstance(t, keras.KerasTensor)]
+  positions = [i for i, t in enumerate(flat)
+               if isinstance(t, keras.KerasTensor)]
   specs = [tf.TensorSpec([1] + list(flat[i].shape[1:]), flat[i].dtype)
            for i in positions]
   variables = list(getattr(obj, 'weights', []))
@@ -327,7 +329,13 @@ def _NodeFlops(obj, args: Any, kwargs: Any) -> float:
   takes_training = isinstance(obj, keras.Layer) and 'training' in (
       keras_layer.CallArgs(obj))
 
-  def Call(*tensors):
+  # A plain tf.Graph with placeholders, not a traced tf.function: tracing
+  # initialises TensorFlow's devices, and experiments build their Params
+  # (this cost model included) before the trainer sets the devices up.
+  graph = tf.Graph()
+  with graph.as_default():
+    tensors = [tf.raw_ops.Placeholder(dtype=s.dtype, shape=s.shape)
+               for s in list(specs) + var_specs]
     xs, ws = tensors[:len(specs)], tensors[len(specs):]
     leaves = list(flat)
     for i, x in zip(positions, xs):
@@ -335,11 +343,9 @@ def _NodeFlops(obj, args: Any, kwargs: Any) -> float:
     a, kw = tf.nest.pack_sequence_as([args, kwargs], leaves)
     kw = dict(kw)
     if takes_training:
-      kw.setdefault('training', False)
+      kw['training'] = False
     with keras.StatelessScope(state_mapping=list(zip(variables, ws))):
-      return obj(*a, **kw)
-  graph = tf.function(Call, autograph=False).get_concrete_function(
-      *specs, *var_specs).graph
+      obj(*a, **kw)
   return flops_lib.CountFlops(graph)
 
 

@@ -359,7 +359,9 @@ class Trainer:
     """
     manager = self._Manager()
     try:
+      previous = self._latest
       self._latest = manager.save(checkpoint_number=self.global_step)
+      checkpoints.TestKillInSave(self._latest, previous)
       return self._latest
     except (tf.errors.OpError, OSError) as e:
       step = int(self.global_step.numpy())

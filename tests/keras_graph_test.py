@@ -8,6 +8,7 @@ micro-batch with its own statistics), in float64.
 import os
 import subprocess
 import sys
+import textwrap
 
 import keras
 import numpy as np
@@ -183,6 +184,33 @@ class GraphReadingTest(tf.test.TestCase):
       keras_pipeline.PipelineParams(_Chain(), 2, 2, partition_sizes=[4, 4])
     with self.assertRaisesRegex(ValueError, 'num_micro_batches=0'):
       keras_pipeline.TensorPipeModel(_Chain(), 2, 0)
+
+
+class ParamsBeforeDevicesTest(tf.test.TestCase):
+
+  def testParamsOfAFunctionalModelLeaveTensorFlowUninitialised(self):
+    # Experiments make their Params (cost model included) before the
+    # trainer creates its logical devices, which TF refuses once it runs.
+    script = textwrap.dedent("""
+        import tensorflow as tf
+        from models import keras_models
+        from tensorpipe import keras_pipeline
+        p = keras_pipeline.PipelineParams(
+            lambda: keras_models.FashionMnistResNet(4, 1), 4, 2,
+            batch_size=8)
+        assert len(p.partitions) == 4
+        cpu = tf.config.list_physical_devices('CPU')[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+        print('devices', len(tf.config.list_logical_devices('CPU')))
+        """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, '-c', script], cwd=root,
+                         env=dict(os.environ, PYTHONPATH=root),
+                         capture_output=True, text=True, timeout=300,
+                         check=False)
+    self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+    self.assertIn('devices 4', out.stdout)
 
 
 class GraphPipelineTest(tf.test.TestCase):

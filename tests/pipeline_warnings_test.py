@@ -20,6 +20,7 @@ import tensorpipe
 from tensorpipe import py_utils
 from tensorpipe import test_utils
 from tensorpipe.layers import dropout
+from tensorpipe.layers import keras_layer
 from tensorpipe.layers import linear
 from tensorpipe.layers import normalization
 
@@ -39,7 +40,8 @@ def _Pipe(partitions, **kwargs):
       name='pipe', partitions=partitions, **kwargs).Instantiate()
 
 
-class TrainingByDefaultWarningTest(tf.test.TestCase):
+class _FreshTrainingWarning(tf.test.TestCase):
+  """Each test starts as if no training-by-default warning was logged."""
 
   def setUp(self):
     super().setUp()
@@ -47,6 +49,9 @@ class TrainingByDefaultWarningTest(tf.test.TestCase):
                                 False)
     patcher.start()
     self.addCleanup(patcher.stop)
+
+
+class TrainingByDefaultWarningTest(_FreshTrainingWarning):
 
   def testFPropDefaultThetaWithoutModeBlockWarnsOnceNamingTheBlocks(self):
     pipe = _Pipe([[_Fc('a'), _Bn('bn')], [_Fc('b')]], num_micro_batches=2)
@@ -111,6 +116,33 @@ class OneExampleBatchNormWarningTest(tf.test.TestCase):
       _Pipe([[_Fc('a'), _Bn('bn')], [_Fc('b')]],
             num_micro_batches=2).FPropDefaultTheta(
                 tf.random.stateless_normal([64, 4], [1, 2]))
+
+
+class KerasWarningTest(_FreshTrainingWarning):
+  """The same two warnings for Keras layers (KerasLayer)."""
+
+  def _KerasBn(self):
+    return keras_layer.KerasLayer.Params().Set(
+        name='kbn', keras_factory='keras.layers.BatchNormalization',
+        input_shape=[4]).Instantiate()
+
+  def testKerasBatchNormTrainingByDefaultAndOnOneExampleWarn(self):
+    layer = self._KerasBn()
+    with self.assertLogs('absl', 'WARNING') as logs:
+      layer.FPropDefaultTheta(tf.ones([1, 4]))
+    text = '\n'.join(logs.output)
+    self.assertRegex(text, r"KerasLayer 'kbn' runs in training mode")
+    self.assertRegex(text, r"Keras BatchNormalization '.*' normalises each "
+                     r'channel over only 1 value.*LayerNormalization')
+
+  def testKerasLayerWithoutModeDependentSublayersDoesNotWarn(self):
+    dense = keras_layer.KerasLayer.Params().Set(
+        name='fc', keras_factory='keras.layers.Dense',
+        keras_kwargs={'units': 4}, input_shape=[4]).Instantiate()
+    with self.assertNoLogs('absl', 'WARNING'):
+      dense.FPropDefaultTheta(tf.ones([8, 4]))
+      with py_utils.TrainingMode(True):
+        self._KerasBn().FPropDefaultTheta(tf.ones([64, 4]))
 
 
 class SharedDeviceWarningTest(tf.test.TestCase):

@@ -18,7 +18,8 @@ Import this module first in a binary, before anything imports TensorFlow:
 On import, unless --tf_logs is given, it sets TF_CPP_MIN_LOG_LEVEL=3
 (TensorFlow's C++ logging off; TF reads it once, when it loads) where the
 user has not set it, and imports TensorFlow with the notices its libraries
-print while loading (which no log level silences) dropped from stderr. `QuietPythonLogs` (after absl parsed the flags) drops
+print while loading (which no log level silences) dropped from stderr.
+`QuietPythonLogs` (after absl parsed the flags) drops
 INFO lines of TensorFlow, Keras and TFDS, keeping their warnings and
 errors and every line of TensorPipe's own. Errors TensorFlow reports to
 Python (a failed op, a dead worker) still reach the user: the binaries print
@@ -38,8 +39,8 @@ flags.DEFINE_bool(_FLAG, False, "Show TensorFlow's C++ log lines and the INFO "
                   'warnings). TF_CPP_MIN_LOG_LEVEL, if set, is honoured.')
 
 # Modules whose INFO lines are dropped (by the path of the logging call).
-_QUIET_PATHS = (f'{os.sep}tensorflow{os.sep}', f'{os.sep}tensorflow_datasets{os.sep}',
-                f'{os.sep}keras{os.sep}', f'{os.sep}tf_keras{os.sep}')
+_QUIET_PATHS = tuple(f'{os.sep}{name}{os.sep}' for name in (
+    'tensorflow', 'tensorflow_datasets', 'keras', 'tf_keras'))
 
 
 def _AskedForLogs(argv) -> bool:
@@ -130,6 +131,20 @@ def QuietPythonLogs() -> None:
         handler.addFilter(_FILTER)
     if _FILTER not in logger.filters:
       logger.addFilter(_FILTER)
+
+
+def OneLine(e: BaseException) -> str:
+  """An error's message as one line, for a binary's `<tool>: error:` line.
+
+  An error raised while tracing a tf.function carries autograph's "in user
+  code:" frames in its message; its last line is the original message.
+  """
+  text = str(e).strip()
+  if text.startswith('in user code:'):
+    last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+    prefix = f'{type(e).__name__}: '
+    text = last[len(prefix):] if last.startswith(prefix) else last
+  return ' '.join(text.split()) or type(e).__name__
 
 
 ConfigureNativeLogs()

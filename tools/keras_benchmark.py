@@ -1,4 +1,4 @@
-"""Step time of keras.applications models pipelined through the Keras front door.
+"""Step time of keras.applications models through the Keras front door.
 
   python -m tools.keras_benchmark --models=MobileNetV2,ResNet50,DenseNet121 \
       --partitions=1,2,4 --steps=5

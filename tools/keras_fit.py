@@ -59,17 +59,6 @@ class _UserError(Exception):
   """A mistake in the flags or the setup: printed as one line, exit 2."""
 
 
-def _OneLine(e: BaseException) -> str:
-  """The error's message as one line (autograph's "in user code:" frames cut:
-  their last line is the original message)."""
-  text = str(e).strip()
-  if text.startswith('in user code:'):
-    last = [line.strip() for line in text.splitlines() if line.strip()][-1]
-    prefix = f'{type(e).__name__}: '
-    text = last[len(prefix):] if last.startswith(prefix) else last
-  return ' '.join(text.split()) or type(e).__name__
-
-
 def _CheckFlags() -> None:
   """Raises _UserError naming the first flag value that cannot run.
 
@@ -139,7 +128,7 @@ def _Setup():
     train = _Dataset('train', FLAGS.batch_size)
     test = _Dataset('test', FLAGS.batch_size)
   except (ValueError, TypeError, OSError) as e:
-    raise _UserError(f'{type(e).__name__}: {_OneLine(e)}') from None
+    raise _UserError(f'{type(e).__name__}: {console.OneLine(e)}') from None
   if FLAGS.eval_steps:
     test = test.take(FLAGS.eval_steps)
   return model, train, test
@@ -180,7 +169,7 @@ def _Main(argv):
   try:
     _Run(model, train, test)
   except (base_input.DataFileError, FloatingPointError) as e:
-    print(f'keras_fit: error: {type(e).__name__}: {_OneLine(e)}',
+    print(f'keras_fit: error: {type(e).__name__}: {console.OneLine(e)}',
           file=sys.stderr)
     return 1
   return 0

@@ -8,8 +8,10 @@
 #           broken BUILD file or py_binary fails here too;
 #       (b) pytest on the end-to-end tier $E2E_TESTS (a subset of the
 #           *_slow_test.py files): the trainer binary on real Fashion-MNIST
-#           (train, SIGKILL, resume to identical weights; K=1 vs K=4 losses)
-#           and the prepared real data sets.
+#           (train; SIGKILL, SIGTERM, a kill inside a checkpoint write, each
+#           resumed to identical weights; K=1 vs K=4 losses), 2 workers (a
+#           lone worker's bounded start-up error; a worker killed mid-run and
+#           the relaunch) and the prepared real data sets.
 #   bash tools/test.sh --slow
 #       (a), then every *_slow_test.py file, each in a pytest process of its
 #       own (also the big-model transparency checks, the experiments and the
@@ -28,6 +30,7 @@ PY=.venv/bin/python3
 # The end-to-end tier of the default run.
 E2E_TESTS=(tests/tools/trainer_slow_test.py
            tests/tools/multiworker_slow_test.py
+           tests/tools/multiworker_faults_slow_test.py
            tests/inputs/prepared_data_slow_test.py)
 
 usage="usage: bash tools/test.sh [--slow | --all [pytest args...]]"

@@ -88,20 +88,6 @@ class _UserError(Exception):
   """A mistake in the flags, overrides or setup: printed without traceback."""
 
 
-def _OneLine(e: BaseException) -> str:
-  """The error's message as one line.
-
-  An error raised while tracing a tf.function carries autograph's "in user
-  code:" frames in its message; its last line is the original message.
-  """
-  text = str(e).strip()
-  if text.startswith('in user code:'):
-    last = [line.strip() for line in text.splitlines() if line.strip()][-1]
-    prefix = f'{type(e).__name__}: '
-    text = last[len(prefix):] if last.startswith(prefix) else last
-  return ' '.join(text.split()) or type(e).__name__
-
-
 def _Errors():
   """(setup errors, run errors) printed as one line instead of a traceback."""
   # pylint: disable=g-import-not-at-top
@@ -230,7 +216,7 @@ def _Setup(stop: preemption.StopSignals):
     try:
       lock.Acquire()
     except (logdir_lib.LogdirLockedError, OSError) as e:
-      raise _UserError(f'{type(e).__name__}: {_OneLine(e)}') from None
+      raise _UserError(f'{type(e).__name__}: {console.OneLine(e)}') from None
     atexit.register(lock.Release)  # also when setup fails below
   num_partitions = _NumPartitions(p.task)
   local_replicas = 1 if cluster is not None else FLAGS.num_replicas
@@ -277,7 +263,7 @@ def _Setup(stop: preemption.StopSignals):
                         evaluate=FLAGS.mode != 'train')
   except setup_errors as e:
     lock.Release()
-    raise _UserError(f'{type(e).__name__}: {_OneLine(e)}') from None
+    raise _UserError(f'{type(e).__name__}: {console.OneLine(e)}') from None
   except tf.errors.OpError as e:
     # A worker that answered the peer wait but did not register with TF.
     lock.Release()
@@ -354,18 +340,23 @@ def _Main(argv):
     _LeaveLast(cluster, e.exit_code)
     return e.exit_code
   except run_errors as e:
-    hint = ''
     if trainer.topology.num_replicas > 1 and not isinstance(
         e, (FloatingPointError, OSError)) and 'DataFileError' not in type(
             e).__name__:
-      hint = ('; another worker failed or cannot be reached: relaunch every '
-              "worker to resume from the chief's newest checkpoint")
-    print(f'trainer: error: {type(e).__name__}: {_OneLine(e)}{hint}',
+      # The hint first; TF's message (a collective's graph trace) cut to
+      # its first line.
+      from tensorpipe import errors  # pylint: disable=g-import-not-at-top
+      print('trainer: error: another worker failed or cannot be reached: '
+            "relaunch every worker to resume from the chief's newest "
+            f'checkpoint ({type(e).__name__}: '
+            f'{errors.FirstLine(e, limit=200)})', file=sys.stderr)
+      return 1
+    print(f'trainer: error: {type(e).__name__}: {console.OneLine(e)}',
           file=sys.stderr)
     return 1
   except setup_errors as e:
     # Found while restoring or tracing: the command as given cannot run.
-    print(f'trainer: error: {type(e).__name__}: {_OneLine(e)}',
+    print(f'trainer: error: {type(e).__name__}: {console.OneLine(e)}',
           file=sys.stderr)
     return 2
   finally:

@@ -7,7 +7,9 @@ README is `image.fashion_mnist.ResNet4x8`: a small ResNet with batch norm on
 K=4 partitions (4 logical CPU devices without an accelerator) and T=8
 micro-batches. The `...K1` variants run the same model unpipelined (K=1,
 same T) for comparison. `KerasCnn4x8` is a model written in Keras
-(models/keras_models.py), pipelined through tensorpipe/keras_pipeline.py.
+(models/keras_models.py), pipelined through tensorpipe/keras_pipeline.py;
+`KerasResNet4x8` a functional Keras model (residual blocks) cut by
+tensorpipe/keras_graph.py.
 
   python -m tools.trainer --model=image.fashion_mnist.ResNet4x8 \
       --logdir=/tmp/fmnist
@@ -160,5 +162,25 @@ class KerasCnn4x8(_FashionMnistBase):
     return keras_pipeline.PipelineParams(
         lambda: keras_models.FashionMnistCnn(self.FILTERS, self.HIDDEN_DIM,
                                              self.DROPOUT_RATE),
+        num_partitions=self.NUM_PARTITIONS,
+        num_micro_batches=self.NUM_MICRO_BATCHES, batch_size=self.BATCH_SIZE)
+
+
+@model_registry.RegisterSingleTaskModel
+class KerasResNet4x8(_FashionMnistBase):
+  """A functional Keras ResNet (models/keras_models.py), K=4, T=8.
+
+  A graph with a skip per block: tensorpipe/keras_graph.py cuts its layer
+  calls into K partitions by FLOPs and sends each cut's skip tensor along.
+  """
+
+  FILTERS = 16
+  BLOCKS = 2
+
+  def Model(self):
+    from models import keras_models  # pylint: disable=g-import-not-at-top
+    from tensorpipe import keras_pipeline  # pylint: disable=g-import-not-at-top
+    return keras_pipeline.PipelineParams(
+        lambda: keras_models.FashionMnistResNet(self.FILTERS, self.BLOCKS),
         num_partitions=self.NUM_PARTITIONS,
         num_micro_batches=self.NUM_MICRO_BATCHES, batch_size=self.BATCH_SIZE)

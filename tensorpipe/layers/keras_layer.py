@@ -71,6 +71,7 @@ from tensorpipe import base_layer
 from tensorpipe import flops as flops_lib
 from tensorpipe import keras_utils
 from tensorpipe import py_utils
+from tensorpipe.layers import normalization
 from tensorpipe.nested_map import NestedMap
 
 
@@ -237,6 +238,9 @@ def _BatchNormCall(bn, reporter: KerasBatchNormStats, inputs, training=None,
                    mask=None):
   """Keras' BatchNormalization.call, also reporting the batch statistics."""
   if training and bn.trainable:
+    normalization.WarnIfFewValuesPerChannel(
+        reporter, f'Keras BatchNormalization {bn.name!r}', inputs.shape,
+        inputs.shape[bn.axis], fix='use keras.layers.LayerNormalization')
     if mask is not None:
       raise ValueError(f'Keras BatchNormalization {bn.name!r} got a mask: '
                        'masked batch statistics are not supported in a '
@@ -507,6 +511,11 @@ class KerasLayer(base_layer.BaseLayer):
     object.__setattr__(self, '_seeds', seeds)
     object.__setattr__(self, '_bn_reporters', reporters)
     object.__setattr__(self, '_call_args', CallArgs(obj))
+    # Whether the output depends on the mode (py_utils.IsTraining warns
+    # once when such a layer trains only for want of a mode block).
+    object.__setattr__(self, '_mode_dependent', any(
+        isinstance(l, (keras.layers.BatchNormalization, keras.layers.Dropout))
+        for l in keras_utils.FlattenLayers(obj)))
     object.__setattr__(self, '_declared_batch', _DeclaredBatchSizes(obj))
 
   # -- accessors -----------------------------------------------------------
@@ -612,7 +621,9 @@ class KerasLayer(base_layer.BaseLayer):
       # Keras 3.15's functional call does the same: the mode of the call
       # wins over a recorded `training=` (keras/src/models/functional.py,
       # operation_fn); a frozen layer is one with trainable=False.
-      kwargs['training'] = py_utils.IsTraining()
+      kwargs['training'] = py_utils.IsTraining(
+          f'KerasLayer {self.path or self.layer_name!r}'
+          if self._mode_dependent else None)
     with tf.name_scope(self.layer_name), keras.StatelessScope(
         state_mapping=mapping, collect_losses=True) as scope:
       out = obj(*args, **kwargs)

@@ -169,7 +169,9 @@ class BatchNormLayer(base_layer.BaseLayer):
 
 
 def WarnIfFewValuesPerChannel(layer: Any, what: str, shape: tf.TensorShape,
-                              num_channels: int) -> None:
+                              num_channels: int,
+                              fix: str = 'set use_moving_avg_in_training=True'
+                              ', or use LayerNormLayer') -> None:
   """Warns once per `layer` if a training call normalises too few values.
 
   Batch norm over one example of [N, C] features (T equal to the batch)
@@ -181,6 +183,7 @@ def WarnIfFewValuesPerChannel(layer: Any, what: str, shape: tf.TensorShape,
     what: the layer as the warning names it, e.g. "BatchNormLayer 'bn'".
     shape: the static shape of the call's input; unknown shapes are skipped.
     num_channels: the size of the channel axis.
+    fix: the layer's own remedy, after "Use more examples per micro-batch".
   """
   if (getattr(layer, '_warned_few_values', False) or
       not shape.is_fully_defined()):
@@ -195,9 +198,8 @@ def WarnIfFewValuesPerChannel(layer: Any, what: str, shape: tf.TensorShape,
       '%s normalises each channel over only %d value(s) per call (input %s: '
       'examples x positions; in a pipeline one micro-batch), fewer than %d: '
       '%s. Use more examples per micro-batch (fewer num_micro_batches or a '
-      'larger batch), set use_moving_avg_in_training=True, or use '
-      'LayerNormLayer.', what, n, shape.as_list(), MIN_VALUES_PER_CHANNEL,
-      result)
+      'larger batch), or %s.', what, n, shape.as_list(),
+      MIN_VALUES_PER_CHANNEL, result, fix)
 
 
 # Past this share of their initial values left in the moving averages at the

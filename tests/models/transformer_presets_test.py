@@ -40,7 +40,8 @@ class HeadDimTest(tf.test.TestCase):
     self.assertEqual(sum(int(np.prod(x.shape)) for x in built.variables),
                      expected)
     # 3 n attentions (encoder self, decoder self and cross), each [D, 32].
-    wq = [x.shape.as_list() for x in built.variables if x.name == 'wq:0']
+    wq = [x.shape.as_list() for x in built.variables
+          if x.name.endswith('/wq:0')]  # variables are named by path
     self.assertEqual(wq, [[d, w]] * (3 * n))
 
   def testHeadDimOfModelDimOverHeadsIsTheDefault(self):

@@ -91,7 +91,11 @@ class WorkerFaultTest(unittest.TestCase):
     self.assertNotEqual(rc, 0)
     errors = [l for l in out.splitlines() if l.startswith('trainer: error:')]
     self.assertEqual(len(errors), 1, msg=out[-3000:])
-    self.assertIn('another worker failed or cannot be reached', errors[0])
+    # The hint leads; TF's graph trace is cut (it was 1.5k characters).
+    self.assertTrue(errors[0].startswith(
+        'trainer: error: another worker failed or cannot be reached: '
+        'relaunch every worker'), msg=errors[0])
+    self.assertLess(len(errors[0]), 400, msg=errors[0])
     self.assertNotIn('Traceback', out)
     print(f'survivor stopped {stopped_after:.1f} s after the kill')
 

@@ -2,13 +2,18 @@
 
 - SIGTERM to tools/launch mid-run: both workers stop after the same step,
   the chief saves it, everything exits 143, and a relaunch ends bitwise
-  equal to an uninterrupted 2-worker run.
+  equal to an uninterrupted 2-worker run. SIGTERM to one of two workers
+  started on their own with TF_CONFIG stops both at one step.
+- Ctrl-C (SIGINT) to a single-process run: it saves the step reached,
+  exits 130 with one line, and the resume ends bitwise equal to an
+  uninterrupted run.
 - Workers started with different --max_steps stop before step 1, each with
   one line naming task.train.max_steps.
 - A lone worker with a 20 s wait ends with one line in under 30 s; SIGTERM
   while it waits ends it within 5 s.
 """
 
+import json
 import os
 import re
 import shutil
@@ -105,6 +110,75 @@ class PreemptionSlowTest(unittest.TestCase):
     self.assertEqual(sorted(got), sorted(want))
     for name, value in want.items():
       np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+  def testCtrlCStopsASingleProcessRunAndTheResumeIsExact(self):
+    flags = _Flags(os.path.join(self.tmp, 'full1'), '--num_replicas=1')
+    run = tool_testlib.RunTool('trainer', *flags, timeout_s=300)
+    self.assertEqual(run.returncode, 0, run.stderr[-3000:])
+    logdir = os.path.join(self.tmp, 'interrupted')
+    log = os.path.join(self.tmp, 'interrupted.log')
+    proc = self._Popen([sys.executable, '-m', 'tools.trainer',
+                        *_Flags(logdir, '--num_replicas=1')], log)
+    self.assertTrue(self._WaitFor(log, r'step 3/', proc))
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    t0 = time.time()
+    proc.wait(timeout=60)
+    print(f'1 process: SIGINT to exit {time.time() - t0:.2f} s',
+          file=sys.stderr)
+    with open(log) as f:
+      text = f.read()
+    self.assertEqual(proc.returncode, 130, text[-3000:])
+    self.assertNotIn('Traceback', text)
+    self.assertNotIn('KeyboardInterrupt', text)
+    stopped = re.search(r'trainer: stopped by SIGINT at step (\d+); saved '
+                        r'ckpt-(\d+)', text)
+    self.assertTrue(stopped, text[-3000:])
+    step = int(stopped.group(1))
+    run = tool_testlib.RunTool('trainer', *_Flags(logdir, '--num_replicas=1'),
+                               timeout_s=300)
+    self.assertEqual(run.returncode, 0, run.stderr[-3000:])
+    self.assertIn(f'at step {step}', run.stderr)
+    want = tool_testlib.CheckpointTensors(os.path.join(self.tmp, 'full1'))
+    got = tool_testlib.CheckpointTensors(logdir)
+    self.assertEqual(sorted(got), sorted(want))
+    for name, value in want.items():
+      np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+  def testSigtermToOneOfTwoTfConfigWorkersStopsBothAtOneStep(self):
+    # Separate processes with their own TF_CONFIG (as on two VMs); only
+    # worker 1 is preempted: the flag in the step's all-reduce stops both.
+    ports = launch.FreePorts(2)
+    workers = [f'127.0.0.1:{p}' for p in ports]
+    logdir = os.path.join(self.tmp, 'tf_config')
+    procs, logs = [], []
+    for r in (0, 1):
+      env = dict(os.environ, TF_CONFIG=json.dumps(
+          {'cluster': {'worker': workers},
+           'task': {'type': 'worker', 'index': r}}))
+      logs.append(os.path.join(self.tmp, f'tfc{r}.log'))
+      procs.append(self._Popen([sys.executable, '-m', 'tools.trainer',
+                                *_Flags(logdir)], logs[r], env=env))
+    self.assertTrue(self._WaitFor(logs[0], r'step 3/', procs[0]))
+    procs[1].send_signal(signal.SIGTERM)
+    t0 = time.time()
+    for proc in procs:
+      proc.wait(timeout=120)
+    print(f'2 TF_CONFIG workers: SIGTERM to both exited '
+          f'{time.time() - t0:.2f} s', file=sys.stderr)
+    texts = []
+    for r, proc in enumerate(procs):
+      with open(logs[r]) as f:
+        texts.append(f.read())
+      self.assertEqual(proc.returncode, 143, texts[r][-3000:])
+      self.assertNotIn('Traceback', texts[r])
+    steps = [re.findall(rf'trainer: stopped by {why} at step (\d+);', t)
+             for why, t in zip(("another worker's stop signal", 'SIGTERM'),
+                               texts)]
+    self.assertEqual(len(steps[0]), 1, texts[0][-3000:])
+    self.assertEqual(steps[0], steps[1], texts[1][-3000:])
+    step = int(steps[0][0])
+    self.assertLess(step, _STEPS)
+    self.assertIn(f'saved ckpt-{step}; run the same command', texts[0])
 
   def testWorkersWithDifferentMaxStepsStopBeforeStepOneNamingIt(self):
     hosts = ','.join(f'127.0.0.1:{p}' for p in launch.FreePorts(2))

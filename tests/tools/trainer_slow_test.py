@@ -2,7 +2,8 @@
 
 - A run SIGKILLed in the middle and restarted reaches exactly the weights of
   an uninterrupted run of the same number of steps; so does a run stopped by
-  SIGTERM (it saves the step it reached and exits 143 with one line).
+  SIGTERM (it saves the step it reached and exits 143 with one line), and
+  one killed inside a checkpoint write (between data file and index).
 - K=1 and K=4 (same T, same seed) give the same per-step losses.
 - Bad flags and override text fail with a clear message, no traceback.
 - The README's default experiment trains and evaluates on the real prepared
@@ -170,6 +171,25 @@ class TrainerSlowTest(unittest.TestCase):
     self.assertLess(seconds, 30)
     out = _Run(_TrainerCmd(logdir))
     self.assertIn(f'at step {step}', out.stderr)  # it resumed
+    self._AssertWeightsEqualFullRun(logdir)
+
+  def testKillDuringACheckpointWriteThenResumeEqualsUninterruptedRun(self):
+    # Deterministic: the trainer SIGKILLs itself in the save of step 8,
+    # between ckpt-8's data file and its index (checkpoints.TestKillInSave).
+    self._FullRun()
+    logdir = os.path.join(self.tmp, 'killed_in_save')
+    env = dict(os.environ, TENSORPIPE_TEST_KILL_DURING_SAVE='8')
+    out = subprocess.run(_TrainerCmd(logdir), cwd=_REPO, env=env,
+                         capture_output=True, text=True, timeout=600,
+                         check=False)
+    self.assertEqual(out.returncode, -signal.SIGKILL, out.stderr[-3000:])
+    ckpt_dir = os.path.join(logdir, 'checkpoints')
+    names = os.listdir(ckpt_dir)
+    self.assertIn('ckpt-8.data-00000-of-00001', names)
+    self.assertNotIn('ckpt-8.index', names)
+    self.assertTrue(tf.train.latest_checkpoint(ckpt_dir).endswith('ckpt-4'))
+    out = _Run(_TrainerCmd(logdir))
+    self.assertIn('at step 4', out.stderr)  # resumed from the intact ckpt-4
     self._AssertWeightsEqualFullRun(logdir)
 
   def testK1AndK4GiveTheLossesOfTheModelWithoutPipeline(self):
