@@ -80,7 +80,8 @@ class EncoderDecoderLayerTest(tf.test.TestCase):
   def _RandomizeNorms(self, layer):
     """LayerNorm scales and biases away from 1 / 0 so the oracle sees them."""
     for var in layer.variables:
-      if var.name.split(':')[0] in ('scale', 'bias', 'b'):
+      # Variables are named by path ('enc/ln/scale:0'): the last part.
+      if var.name.split(':')[0].rsplit('/', 1)[-1] in ('scale', 'bias', 'b'):
         var.assign(self.rng.normal(size=var.shape).astype(np.float32))
 
   def _CheckEncoder(self, pre_ln, final_ln):
