@@ -127,13 +127,20 @@ class KerasWarningTest(_FreshTrainingWarning):
         input_shape=[4]).Instantiate()
 
   def testKerasBatchNormTrainingByDefaultAndOnOneExampleWarn(self):
+    patcher = mock.patch.object(keras_layer, '_FEW_VALUES_WARNING',
+                                keras_layer._Once())  # pylint: disable=protected-access
+    patcher.start()
+    self.addCleanup(patcher.stop)
     layer = self._KerasBn()
     with self.assertLogs('absl', 'WARNING') as logs:
       layer.FPropDefaultTheta(tf.ones([1, 4]))
     text = '\n'.join(logs.output)
     self.assertRegex(text, r"KerasLayer 'kbn' runs in training mode")
-    self.assertRegex(text, r"Keras BatchNormalization '.*' normalises each "
-                     r'channel over only 1 value.*LayerNormalization')
+    self.assertRegex(text, r"Keras BatchNormalization '.*' \(.*said once\) "
+                     r'normalises each channel over only 1 value.*'
+                     r'LayerNormalization')
+    with self.assertNoLogs('absl', 'WARNING'):  # once per process
+      self._KerasBn().FPropDefaultTheta(tf.ones([1, 4]))
 
   def testKerasLayerWithoutModeDependentSublayersDoesNotWarn(self):
     dense = keras_layer.KerasLayer.Params().Set(

@@ -234,12 +234,21 @@ class KerasBatchNormStats:
     return f'KerasBatchNormStats({self.name!r})'
 
 
+class _Once:
+  """Remembers that a once-per-process warning was given."""
+
+
+_FEW_VALUES_WARNING = _Once()
+
+
 def _BatchNormCall(bn, reporter: KerasBatchNormStats, inputs, training=None,
                    mask=None):
   """Keras' BatchNormalization.call, also reporting the batch statistics."""
   if training and bn.trainable:
+    # Once per process (a keras.applications model has dozens of them).
     normalization.WarnIfFewValuesPerChannel(
-        reporter, f'Keras BatchNormalization {bn.name!r}', inputs.shape,
+        _FEW_VALUES_WARNING, f'Keras BatchNormalization {bn.name!r} (the '
+        'first of the Keras batch norms that do; said once)', inputs.shape,
         inputs.shape[bn.axis], fix='use keras.layers.LayerNormalization')
     if mask is not None:
       raise ValueError(f'Keras BatchNormalization {bn.name!r} got a mask: '
