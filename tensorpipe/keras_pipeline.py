@@ -39,10 +39,8 @@ Usage:
 """
 
 import copy
-import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from absl import logging
 import keras
 import numpy as np
 import tensorflow as tf
@@ -50,6 +48,7 @@ import tensorflow as tf
 from tensorpipe import base_layer
 from tensorpipe import hyperparams
 from tensorpipe import keras_graph
+from tensorpipe import keras_graph_params
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
 from tensorpipe import py_utils
@@ -145,86 +144,6 @@ def _LayerInputShapes(layers: List[Any], shape: List[Any]) -> List[List[Any]]:
   return shapes
 
 
-def _CheckKT(num_partitions: Any, num_micro_batches: Any) -> None:
-  """K and T as TensorPipeLayer checks them, before any Keras work."""
-  for what, value in (('num_partitions', num_partitions),
-                      ('num_micro_batches', num_micro_batches)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f'keras_pipeline: {what}={value!r} must be a positive '
-                       'int')
-
-
-def _IsGraph(model: Any) -> bool:
-  """A functional model, or its config (get_config or serialised)."""
-  if isinstance(model, dict):
-    return _GraphConfig(model) is not None
-  return keras_graph.IsFunctional(model)
-
-
-def _GraphConfig(model: Any) -> Optional[Dict[str, Any]]:
-  """A functional model's get_config() dict (None if it is none)."""
-  if not isinstance(model, dict):
-    return model.get_config()
-  if 'input_layers' in model:
-    return model
-  inner = model.get('config')
-  if isinstance(inner, dict) and 'input_layers' in inner:
-    return inner
-  return None
-
-
-@dataclasses.dataclass(frozen=True)
-class GraphPipeline:
-  """A functional model cut into a pipeline (`GraphPlan`).
-
-  Attributes:
-    params: the TensorPipeLayer Params (one KerasGraphSegment a partition).
-    graph, costs, plan: keras_graph's Graph, GraphCosts and CutPlan.
-    batch_size: the mini-batch the report sizes boundaries for.
-  """
-  params: hyperparams.Params
-  graph: keras_graph.Graph
-  costs: keras_graph.GraphCosts
-  plan: keras_graph.CutPlan
-  batch_size: int
-
-  def Report(self) -> str:
-    """Per partition its layers and FLOPs; per cut the tensors and bytes."""
-    return self.plan.Report(self.graph, self.costs, self.batch_size)
-
-
-def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
-              batch_size: Optional[int] = None,
-              cut_after: Optional[Sequence[str]] = None,
-              name: str = 'TensorPipe', **pipeline_params) -> GraphPipeline:
-  """A functional model (or its config) cut into K partitions.
-
-  Args: as PipelineParams.
-
-  Returns:
-    The GraphPipeline; its Report() names what crosses each cut.
-  """
-  _CheckKT(num_partitions, num_micro_batches)
-  if keras_utils.IsKeras2(model):
-    raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
-  graph = keras_graph.ReadGraph(_GraphConfig(model))
-  costs = keras_graph.Analyse(graph)
-  plan = keras_graph.PlanCuts(
-      graph, costs, num_partitions, cut_after,
-      method=pipeline_params.get('partition_method', 'min_max'))
-  batch = batch_size or num_micro_batches
-  parts = [[keras_graph.SegmentParams(graph, costs, plan, k)]
-           for k in range(num_partitions)]
-  p = pipeline.TensorPipeLayer.Params().Set(
-      name=name, num_micro_batches=num_micro_batches, partitions=parts,
-      input_shapes=[[batch] + list(info.shape)
-                    for info in keras_graph.InputSpecs(graph, costs)],
-      **pipeline_params)
-  result = GraphPipeline(p, graph, costs, plan, batch)
-  logging.info('keras_pipeline: %s', result.Report())
-  return result
-
-
 def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
                    num_partitions: int, num_micro_batches: int,
                    input_shape: Optional[Sequence[int]] = None,
@@ -277,8 +196,8 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
       return PipelineParams(model(), num_partitions, num_micro_batches,
                             input_shape, batch_size, partition_sizes, name,
                             cut_after, **pipeline_params)
-  _CheckKT(num_partitions, num_micro_batches)
-  if _IsGraph(model):
+  keras_graph_params.CheckKT(num_partitions, num_micro_batches)
+  if keras_graph_params.IsGraph(model):
     if partition_sizes is not None:
       raise ValueError(
           f'keras_pipeline: partition_sizes={list(partition_sizes)} counts '
@@ -288,7 +207,7 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
       raise ValueError(f'keras_pipeline: input_shape={input_shape} is not '
                        'used for a functional model: its keras.Input '
                        'shapes are; drop input_shape')
-    return GraphPlan(model, num_partitions, num_micro_batches, batch_size,
+    return keras_graph_params.GraphPlan(model, num_partitions, num_micro_batches, batch_size,
                      cut_after, name, **pipeline_params).params
   if cut_after is not None:
     raise ValueError(f'keras_pipeline: cut_after={cut_after} is for '
@@ -330,7 +249,7 @@ def CopyKerasWeights(pipe: pipeline.TensorPipeLayer,
   """Copies the Keras layers' weights into the pipeline's KerasLayers."""
   if isinstance(model, dict):
     return
-  if _IsGraph(model):
+  if keras_graph_params.IsGraph(model):
     for layer in KerasLayersOf(pipe):
       source = model.get_layer(layer.layer_name)
       if source.built:
@@ -447,7 +366,7 @@ class TensorPipeModel(keras.Model):
       **kwargs: keras.Model arguments (name, ...).
     """
     super().__init__(**kwargs)
-    _CheckKT(num_partitions, num_micro_batches)
+    keras_graph_params.CheckKT(num_partitions, num_micro_batches)
     batch_size = batch_size or num_micro_batches
     if (isinstance(batch_size, bool) or not isinstance(batch_size, int) or
         batch_size < 1 or batch_size % num_micro_batches):
@@ -457,8 +376,8 @@ class TensorPipeModel(keras.Model):
                   devices=list(devices) if devices else None,
                   partition_method=partition_method)
     self._graph = None
-    if _IsGraph(layers):
-      built = GraphPlan(_GraphConfig(layers), num_partitions,
+    if keras_graph_params.IsGraph(layers):
+      built = keras_graph_params.GraphPlan(keras_graph_params.GraphConfig(layers), num_partitions,
                         num_micro_batches, batch_size, cut_after, **common)
       pipe = built.params.Instantiate()
       if copy_weights:
@@ -471,7 +390,7 @@ class TensorPipeModel(keras.Model):
       self._output_names = list(graph.output_names)
       self._out_dtypes = [costs.tensors[k].dtype for k in graph.outputs]
       self._single_output = graph.single_output
-      stored, shape = _GraphConfig(layers), None
+      stored, shape = keras_graph_params.GraphConfig(layers), None
       if weight_order is None and not isinstance(layers, dict):
         weight_order = keras_graph.WeightOrder(layers)
     else:
@@ -512,7 +431,7 @@ class TensorPipeModel(keras.Model):
     self.built = True
 
   @property
-  def graph_pipeline(self) -> Optional[GraphPipeline]:
+  def graph_pipeline(self) -> Optional[keras_graph_params.GraphPipeline]:
     """For a functional model: the cut plan (`.Report()`); else None."""
     return self._graph
 

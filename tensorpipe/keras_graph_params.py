@@ -1,0 +1,98 @@
+"""The functional-model route of the Keras front door: a graph to Params.
+
+`GraphPlan(model, K, T)` reads a functional Keras model (or its config),
+costs and cuts it (tensorpipe/keras_graph.py) and returns the
+TensorPipeLayer Params with one KerasGraphSegment per partition, and the
+cut report. keras_pipeline.PipelineParams and TensorPipeModel call it for
+functional models.
+"""
+
+import dataclasses
+from typing import Any, Dict, Optional, Sequence
+
+from absl import logging
+
+from tensorpipe import hyperparams
+from tensorpipe import keras_graph
+from tensorpipe import keras_utils
+from tensorpipe import pipeline
+
+
+def CheckKT(num_partitions: Any, num_micro_batches: Any) -> None:
+  """K and T as TensorPipeLayer checks them, before any Keras work."""
+  for what, value in (('num_partitions', num_partitions),
+                      ('num_micro_batches', num_micro_batches)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f'keras_pipeline: {what}={value!r} must be a positive '
+                       'int')
+
+
+def IsGraph(model: Any) -> bool:
+  """A functional model, or its config (get_config or serialised)."""
+  if isinstance(model, dict):
+    return GraphConfig(model) is not None
+  return keras_graph.IsFunctional(model)
+
+
+def GraphConfig(model: Any) -> Optional[Dict[str, Any]]:
+  """A functional model's get_config() dict (None if it is none)."""
+  if not isinstance(model, dict):
+    return model.get_config()
+  if 'input_layers' in model:
+    return model
+  inner = model.get('config')
+  if isinstance(inner, dict) and 'input_layers' in inner:
+    return inner
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphPipeline:
+  """A functional model cut into a pipeline (`GraphPlan`).
+
+  Attributes:
+    params: the TensorPipeLayer Params (one KerasGraphSegment a partition).
+    graph, costs, plan: keras_graph's Graph, GraphCosts and CutPlan.
+    batch_size: the mini-batch the report sizes boundaries for.
+  """
+  params: hyperparams.Params
+  graph: keras_graph.Graph
+  costs: keras_graph.GraphCosts
+  plan: keras_graph.CutPlan
+  batch_size: int
+
+  def Report(self) -> str:
+    """Per partition its layers and FLOPs; per cut the tensors and bytes."""
+    return self.plan.Report(self.graph, self.costs, self.batch_size)
+
+
+def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
+              batch_size: Optional[int] = None,
+              cut_after: Optional[Sequence[str]] = None,
+              name: str = 'TensorPipe', **pipeline_params) -> GraphPipeline:
+  """A functional model (or its config) cut into K partitions.
+
+  Args: as PipelineParams.
+
+  Returns:
+    The GraphPipeline; its Report() names what crosses each cut.
+  """
+  CheckKT(num_partitions, num_micro_batches)
+  if keras_utils.IsKeras2(model):
+    raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
+  graph = keras_graph.ReadGraph(GraphConfig(model))
+  costs = keras_graph.Analyse(graph)
+  plan = keras_graph.PlanCuts(
+      graph, costs, num_partitions, cut_after,
+      method=pipeline_params.get('partition_method', 'min_max'))
+  batch = batch_size or num_micro_batches
+  parts = [[keras_graph.SegmentParams(graph, costs, plan, k)]
+           for k in range(num_partitions)]
+  p = pipeline.TensorPipeLayer.Params().Set(
+      name=name, num_micro_batches=num_micro_batches, partitions=parts,
+      input_shapes=[[batch] + list(info.shape)
+                    for info in keras_graph.InputSpecs(graph, costs)],
+      **pipeline_params)
+  result = GraphPipeline(p, graph, costs, plan, batch)
+  logging.info('keras_pipeline: %s', result.Report())
+  return result
