@@ -362,10 +362,8 @@ def Analyse(graph: Graph) -> GraphCosts:
                for name, entry in graph.entries.items()
                if entry.get('class_name') != 'InputLayer'}
     env = {}
-    for key in graph.inputs:
-      entry = next(e for n, e in graph.entries.items()
-                   if TensorKey((n, 0, 0)) == key)
-      cfg = entry['config']
+    for key, name in zip(graph.inputs, graph.input_names):
+      cfg = graph.entries[name]['config']
       shape = cfg.get('batch_shape') or cfg.get('batch_input_shape')
       env[key] = keras.KerasTensor(shape, dtype=cfg.get('dtype', 'float32'))
     seen = set()

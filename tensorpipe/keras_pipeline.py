@@ -39,7 +39,7 @@ Usage:
 """
 
 import copy
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import keras
 import numpy as np
