@@ -236,6 +236,11 @@ def _TrainsWith1F1B(model: base_layer.BaseLayer) -> bool:
           model.params.schedule == '1f1b' and py_utils.IsTraining())
 
 
+def _AccumulationCast(x: tf.Tensor) -> tf.Tensor:
+  """x in float32, or float64 for float64 x (py_utils.AccumulationDtype)."""
+  return tf.cast(x, py_utils.AccumulationDtype(x.dtype))
+
+
 def _MeanMetrics(sums: NestedMap) -> NestedMap:
   """(value sum, weight sum) pairs -> (weighted mean, weight sum) pairs."""
   return NestedMap({name: (value / tf.maximum(weight, 1.0), weight)
@@ -376,34 +381,41 @@ class SequenceTask(BaseTask):
                        '[0, 1)')
 
   @staticmethod
-  def _LabelsAndWeights(batch):
+  def _LabelsAndWeights(batch, dtype: tf.DType = tf.float32):
+    """(labels [b, L], token weights [b, L] in `dtype`; 0 at padding)."""
     if 'tgt_labels' in batch:
       labels, paddings = batch.tgt_labels, batch.tgt_paddings
     else:
       labels, paddings = batch.labels, batch.paddings
-    return labels, 1.0 - tf.cast(paddings, tf.float32)
+    return labels, 1.0 - tf.cast(paddings, dtype)
 
   def _TokenSums(self, out, batch, example_weights=None):
     """(summed loss, summed unsmoothed loss, tokens, correct tokens).
+
+    The sums are float32, float64 for a float64 model
+    (py_utils.AccumulationDtype of its logits or per-example loss).
 
     example_weights: None, or [b] weights of the rows (0: padding).
     """
     p = self.params
     if isinstance(out, dict) and 'per_example_loss' in out:
-      w = 1.0 if example_weights is None else example_weights
-      loss_sum = tf.reduce_sum(out['per_example_loss'] * w)
+      dtype = out['per_example_loss'].dtype
+      w = 1.0 if example_weights is None else tf.cast(example_weights, dtype)
+
+      def Sum(key):
+        return tf.reduce_sum(tf.cast(out[key], dtype) * w)
+      loss_sum = Sum('per_example_loss')
       # log_pplx must not include label smoothing: a model that smooths
       # reports its unsmoothed sums as per_example_log_pplx.
-      plain_sum = (tf.reduce_sum(out['per_example_log_pplx'] * w)
+      plain_sum = (Sum('per_example_log_pplx')
                    if 'per_example_log_pplx' in out else loss_sum)
-      return (loss_sum, plain_sum,
-              tf.reduce_sum(out['per_example_tokens'] * w),
-              tf.reduce_sum(out['per_example_correct'] * w))
+      return (loss_sum, plain_sum, Sum('per_example_tokens'),
+              Sum('per_example_correct'))
     logits = out['logits'] if isinstance(out, dict) else out
-    logits = tf.cast(logits, tf.float32)
-    labels, weights = self._LabelsAndWeights(batch)
+    logits = tf.cast(logits, py_utils.AccumulationDtype(logits.dtype))
+    labels, weights = self._LabelsAndWeights(batch, logits.dtype)
     if example_weights is not None:
-      weights *= example_weights[:, tf.newaxis]
+      weights *= tf.cast(example_weights, logits.dtype)[:, tf.newaxis]
     xent = losses.SoftmaxCrossEntropyLoss(logits, labels, 0.0, p.vocab_size)
     plain = tf.reduce_sum(xent * weights)
     smoothed = plain
@@ -411,7 +423,7 @@ class SequenceTask(BaseTask):
       smoothed = tf.reduce_sum(losses.SoftmaxCrossEntropyLoss(
           logits, labels, p.label_smoothing, p.vocab_size) * weights)
     correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
-                               tf.cast(labels, tf.int32)), tf.float32)
+                               tf.cast(labels, tf.int32)), logits.dtype)
     return (smoothed, plain, tf.reduce_sum(weights),
             tf.reduce_sum(correct * weights))
 
@@ -427,16 +439,18 @@ class SequenceTask(BaseTask):
     metrics = NestedMap(loss=(loss, num_tokens),
                         log_pplx=(plain_sum / num_tokens, num_tokens),
                         token_accuracy=(correct / num_tokens, num_tokens),
-                        num_tokens=(tokens, tf.constant(1.0)))
+                        num_tokens=(tokens, tf.constant(1.0, tokens.dtype)))
     return NestedMap(loss=loss, metrics=metrics)
 
   def _FPropLossInPipeline(self, theta, batch):
     """Training with schedule='1f1b': token sums per micro-batch, divided
-    by the batch's real tokens (from its paddings, known up front)."""
+    by the batch's real tokens (from its paddings, known up front; float64
+    in a float64 model, as are the sums)."""
     keys = (('tgt_labels', 'tgt_paddings') if 'tgt_labels' in batch else
             ('labels', 'paddings'))
     targets = NestedMap({k: batch[k] for k in keys})
-    _, weights = self._LabelsAndWeights(batch)
+    _, weights = self._LabelsAndWeights(batch, py_utils.AccumulationDtype(
+        self.children.model.fprop_dtype))
     tokens = tf.reduce_sum(weights)
     num_tokens = tf.maximum(tokens, 1.0)
 
@@ -450,7 +464,7 @@ class SequenceTask(BaseTask):
                                         LossSums, num_tokens)
     metrics = NestedMap({name: (value / num_tokens, num_tokens)
                          for name, (value, _) in out.metrics.items()})
-    metrics.num_tokens = (tokens, tf.constant(1.0))
+    metrics.num_tokens = (tokens, tf.constant(1.0, tokens.dtype))
     return NestedMap(loss=out.loss, metrics=metrics)
 
   def PostProcessEvalMetrics(self, metrics):
@@ -471,18 +485,17 @@ class SequenceTask(BaseTask):
     """Logits [b, L, V] of the model, run unpipelined.
 
     A last layer computing its own loss (SequenceSoftmaxLayer) gives its
-    `Logits` of its input instead.
+    `Logits` of its input instead. float32, float64 for a float64 model.
     """
     layers = self._LayersWithTheta()
     args = (batch,)
     for i, (layer, theta) in enumerate(layers):
       if (i == len(layers) - 1 and
           isinstance(layer, transformer.SequenceSoftmaxLayer)):
-        return tf.cast(layer.Logits(theta, args[0]), tf.float32)
+        return _AccumulationCast(layer.Logits(theta, args[0]))
       args = composite.AsArgs(layer.FProp(theta, *args))
     out = composite.FromArgs(args)
-    return tf.cast(out['logits'] if isinstance(out, dict) else out,
-                   tf.float32)
+    return _AccumulationCast(out['logits'] if isinstance(out, dict) else out)
 
   def CreateDecodeMetrics(self, eval_input: base_input.BaseInput) -> Optional[
       decode_metrics.DecodeMetrics]:
@@ -506,7 +519,7 @@ class SequenceTask(BaseTask):
       """Per-row summed unsmoothed token loss and tokens (log_pplx_<group>)."""
       with py_utils.EvalMode():
         logits = self.Logits(batch)
-      labels, weights = self._LabelsAndWeights(batch)
+      labels, weights = self._LabelsAndWeights(batch, logits.dtype)
       xent = losses.SoftmaxCrossEntropyLoss(logits, labels, 0.0,
                                             self.params.vocab_size)
       return (tf.reduce_sum(xent * weights, axis=1),
@@ -603,5 +616,5 @@ class SequenceTask(BaseTask):
       out = NestedMap(composite.FromArgs(args))
       key = softmax.params.input_key
       out[key] = tf.gather(out[key], [i], axis=1)
-      return tf.cast(softmax.Logits(softmax_theta, out), tf.float32)[:, 0]
+      return _AccumulationCast(softmax.Logits(softmax_theta, out))[:, 0]
     return StepLogits

@@ -4,6 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import py_utils
 from tensorpipe import tasks
 from tensorpipe import test_utils
 from tensorpipe.layers import composite
@@ -58,6 +59,61 @@ class _LogitsModel(base_layer.BaseLayer):
   def FProp(self, theta, batch):
     x = tf.one_hot(batch.ids, self.params.vocab)
     return self.children.fc.FProp(theta.fc, x)
+
+
+def _TransformerTask(vocab=16, smoothing=0.1, pipeline=False, **kwargs):
+  """A SequenceTask on a tiny T(1, 16, 2) (without dropout); kwargs: its
+  dtype / fprop_dtype. pipeline: a K=2, T=2 TensorPipeLayer training 1F1B."""
+  from models import transformer  # pylint: disable=g-import-not-at-top
+  sizes = dict(num_layers=1, hidden_dim=16, num_heads=2, model_dim=8,
+               vocab_size=vocab, max_len=6, label_smoothing=smoothing,
+               dropout=0.0)
+  if pipeline:
+    model = transformer.TransformerPipeline(2, 2, 4, 6, 6, **sizes).Set(
+        schedule='1f1b')
+  else:
+    model = composite.SequentialLayer.Params().Set(
+        sub=transformer.TransformerLayers(**sizes))
+  return tasks.SequenceTask.Params().Set(
+      name='task', vocab_size=vocab, model=model, **kwargs).Instantiate()
+
+
+def _NmtBatch(vocab=16, example_weight=True):
+  """A [4, 6] translation batch with padded tokens (and a padded row)."""
+  rng = np.random.RandomState(7)
+  src_paddings = np.zeros([4, 6], np.float32)
+  src_paddings[1, 4:] = 1.0
+  tgt_paddings = np.zeros([4, 6], np.float32)
+  tgt_paddings[0, 3:] = 1.0
+  tgt_paddings[2, 5:] = 1.0
+  batch = NestedMap(
+      src_ids=tf.constant(rng.randint(1, vocab, [4, 6]), tf.int32),
+      src_paddings=tf.constant(src_paddings),
+      tgt_ids=tf.constant(rng.randint(1, vocab, [4, 6]), tf.int32),
+      tgt_labels=tf.constant(rng.randint(1, vocab, [4, 6]), tf.int32),
+      tgt_paddings=tf.constant(tgt_paddings))
+  if example_weight:
+    batch.example_weight = tf.constant([1.0, 1.0, 1.0, 0.0])
+  return batch
+
+
+def _DecoderOutputAndSoftmax(task, batch):
+  """(tgt_vecs below the softmax, the SequenceSoftmaxLayer and its theta):
+  the Transformer's other layers run as they are."""
+  layers = task.children.model.LayersWithTheta()
+  args = (NestedMap({k: v for k, v in batch.items()
+                     if k != 'example_weight'}),)
+  for layer, theta in layers[:-1]:
+    args = composite.AsArgs(layer.FProp(theta, *args))
+  return composite.FromArgs(args).tgt_vecs, layers[-1]
+
+
+def _TokenWeights(batch, dtype):
+  """[b, L] weights of the real tokens of the real rows."""
+  w = 1.0 - tf.cast(batch.tgt_paddings, dtype)
+  if 'example_weight' in batch:
+    w *= tf.cast(batch.example_weight, dtype)[:, tf.newaxis]
+  return w
 
 
 class TasksTest(tf.test.TestCase):
@@ -160,6 +216,153 @@ class TasksTest(tf.test.TestCase):
     self.assertAllClose(float(out.metrics.token_accuracy[0]), acc)
     post = task.PostProcessEvalMetrics({'log_pplx': want})
     self.assertAllClose(post['perplexity'], np.exp(want), rtol=1e-6)
+
+  def testFloat64TransformerLossAndGradientsMatchFloat64Oracle(self):
+    # Oracle: the layers below the softmax run as they are, then logits,
+    # label-smoothed cross-entropy, token weights and their mean written out
+    # in plain float64 TF. float32 anywhere in the task's loss (logits,
+    # weights, sums, normaliser) would be off by ~1e-7 relative.
+    s, rtol = 0.1, 1e-10
+    for pipeline in (False, True):
+      with self.subTest(pipeline=pipeline):
+        task = _TransformerTask(smoothing=s, pipeline=pipeline,
+                                dtype=tf.float64)
+        # 1F1B trains on full batches (no example weights).
+        batch = _NmtBatch(example_weight=not pipeline)
+        with py_utils.TrainingMode(True), tf.GradientTape(
+            persistent=True) as tape:
+          out = task.FPropDefaultTheta(batch)
+          x, (_, softmax) = _DecoderOutputAndSoftmax(task, batch)
+          logits = tf.einsum('bld,dv->blv', x, softmax.logits.w) + (
+              softmax.logits.b)
+          targets = tf.one_hot(batch.tgt_labels, 16, dtype=tf.float64) * (
+              1.0 - s) + s / 16
+          xent = -tf.reduce_sum(targets * tf.nn.log_softmax(logits), -1)
+          w = _TokenWeights(batch, tf.float64)
+          want = tf.reduce_sum(xent * w) / tf.reduce_sum(w)
+        self.assertEqual(out.loss.dtype, tf.float64)
+        for name, (value, weight) in out.metrics.items():
+          self.assertEqual((value.dtype, weight.dtype),
+                           (tf.float64, tf.float64), msg=name)
+        test_utils.AssertAllCloseScaled(self, out.loss, want, rtol)
+        self.assertEqual(float(out.metrics.num_tokens[0]),
+                         float(tf.reduce_sum(w)))
+        nll = -tf.reduce_sum(tf.one_hot(batch.tgt_labels, 16,
+                                        dtype=tf.float64) *
+                             tf.nn.log_softmax(logits), -1)
+        test_utils.AssertAllCloseScaled(
+            self, out.metrics.log_pplx[0],
+            tf.reduce_sum(nll * w) / tf.reduce_sum(w), rtol)
+        variables = task.trainable_variables
+        got = tape.gradient(out.loss, variables)
+        expected = tape.gradient(want, variables)
+        scale = max(test_utils.MaxAbs(g) for g in expected)
+        for v, g, e in zip(variables, got, expected):
+          test_utils.AssertAllCloseScaled(self, g, e, rtol, msg=v.name,
+                                          scale=scale)
+        if not pipeline:
+          logits_got = task.Logits(batch)
+          self.assertEqual(logits_got.dtype, tf.float64)
+          test_utils.AssertAllCloseScaled(self, logits_got, logits, rtol)
+
+  def testFloat64SequenceTaskOnLogitsMatchesNumpy(self):
+    # A model returning logits (the task computes the loss): float64 logits,
+    # token weights and sums; float32 would be off by ~1e-7 relative.
+    p = tasks.SequenceTask.Params().Set(
+        name='task', vocab_size=5, label_smoothing=0.2,
+        model=_LogitsModel.Params(), dtype=tf.float64)
+    task = p.Instantiate()
+    fc = task.children.model.children.fc
+    rng = np.random.RandomState(3)
+    # Weights not representable in float32 (the initialiser's are).
+    fc.vars.w.assign(rng.normal(size=[5, 5]))
+    fc.vars.b.assign(rng.normal(size=[5]))
+    ids = np.array([[1, 2, 3], [4, 0, 0], [2, 2, 1]], np.int32)
+    labels = np.array([[2, 3, 4], [1, 0, 0], [0, 1, 2]], np.int32)
+    paddings = np.array([[0, 0, 0], [0, 1, 1], [0, 0, 0]], np.float32)
+    example_weight = np.array([1, 1, 0], np.float32)
+    out = task.FPropDefaultTheta(NestedMap(
+        ids=tf.constant(ids), labels=tf.constant(labels),
+        paddings=tf.constant(paddings),
+        example_weight=tf.constant(example_weight)))
+    logits = np.eye(5)[ids] @ fc.vars.w.numpy() + fc.vars.b.numpy()
+    targets = np.eye(5)[labels] * 0.8 + 0.2 / 5
+    xent = -(targets * _LogSoftmax(logits)).sum(-1)
+    w = (1.0 - paddings.astype(np.float64)) * example_weight[:, None]
+    self.assertEqual(out.loss.dtype, tf.float64)
+    for name, (value, weight) in out.metrics.items():
+      self.assertEqual((value.dtype, weight.dtype), (tf.float64, tf.float64),
+                       msg=name)
+    self.assertAllClose(out.loss, (xent * w).sum() / w.sum(), rtol=1e-10,
+                        atol=0)
+    self.assertEqual(float(out.metrics.num_tokens[0]), 4.0)
+    nll = -np.take_along_axis(_LogSoftmax(logits), labels[..., None],
+                              -1)[..., 0]
+    self.assertAllClose(out.metrics.log_pplx[0], (nll * w).sum() / w.sum(),
+                        rtol=1e-10, atol=0)
+
+  def testFloat32SequenceLossAndGradientsEqualExplicitFloat32Ops(self):
+    # Bit for bit the float32 ops the sequence loss has always run
+    # (written out here, the task's softmax layer's Logits excepted): a
+    # float32 model is unchanged by the float64 path; bfloat16 activations
+    # keep float32 sums.
+    s = 0.1
+    task = _TransformerTask(smoothing=s)
+    batch = _NmtBatch()
+    with py_utils.TrainingMode(True), tf.GradientTape(
+        persistent=True) as tape:
+      out = task.FPropDefaultTheta(batch)
+      x, (softmax, theta) = _DecoderOutputAndSoftmax(task, batch)
+      logits = softmax.Logits(theta, NestedMap(tgt_vecs=x))
+      depth = tf.cast(tf.shape(logits)[-1], tf.float32)
+      targets = tf.one_hot(batch.tgt_labels, 16, dtype=tf.float32) * (
+          1.0 - s) + s / depth
+      xent = tf.nn.softmax_cross_entropy_with_logits(labels=targets,
+                                                     logits=logits)
+      weights = 1.0 - batch.tgt_paddings
+      per_example = tf.reduce_sum(xent * weights, axis=1)
+      tokens = tf.reduce_sum(tf.reduce_sum(weights, axis=1) *
+                             batch.example_weight)
+      want = tf.reduce_sum(per_example * batch.example_weight) / tf.maximum(
+          tokens, 1.0)
+    self.assertEqual(out.loss.dtype, tf.float32)
+    self.assertEqual(float(out.loss), float(want))
+    self.assertAllEqual(out.metrics.num_tokens[0], tokens)
+    variables = task.trainable_variables
+    for v, g, e in zip(variables, tape.gradient(out.loss, variables),
+                       tape.gradient(want, variables)):
+      self.assertAllEqual(g, e, msg=v.name)
+    # A model returning logits: the task's own float32 loss.
+    lm = tasks.SequenceTask.Params().Set(
+        name='task', vocab_size=5, label_smoothing=s,
+        model=_LogitsModel.Params()).Instantiate()
+    ids = tf.constant([[1, 2, 3], [4, 0, 0], [2, 2, 1]])
+    paddings = tf.constant([[0.0, 0, 0], [0, 1, 1], [0, 0, 0]])
+    labels = tf.constant([[2, 3, 4], [1, 0, 0], [0, 1, 2]])
+    example_weight = tf.constant([1.0, 1.0, 0.0])
+    with tf.GradientTape(persistent=True) as tape:
+      out = lm.FPropDefaultTheta(NestedMap(
+          ids=ids, labels=labels, paddings=paddings,
+          example_weight=example_weight))
+      logits = lm.children.model.FPropDefaultTheta(NestedMap(ids=ids))
+      targets = tf.one_hot(labels, 5, dtype=tf.float32) * (1.0 - s) + s / (
+          tf.cast(tf.shape(logits)[-1], tf.float32))
+      weights = (1.0 - paddings) * example_weight[:, tf.newaxis]
+      want = tf.reduce_sum(tf.nn.softmax_cross_entropy_with_logits(
+          labels=targets, logits=logits) * weights) / tf.maximum(
+              tf.reduce_sum(weights), 1.0)
+    self.assertEqual(out.loss.dtype, tf.float32)
+    self.assertEqual(float(out.loss), float(want))
+    for v, g, e in zip(lm.trainable_variables,
+                       tape.gradient(out.loss, lm.trainable_variables),
+                       tape.gradient(want, lm.trainable_variables)):
+      self.assertAllEqual(g, e, msg=v.name)
+    bf16 = _TransformerTask(smoothing=s, fprop_dtype=tf.bfloat16)
+    out = bf16.FPropDefaultTheta(batch)
+    for name, (value, weight) in out.metrics.items():
+      self.assertEqual((value.dtype, weight.dtype), (tf.float32, tf.float32),
+                       msg=name)
+    self.assertEqual(bf16.Logits(batch).dtype, tf.float32)
 
   def testSequenceTaskAcceptsPerExampleLossModels(self):
     class _SumsModel(base_layer.BaseLayer):

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import checks
+from tensorpipe import py_utils
 from tensorpipe.layers import attention
 from tensorpipe.layers import dropout
 from tensorpipe.layers import linear
@@ -394,14 +395,16 @@ class SequenceSoftmaxLayer(base_layer.BaseLayer):
     out = layer.FProp(theta, nm)
     mean_loss = sum(out.per_example_loss) / max(sum(out.per_example_tokens), 1)
 
-  Output NestedMap ([b] = examples of the batch):
-    per_example_loss [b] float32: sum over real target tokens of the
-      label-smoothed cross-entropy.
-    per_example_log_pplx [b] float32: the same without label smoothing (the
+  Output NestedMap ([b] = examples of the batch), each float32 (float64 in
+  a float64 model, as are the loss's logits and token weights:
+  py_utils.AccumulationDtype):
+    per_example_loss [b]: sum over real target tokens of the label-smoothed
+      cross-entropy.
+    per_example_log_pplx [b]: the same without label smoothing (the
       negative log-likelihood behind perplexity; per_example_loss itself
       when label_smoothing is 0).
-    per_example_tokens [b] float32: number of real (unpadded) tokens.
-    per_example_correct [b] float32: real tokens whose argmax is the label.
+    per_example_tokens [b]: number of real (unpadded) tokens.
+    per_example_correct [b]: real tokens whose argmax is the label.
   """
 
   @classmethod
@@ -455,12 +458,13 @@ class SequenceSoftmaxLayer(base_layer.BaseLayer):
     p = self.params
     self._CheckInput(nm, [p.input_key, 'tgt_labels', 'tgt_paddings'])
     logits = self.Logits(theta, nm)
+    acc = py_utils.AccumulationDtype(logits.dtype)
     labels = tf.cast(nm.tgt_labels, tf.int32)
-    weights = 1.0 - tf.cast(nm.tgt_paddings, tf.float32)
+    weights = 1.0 - tf.cast(nm.tgt_paddings, acc)
     xent = losses.SoftmaxCrossEntropyLoss(logits, labels, p.label_smoothing,
-                                          p.vocab_size)  # [b, L] float32
+                                          p.vocab_size)  # [b, L] in acc
     correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
-                               labels), tf.float32)
+                               labels), acc)
     loss = tf.reduce_sum(xent * weights, axis=1)
     log_pplx = loss
     if p.label_smoothing:

@@ -267,6 +267,42 @@ class SequenceSoftmaxLayerTest(tf.test.TestCase):
     self.assertEqual(meta.num_params, NumVars(layer))
     self.assertEqual(meta.out_shapes[0].per_example_loss.as_list(), [3])
 
+  def testFloat64LossMatchesNumpyInFloat64(self):
+    # float32 logits or sums would be off by ~1e-7 relative, 1e3 times the
+    # tolerance.
+    rng = np.random.RandomState(6)
+    v, s = 7, 0.2
+    layer = transformer.SequenceSoftmaxLayer.Params().Set(
+        name='softmax', input_dim=D, vocab_size=v, label_smoothing=s,
+        dtype=tf.float64).Instantiate()
+    nm = Seq2SeqMap(rng)
+    nm.tgt_vecs = tf.constant(rng.normal(size=[3, 4, D]) * 3.0)
+    out = layer.FPropDefaultTheta(nm)
+    self.assertEqual({k: t.dtype for k, t in out.items()},
+                     {k: tf.float64 for k in out})
+    t = Np(layer.theta)
+    logits = nm.tgt_vecs.numpy() @ t['logits']['w'] + t['logits']['b']
+    logits -= logits.max(-1, keepdims=True)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    labels = nm.tgt_labels.numpy()
+    targets = np.eye(v)[labels] * (1 - s) + s / v
+    weights = 1.0 - nm.tgt_paddings.numpy().astype(np.float64)
+    want = (-(targets * log_probs).sum(-1) * weights).sum(1)
+    rtol = 1e-10
+    test_utils.AssertAllCloseScaled(self, out.per_example_loss, want, rtol)
+    nll = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    test_utils.AssertAllCloseScaled(self, out.per_example_log_pplx,
+                                    (nll * weights).sum(1), rtol)
+    self.assertAllEqual(out.per_example_tokens, weights.sum(1))
+    test_utils.AssertAllCloseScaled(
+        self, transformer.MeanTokenLoss(out), want.sum() / weights.sum(), rtol)
+    # A float32 layer's sums stay float32.
+    out32 = transformer.SequenceSoftmaxLayer.Params().Set(
+        name='softmax', input_dim=D, vocab_size=v).Instantiate(
+        ).FPropDefaultTheta(Seq2SeqMap(rng))
+    self.assertEqual({k: t.dtype for k, t in out32.items()},
+                     {k: tf.float32 for k in out32})
+
 
 if __name__ == '__main__':
   tf.test.main()
