@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import checks
+from tensorpipe import py_utils
 from tensorpipe.layers import dropout
 
 # Added to the logits of masked positions. Large but finite so that a query
@@ -142,14 +143,16 @@ class MultiHeadedAttention(base_layer.BaseLayer):
     q = self._SplitHeads(self._Project(theta, query, 'wq', 'bq'))
     k = self._SplitHeads(self._Project(theta, source, 'wk', 'bk'))
     v = self._SplitHeads(self._Project(theta, source, 'wv', 'bv'))
-    # Logits and softmax in float32 (also for bfloat16 activations).
-    logits = tf.matmul(tf.cast(q, tf.float32), tf.cast(k, tf.float32),
+    # Logits and softmax in float32 (also for bfloat16 activations), in
+    # float64 for a float64 model (py_utils.AccumulationDtype).
+    acc = py_utils.AccumulationDtype(dtype)
+    logits = tf.matmul(tf.cast(q, acc), tf.cast(k, acc),
                        transpose_b=True) / math.sqrt(dh)  # [b, A, lq, lk]
     mask = None
     if source_paddings is not None:
-      mask = tf.cast(source_paddings, tf.float32)[:, tf.newaxis, tf.newaxis, :]
+      mask = tf.cast(source_paddings, acc)[:, tf.newaxis, tf.newaxis, :]
     if p.causal:
-      causal = CausalMask(query.shape[1])[tf.newaxis, tf.newaxis]
+      causal = CausalMask(query.shape[1], acc)[tf.newaxis, tf.newaxis]
       mask = causal if mask is None else tf.maximum(mask, causal)
     if mask is not None:
       logits += mask * _MASK_LOGIT
