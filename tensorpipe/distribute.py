@@ -182,8 +182,8 @@ def ReplicaParams(task_params: hyperparams.Params,
           f'TensorPipeLayer {pipe.name!r} sets devices={pipe.devices!r}; with '
           'data-parallel replicas each replica uses its own device group: '
           'leave devices=None')
-    k = (len(pipe.partitions) if pipe.partitions is not None else
-         pipe.num_partitions)
+    k = (len(pipe.partitions) // max(1, pipe.num_stages_per_device)
+         if pipe.partitions is not None else pipe.num_partitions)
     if k > len(group):
       raise ValueError(f'TensorPipeLayer {pipe.name!r} has {k} partitions but '
                        f'the device group {list(group)} has {len(group)} '

@@ -338,13 +338,21 @@ class TensorPipeLayer(base_layer.BaseLayer):
              "(a backward tf.while_loop with per-partition vjp; fast) or "
              "'tf_recompute_grad' (tf.recompute_grad in the forward loop).")
     p.Define('schedule', 'gpipe', "Training schedule: 'gpipe' (all forwards, "
-             "then all backwards; FProp + any tape) or '1f1b' (one forward, "
+             "then all backwards; FProp + any tape), '1f1b' (one forward, "
              'one backward: the loss is computed inside the pipeline and '
              'each partition keeps at most min(K - k, T) micro-batches in '
-             'flight; train through FPropLoss / FPropLossAndGrads; FProp is '
-             'then for inference). With recompute=False the 1F1B schedule '
-             'is unrolled in the graph (2 K T stage calls). See '
-             'pipeline_1f1b.py.')
+             "flight) or 'interleaved_1f1b' (1F1B over num_stages_per_device "
+             'stages per device, round-robin: the bubble divided by v); any '
+             'name registered with schedules.Register runs too. All but '
+             "'gpipe' train through FPropLoss / FPropLossAndGrads (FProp is "
+             'then for inference) on the schedule engine '
+             '(schedule_engine.py). With recompute=False their table is '
+             'unrolled in the graph (2 S T stage calls).')
+    p.Define('num_stages_per_device', 1, 'v: the layers are cut into K v '
+             'stages and each device runs v of them, placed by the schedule '
+             "(round-robin for 'interleaved_1f1b', which needs v >= 2). "
+             'Checkpoints are keyed by layer, so a run restores under any '
+             'K, v or schedule.')
     p.Define('grad_sum', 'sequential', "How each partition sums its weight "
              "gradients over micro-batches: 'sequential' (one running sum) "
              "or 'pairwise' (a binary tree, T.bit_length() weight-sized "
@@ -373,7 +381,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     microbatch.CheckMicroBatchParams(p.num_micro_batches, p.micro_batch_size)
     stage_params, plan = self._ResolvePartitions(p)
     self._CheckUniqueLayerNames(stage_params)
-    self._devices = devices_lib.ResolveDevices(p.devices, len(stage_params))
+    self._devices = devices_lib.ResolveDevices(
+        p.devices, len(stage_params) // self._NumStagesPerDevice(p))
     self._WarnIfDevicesShared()
     if p.recompute_impl not in _RECOMPUTE_IMPLS:
       raise ValueError(f'recompute_impl={p.recompute_impl!r} is not one of '
@@ -385,7 +394,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
       raise ValueError(f'TensorPipeLayer {p.name!r}: unroll_ticks='
                        f'{p.unroll_ticks!r} must be an int >= 1 (ticks per '
                        'loop iteration; 1 turns unrolling off)')
-    pipeline_1f1b.CheckScheduleParams(p)
+    pipeline_1f1b.CheckScheduleParams(p, len(self._devices))
     grad_sum.CheckMode(p.grad_sum, f'TensorPipeLayer {p.name!r}')
     if p.grad_sum == 'pairwise' and not (p.recompute and
                                          p.recompute_impl == 'explicit'):
@@ -396,16 +405,27 @@ class TensorPipeLayer(base_layer.BaseLayer):
           'recompute TF or the unrolled 1F1B schedule adds the gradients); '
           "set recompute=True, recompute_impl='explicit', or "
           "grad_sum='sequential'")
+    placement = pipeline_1f1b.StageDevices(p, len(self._devices))
     stages = []
     for k, layer_ps in enumerate(stage_params):
-      with tf.device(self._devices[k]):
+      device = self._devices[placement[k]]
+      with tf.device(device):
         layers = self.CreateChildren(f'partition_{k}', layer_ps)
-      stages.append(pipeline_stage.Stage(k, layers, self._devices[k]))
+      stages.append(pipeline_stage.Stage(k, layers, device))
     object.__setattr__(self, '_stages', stages)
     object.__setattr__(self, '_stage_params', stage_params)
     object.__setattr__(self, '_plan', plan)
 
   # -- construction helpers ------------------------------------------------
+
+  @staticmethod
+  def _NumStagesPerDevice(p) -> int:
+    v = p.num_stages_per_device
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise ValueError(f'TensorPipeLayer {p.name!r}: num_stages_per_device='
+                       f'{v!r} must be an int >= 1 (stages per device: 2 or '
+                       "more for schedule='interleaved_1f1b')")
+    return v
 
   def _ResolvePartitions(
       self, p) -> Tuple[List[List[Any]], Optional[partitioning.PartitionPlan]]:
@@ -430,6 +450,12 @@ class TensorPipeLayer(base_layer.BaseLayer):
         if not part:
           raise ValueError(f'TensorPipeLayer {p.name!r}: partition {k} is '
                            'empty; every partition needs at least one layer')
+      v = self._NumStagesPerDevice(p)
+      if len(parts) % v:
+        raise ValueError(
+            f'TensorPipeLayer {p.name!r}: {len(parts)} partitions (stages) do '
+            f'not fill num_stages_per_device={v} stages on each device; give '
+            f'a multiple of {v} partitions')
       if p.input_shapes is not None:
         self._CheckChain([lp for part in parts for lp in part],
                          base_layer.InputShapes(p.input_shapes))
@@ -444,10 +470,15 @@ class TensorPipeLayer(base_layer.BaseLayer):
     k = p.num_partitions
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
       raise ValueError(f'num_partitions={k!r} must be a positive int')
-    if k > len(layers):
-      raise ValueError(f'num_partitions={k} is larger than the number of '
-                       f'layers ({len(layers)}): each partition needs at least '
-                       f'one layer; use num_partitions <= {len(layers)}')
+    v = self._NumStagesPerDevice(p)
+    if k * v > len(layers):
+      what = (f'num_partitions={k}' if v == 1 else
+              f'num_partitions={k} x num_stages_per_device={v} = {k * v} '
+              'stages')
+      raise ValueError(f'{what} is larger than the number of layers '
+                       f'({len(layers)}): each stage needs at least one '
+                       f'layer; use num_partitions <= {len(layers) // v}')
+    k *= v
     if k == 1:
       return [layers], None
     if p.input_shapes is None:
@@ -512,7 +543,18 @@ class TensorPipeLayer(base_layer.BaseLayer):
 
   @property
   def num_partitions(self) -> int:
+    """K, the devices (one partition each, of v stages)."""
+    return len(self._devices)
+
+  @property
+  def num_stages(self) -> int:
+    """S = K v, the stages (`PartitionLayers` has one list each)."""
     return len(self._stages)
+
+  @property
+  def stages(self) -> List[pipeline_stage.Stage]:
+    """The S stages, each with its layers and device."""
+    return list(self._stages)
 
   @property
   def devices(self) -> List[str]:
@@ -613,11 +655,12 @@ class TensorPipeLayer(base_layer.BaseLayer):
 
   def _Check1F1BInputs(self, inputs) -> Tuple[Any, ...]:
     p = self.params
-    if p.schedule != '1f1b':
+    if p.schedule == 'gpipe':
       raise ValueError(f'TensorPipeLayer {p.name!r}: FPropLoss / '
-                       'FPropLossAndGrads run the 1F1B schedule, but schedule='
-                       f"{p.schedule!r}; set schedule='1f1b', or train with "
-                       'FProp and a tape')
+                       'FPropLossAndGrads run a schedule with the loss inside '
+                       "the pipeline, but schedule='gpipe'; set "
+                       "schedule='1f1b' (or another), or train with FProp and "
+                       'a tape')
     if not isinstance(inputs, tuple):
       inputs = (inputs,)
     if not inputs:
@@ -632,10 +675,10 @@ class TensorPipeLayer(base_layer.BaseLayer):
     p = self.params
     if not inputs:
       raise ValueError('TensorPipeLayer.FProp needs at least one input')
-    if p.schedule == '1f1b' and py_utils.IsTraining():
+    if p.schedule != 'gpipe' and py_utils.IsTraining():
       raise ValueError(
-          f"TensorPipeLayer {p.name!r} has schedule='1f1b', which trains "
-          'with the loss inside the pipeline: call FPropLoss / '
+          f'TensorPipeLayer {p.name!r} has schedule={p.schedule!r}, which '
+          'trains with the loss inside the pipeline: call FPropLoss / '
           'FPropLossAndGrads (tasks do), run FProp in eval mode '
           "(py_utils.EvalMode()), or use schedule='gpipe'")
     batch = microbatch.BatchSize(inputs, p.batch_dim)

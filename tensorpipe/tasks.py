@@ -231,9 +231,9 @@ class BaseTask(base_layer.BaseLayer):
 
 
 def _TrainsWith1F1B(model: base_layer.BaseLayer) -> bool:
-  """Whether `model` trains with the loss inside it (schedule='1f1b')."""
+  """Whether `model` trains with the loss inside it (schedule not 'gpipe')."""
   return (isinstance(model, pipeline.TensorPipeLayer) and
-          model.params.schedule == '1f1b' and py_utils.IsTraining())
+          model.params.schedule != 'gpipe' and py_utils.IsTraining())
 
 
 def _AccumulationCast(x: tf.Tensor) -> tf.Tensor:

@@ -59,8 +59,10 @@ class Event:
 
 
 # What a Recorder entry's log holds: the cells of a GPipe forward loop, of a
-# GPipe backward loop, or of a 1F1B loop (forward and backward on one clock).
-DIRECTIONS = ('forward', 'backward', '1f1b')
+# GPipe backward loop, of a 1F1B loop (forward and backward on one clock),
+# or of any schedule table the engine ran (schedule_engine: 'table', with
+# the table it ran).
+DIRECTIONS = ('forward', 'backward', '1f1b', 'table')
 
 
 @dataclasses.dataclass
@@ -70,6 +72,7 @@ class _Entry:
   num_partitions: int
   num_micro_batches: int
   tensor: Any
+  table: Any = None   # the schedules.Schedule of a 'table' log
 
 
 class Recorder:
@@ -80,18 +83,24 @@ class Recorder:
     self._marks: Dict[str, Any] = {}
 
   def Add(self, direction: str, k: int, num_partitions: int,
-          num_micro_batches: int, tensor: tf.Tensor) -> None:
-    """Registers a [ticks, 2] (forward) or [ticks, 3] (backward, 1f1b) log.
+          num_micro_batches: int, tensor: tf.Tensor, table: Any = None
+          ) -> None:
+    """Registers a [ticks, 2] (forward) or [ticks, 3] (others) log.
 
     Raises:
-      ValueError: `direction` is not one of DIRECTIONS.
+      ValueError: `direction` is not one of DIRECTIONS, or a 'table' log
+        comes without its table.
     """
     if direction not in DIRECTIONS:
       raise ValueError(f'timeline log direction {direction!r} is not one of '
                        f'{DIRECTIONS}; use \'forward\' / \'backward\' for '
-                       "GPipe's loops and '1f1b' for the 1F1B loop")
+                       "GPipe's loops, '1f1b' for the 1F1B loop and 'table' "
+                       'for a schedule table')
+    if direction == 'table' and table is None:
+      raise ValueError("a 'table' timeline log needs table=the "
+                       'schedules.Schedule it ran')
     self._entries.append(_Entry(direction, k, num_partitions,
-                                num_micro_batches, tensor))
+                                num_micro_batches, tensor, table))
 
   def Mark(self, name: str, deps: Sequence[Any] = ()) -> tf.Tensor:
     """A timestamp taken after `deps` (e.g. 'step_start', 'step_end')."""
@@ -122,6 +131,9 @@ class Recorder:
       kk, tt = e.num_partitions, e.num_micro_batches
       if e.direction == '1f1b':
         events.extend(OneFOneBEvents(rows, e.k, kk, tt))
+        continue
+      if e.direction == 'table':
+        events.extend(TableEvents(rows, e.table, e.k))
         continue
       # GPipe's loops log its table's forward ticks, then its backward ticks.
       span = schedules.NumClockTicks(kk, tt)
@@ -326,10 +338,11 @@ class Probe:
     return tf.reshape(tf.stack(stamps), [1, len(stamps)])
 
   def Add(self, direction: str, k: int, num_partitions: int,
-          num_micro_batches: int, log: Any) -> None:
+          num_micro_batches: int, log: Any, table: Any = None) -> None:
     """Hands partition k's finished log to the recorder (`Recorder.Add`)."""
     if self._rec:
-      self._rec.Add(direction, k, num_partitions, num_micro_batches, log)
+      self._rec.Add(direction, k, num_partitions, num_micro_batches, log,
+                    table)
 
 
 def ActiveProbe() -> Probe:

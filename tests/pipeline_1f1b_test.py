@@ -26,6 +26,7 @@ from tensorpipe import base_layer
 from tensorpipe import pipeline
 from tensorpipe import pipeline_1f1b
 from tensorpipe import py_utils
+from tensorpipe import schedule_program
 from tensorpipe import schedules
 from tensorpipe import tasks
 from tensorpipe import test_utils
@@ -284,42 +285,49 @@ class SlotBoundTest(tf.test.TestCase):
     # and keeps nothing. GPipe would keep T (+1) per partition.
     self.assertEqual(_SlotListsByWidth(4, 8), {6: [3], 7: [2], 8: [1]})
     self.assertEqual(_SlotListsByWidth(4, 2), {6: [2], 7: [2], 8: [1]})
-    self.assertEqual([pipeline_1f1b.NumSlots(k, 4, 8) for k in range(4)],
-                     [0, 3, 2, 1])
+    program = schedule_program.Compile(schedules.Build('1f1b', 4, 8))
+    self.assertEqual(program.num_slots, [0, 3, 2, 1])
 
 
 class SteadyLoopTest(tf.test.TestCase):
 
   def testLoopsCoverEveryTickAndSteadyOpsFollowTheSchedule(self):
+    """The engine's loop plan for 1F1B: the ticks on which every partition
+    works run as a loop of (forward, backward) pairs with no switch."""
     for k_total in range(1, 6):
       for t_total in range(1, 10):
         case = (k_total, t_total)
         ticks = schedules.OneFOneBNumClockTicks(k_total, t_total)
-        loops = pipeline_1f1b._Loops(k_total, t_total, one_loop=False)  # pylint: disable=protected-access
-        self.assertEqual(loops[0][0], 0, case)
-        self.assertEqual(loops[-1][1], ticks, case)
-        for (_, end, _), (first, _, _) in zip(loops, loops[1:]):
-          self.assertEqual(end, first, case)
-        steady = [loop for loop in loops if loop[2]]
-        if t_total <= k_total:
-          # No tick on which every partition works twice in a row.
-          self.assertEqual(loops, [(0, ticks, [])], case)
+        program = schedule_program.Compile(
+            schedules.Build('1f1b', k_total, t_total))
+        loops = program.loops
+        self.assertEqual(loops[0].first, 0, case)
+        self.assertEqual(loops[-1].end, ticks, case)
+        for a, b in zip(loops, loops[1:]):
+          self.assertEqual(a.end, b.first, case)
+        steady = [loop for loop in loops if loop.steady]
+        if t_total <= k_total and k_total > 1:
+          # No two ticks in a row on which every partition works.
+          self.assertEqual([tuple(x) for x in loops], [(0, ticks, ())], case)
           continue
         self.assertLen(steady, 1)
         first, end, ops = steady[0]
-        self.assertEqual((first, end), (2 * k_total - 1, 2 * t_total - 1))
+        # K > 1: ticks 2K - 1 .. 2T - 2; K = 1 works on every tick.
+        want = (2 * k_total - 1, 2 * t_total - 1) if k_total > 1 else (
+            0, ticks)
+        self.assertEqual((first, end), want, case)
         self.assertEqual((end - first) % 2, 0, case)
         for c in range(first, end):
           for k in range(k_total):
             op, _ = schedules.OneFOneBCell(c, k, k_total, t_total)
-            self.assertEqual(ops[(c - first) % 2][k], op, (case, c, k))
             self.assertNotEqual(op, schedules.IDLE, (case, c, k))
-        # Each partition runs one forward and one backward per pair.
-        for k in range(k_total):
-          self.assertCountEqual([ops[0][k], ops[1][k]],
-                                [schedules.FORWARD, schedules.BACKWARD])
-    self.assertEqual(pipeline_1f1b._Loops(2, 8, one_loop=True),  # pylint: disable=protected-access
-                     [(0, 18, [])])
+            cell = program.cells[k][ops[(c - first) % 2][k] - 1]
+            self.assertEqual(cell, ('F' if op == schedules.FORWARD else 'B',
+                                    k), (case, c, k))
+    self.assertEqual(
+        [tuple(x) for x in schedule_program.Compile(
+            schedules.Build('1f1b', 2, 8), one_loop=True).loops],
+        [(0, 18, ())])
 
   def testSteadyLoopBodyHasNoSwitch(self):
     layer = pipeline.TensorPipeLayer.Params().Set(
@@ -539,15 +547,35 @@ class BadInputTest(tf.test.TestCase):
 
   def testUnknownScheduleRaises(self):
     with self.assertRaisesRegex(ValueError, r"schedule='pipedream' is not "
-                                r"one of \('gpipe', '1f1b'\)"):
+                                r"one of \['1f1b', 'gpipe', "
+                                r"'interleaved_1f1b'.*schedules.Register"):
       self._Pipe(schedule='pipedream')
 
-  def testTableOnlyScheduleRaises(self):
-    with self.assertRaisesRegex(ValueError, r"schedule='zb_v' is a schedule "
-                                r'table \(schedules.Build\) that '
-                                r"TensorPipeLayer does not run yet; use "
-                                r"schedule='gpipe' or '1f1b'"):
-      self._Pipe(schedule='zb_v')
+  def testSplitBackwardScheduleRaises(self):
+    for schedule, v in (('zb_h1', 1), ('zb_v', 2)):
+      with self.assertRaisesRegex(
+          ValueError, f"schedule='{schedule}' splits the backward pass into "
+          r'input- and weight-gradient cells \(I, W\), which TensorPipeLayer '
+          "does not run yet; use schedule='1f1b' or 'interleaved_1f1b'"):
+        self._Pipe(schedule=schedule, num_stages_per_device=v)
+
+  def testStagesPerDeviceTheScheduleCannotPlaceRaise(self):
+    with self.assertRaisesRegex(ValueError, "TensorPipeLayer 'TensorPipe': "
+                                "schedule '1f1b' runs one stage per device, "
+                                'got num_stages_per_device=2; use 1, or '
+                                'schedule="interleaved_1f1b"'):
+      self._Pipe(num_stages_per_device=2)
+    with self.assertRaisesRegex(ValueError, "schedule='gpipe' runs one stage "
+                                'per device, got num_stages_per_device=2'):
+      self._Pipe(schedule='gpipe', num_stages_per_device=2)
+    with self.assertRaisesRegex(ValueError, 'interleaved_1f1b needs '
+                                'num_micro_batches a multiple of '
+                                'num_devices=2, got 3; use T=4'):
+      self._Pipe(schedule='interleaved_1f1b', num_stages_per_device=2,
+                 num_micro_batches=3, input_shapes=[[3 * BATCH, 8, 8, 2]])
+    with self.assertRaisesRegex(ValueError, 'num_stages_per_device=0 must be '
+                                'an int >= 1'):
+      self._Pipe(num_stages_per_device=0)
 
   def testTfRecomputeGradImplRaises(self):
     with self.assertRaisesRegex(ValueError, "recompute_impl="

@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import pipeline
-from tensorpipe import pipeline_1f1b
+from tensorpipe import schedule_engine
 from tensorpipe import simulator
 from tensorpipe import test_utils
 from tools.benchmark_lib import analysis
@@ -113,7 +113,7 @@ class StepTest(tf.test.TestCase):
   def testTicksInFlightAreTheLoops(self):
     self.assertEqual(analysis.TICKS_IN_FLIGHT, {
         'gpipe': pipeline._PARALLEL_ITERATIONS,  # pylint: disable=protected-access
-        '1f1b': pipeline_1f1b.PARALLEL_ITERATIONS})
+        '1f1b': schedule_engine.PARALLEL_ITERATIONS})
 
 
 class AnalysisTest(unittest.TestCase):

@@ -19,7 +19,7 @@ Result = results_lib.Result
 _SOURCES = ('pipeline', 'isolated')
 # Ticks in flight of each schedule's loops (tf.while_loop's
 # parallel_iterations): pipeline._PARALLEL_ITERATIONS and
-# pipeline_1f1b.PARALLEL_ITERATIONS (benchmark_1f1b_test checks both).
+# schedule_engine.PARALLEL_ITERATIONS (benchmark_1f1b_test checks both).
 # 1F1B without recompute has no loop: its schedule is unrolled in the graph
 # with per-partition control dependencies, i.e. dataflow (no tick barrier).
 TICKS_IN_FLIGHT = {'gpipe': 1, '1f1b': 2}

@@ -253,7 +253,7 @@ def _MeanLoss(layer: Any, x: tf.Tensor) -> tf.Tensor:
   the output sum over elements per example, divided by the batch size.
   """
   if not (isinstance(layer, pipeline.TensorPipeLayer) and
-          layer.params.schedule == '1f1b'):
+          layer.params.schedule != 'gpipe'):
     return tf.reduce_mean(tf.nest.flatten(layer.FPropDefaultTheta(x))[0])
 
   def LossFn(outputs, unused_targets):

@@ -1,0 +1,249 @@
+"""A schedule table compiled for the TF engine: what each device does per tick.
+
+`schedules.Schedule` says which action (op, micro-batch, stage) each device
+runs on each tick. `Compile` turns a validated table into the constant
+tables and loop plan that `schedule_engine.Run` builds its tf.while_loops
+from, in pure Python (no TF), so every decision here has a literal test:
+
+- Branches. Device d's distinct (op, stage) pairs, in first-use order, are
+  its cells; branch 0 is idle. `branch[d][c]` is device d's cell on tick c.
+- Micro-batch labels. The engine runs table label m on mini-batch
+  micro-batch `real[m]`, chosen so that stage 0's backward cells take the
+  micro-batches T-1, ..., 0 in tick order: every stage that runs its
+  backward cells in stage 0's order then sums its weight gradients in the
+  order of GPipe's backward pass, so the schedules' gradients are equal bit
+  for bit (pipeline_1f1b.MicroBatchOf has the reason). 1F1B's backward runs
+  labels 0 .. T-1, so label m is micro-batch T-1-m there; GPipe's runs
+  T-1 .. 0, so its labels are the micro-batches.
+- Boundary slots. Stage s > 0 keeps micro-batch m's input from its F to its
+  B in slot `table.Slots()[(s, m)]`; `slot[d][c]` is the slot of device d's
+  cell on tick c.
+- Rings. Stage s's forward output travels to stage s + 1 (and stage s's
+  input gradient to stage s - 1) through a buffer in the producer's loop
+  state. A consumer reads on a later tick, so the buffer must hold each
+  value until then: with depth R the producer's j-th output goes to entry
+  j mod R and must be read before output j + R is written. `Ring` finds the
+  least R. In GPipe and 1F1B every consumer reads on the very next
+  producer tick (R = 1: one latched tensor, as the engines always had); in
+  interleaved 1F1B a device may run forwards of its other stages before the
+  next device takes the output, so some edges need R = 2 or more.
+- Loops. Ticks on which every device works and whose branches repeat with
+  a fixed period p (no (op, stage) twice in a period) run as a loop of p ticks per iteration with each device's cell fixed in the graph
+  (`steady`); the ticks before and after run one tick per iteration and
+  switch on `branch` (tf.switch_case). With period p each stage adds to its
+  sums at most once per iteration, so Grappler finds no two additions of one
+  sum in a loop body to fuse into an AddN (which adds in another order).
+"""
+
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from tensorpipe import schedules
+from tensorpipe.schedules import Action
+
+IDLE = 0
+# Periods tried for the steady loop, in units of ticks (more gives a bigger
+# loop body, traced once).
+MAX_PERIOD = 16
+
+
+class Ring(NamedTuple):
+  """One boundary edge's buffer: depth, producer's write and consumer's read
+  entry per tick (0 on ticks without one)."""
+  depth: int
+  write: List[int]
+  read: List[int]
+
+
+class Loop(NamedTuple):
+  """Ticks [first, end); steady: per tick of the period, per device, its
+  branch (the loop body runs the whole period), or () for a switching loop
+  (one tick per iteration)."""
+  first: int
+  end: int
+  steady: Tuple[Tuple[int, ...], ...]
+
+
+class Program(NamedTuple):
+  """What `schedule_engine.Run` builds from (see the module docstring).
+
+  Attributes:
+    table: the validated schedule.
+    stage_device: per stage, its device index.
+    cells: per device, its (op, stage) cells; branch b > 0 is cells[b - 1].
+    branch: per device, per tick, its branch (0 idle).
+    micro_batch: per device, per tick, the mini-batch micro-batch its cell
+      works on (0 when idle).
+    slot: per device, per tick, the boundary slot its cell writes (F) or
+      reads (B) (0 when it has none).
+    num_slots: per stage, the boundary inputs it keeps (0 for stage 0).
+    out_rings: per stage s < S - 1, the ring of its outputs to stage s + 1.
+    dx_rings: per stage s > 0, the ring of its input gradients to s - 1.
+    real: per table label m, the micro-batch it runs.
+    loops: the loops over all ticks, in order.
+  """
+  table: schedules.Schedule
+  stage_device: List[int]
+  cells: List[List[Tuple[str, int]]]
+  branch: List[List[int]]
+  micro_batch: List[List[int]]
+  slot: List[List[int]]
+  num_slots: List[int]
+  out_rings: List[Optional[Ring]]
+  dx_rings: List[Optional[Ring]]
+  real: List[int]
+  loops: List[Loop]
+
+  @property
+  def num_devices(self) -> int:
+    return self.table.num_devices
+
+  @property
+  def num_stages(self) -> int:
+    return self.table.num_stages
+
+  @property
+  def num_ticks(self) -> int:
+    return self.table.num_ticks
+
+
+def Labels(table: schedules.Schedule) -> List[int]:
+  """Per label m, the micro-batch it runs (module docstring: labels)."""
+  tt = table.num_micro_batches
+  dev = table.StageDevice()[0]
+  order = [a.micro_batch for a in table.Orders()[dev]
+           if a.stage == 0 and a.op in 'BI']
+  real = [0] * tt
+  for i, m in enumerate(order):
+    real[m] = tt - 1 - i
+  return real
+
+
+def MakeRing(produced: Sequence[Tuple[int, int]],
+             consumed: Dict[int, int], num_ticks: int) -> Ring:
+  """The least-depth ring for one edge.
+
+  Args:
+    produced: (tick, micro-batch) of the producer's cells, in tick order.
+    consumed: micro-batch -> the tick its consumer cell reads it.
+    num_ticks: the table's ticks.
+  """
+  n = len(produced)
+  reads = [consumed[m] for _, m in produced]
+  depth = 1
+  while any(reads[j] > produced[j + depth][0] for j in range(n - depth)):
+    depth += 1
+  write, read = [0] * num_ticks, [0] * num_ticks
+  for j, ((c, _), r) in enumerate(zip(produced, reads)):
+    write[c] = j % depth
+    read[r] = j % depth
+  return Ring(depth, write, read)
+
+
+def _Rings(table: schedules.Schedule):
+  """(out_rings, dx_rings) per stage (module docstring: rings)."""
+  ss = table.num_stages
+  ticks = sorted(((c, a) for a, (_, c) in table.Ticks().items()),
+                 key=lambda x: x[0])
+  f_of = {s: [(c, a.micro_batch) for c, a in ticks
+              if a.op == 'F' and a.stage == s] for s in range(ss)}
+  b_of = {s: [(c, a.micro_batch) for c, a in ticks
+              if a.op in 'BI' and a.stage == s] for s in range(ss)}
+  out_rings, dx_rings = [], []
+  for s in range(ss):
+    out_rings.append(MakeRing(f_of[s], {m: c for c, m in f_of[s + 1]},
+                              table.num_ticks) if s < ss - 1 else None)
+    dx_rings.append(MakeRing(b_of[s], {m: c for c, m in b_of[s - 1]},
+                             table.num_ticks) if s > 0 else None)
+  return out_rings, dx_rings
+
+
+def SteadyRun(branch: Sequence[Sequence[int]], max_period: int = MAX_PERIOD
+              ) -> Optional[Tuple[int, int, int]]:
+  """(first, end, period) of the longest periodic busy run of ticks, or None.
+
+  On ticks [first, end) (two or more) every device works (no idle cell),
+  every device's branch repeats with the period, (end - first) is a
+  multiple of it, and no device runs one (op, stage) twice within a period. Ties go to the
+  earlier run, then the smaller period. In 1F1B this is the ticks
+  2K - 1 .. 2T - 2 with period 2 (a forward and a backward cell each).
+  """
+  kk, num_ticks = len(branch), len(branch[0])
+  busy = [all(branch[d][c] != IDLE for d in range(kk))
+          for c in range(num_ticks)]
+  best = None
+  for p in range(1, max_period + 1):
+    for c in range(num_ticks - p + 1):
+      if not all(busy[c:c + p]) or any(
+          len(set(branch[d][c:c + p])) < p for d in range(kk)):
+        continue
+      end = c + p
+      while end + p <= num_ticks and all(busy[end:end + p]) and all(
+          branch[d][end + i] == branch[d][end + i - p]
+          for d in range(kk) for i in range(p)):
+        end += p
+      if end - c >= 2 and (best is None or end - c > best[1] - best[0]):
+        best = (c, end, p)
+  return best
+
+
+def _Loops(branch, cells, one_loop: bool) -> List[Loop]:
+  ticks = len(branch[0])
+  run = None if one_loop else SteadyRun(branch)
+  if run is None:
+    return [Loop(0, ticks, ())]
+  first, end, p = run
+  steady = tuple(tuple(branch[d][first + i] for d in range(len(branch)))
+                 for i in range(p))
+  loops = [Loop(0, first, ()), Loop(first, end, steady), Loop(end, ticks, ())]
+  return [loop for loop in loops if loop.end > loop.first]
+
+
+def Compile(table: schedules.Schedule, one_loop: bool = False) -> Program:
+  """The `Program` of a validated table.
+
+  Args:
+    table: a schedule that passed `Validate()` with F and B cells only.
+    one_loop: run every tick in one switching loop (the timeline's
+      recorded step: see timeline.Unordered).
+
+  Raises:
+    ValueError: the table holds I or W cells (the input / weight gradient
+      split is not built yet).
+  """
+  for d, row in enumerate(table.grid):
+    for c, a in enumerate(row):
+      if a is not None and a.op in 'IW':
+        raise ValueError(
+            f'schedule {table.name!r} splits the backward pass ({a} on '
+            f'device {d}, tick {c}); the engine runs F and B cells only '
+            'for now: use a schedule without I and W cells (gpipe, 1f1b, '
+            'interleaved_1f1b)')
+  kk, ticks = table.num_devices, table.num_ticks
+  real = Labels(table)
+  slots = table.Slots()
+  stage_device = [table.StageDevice()[s] for s in range(table.num_stages)]
+  cells: List[List[Tuple[str, int]]] = [[] for _ in range(kk)]
+  branch = [[IDLE] * ticks for _ in range(kk)]
+  micro_batch = [[0] * ticks for _ in range(kk)]
+  slot = [[0] * ticks for _ in range(kk)]
+  for d, row in enumerate(table.grid):
+    for c, a in enumerate(row):
+      if a is None:
+        continue
+      key = (a.op, a.stage)
+      if key not in cells[d]:
+        cells[d].append(key)
+      branch[d][c] = 1 + cells[d].index(key)
+      micro_batch[d][c] = real[a.micro_batch]
+      if a.stage > 0:
+        slot[d][c] = slots[(a.stage, a.micro_batch)]
+  num_slots = [0] + [table.NumSlots()[s] for s in range(1, table.num_stages)]
+  out_rings, dx_rings = _Rings(table)
+  return Program(table, stage_device, cells, branch, micro_batch, slot,
+                 num_slots, out_rings, dx_rings, real,
+                 _Loops(branch, cells, one_loop))
+
+
+def CellOf(program: Program, d: int, c: int) -> Optional[Action]:
+  """The table action of device d on tick c (None when idle)."""
+  return program.table.grid[d][c]
