@@ -4,12 +4,14 @@ GPipe (Huang et al. 2018, arXiv 1811.06965) cuts a sequence of L layers into K
 partitions placed on K devices, splits the mini-batch of N examples into T
 micro-batches and pipelines them: at clock tick c partition k works on
 micro-batch t = c - k, so the K devices work at the same time on different
-micro-batches. The backward pass runs the mirrored schedule; both loops take
-t and the number of ticks from `schedules`, the schedule's one definition.
-Each pass runs as up to three tf.while_loops (`_TickLoops`): K - 1 ramp-up
-ticks, the ticks where every partition is busy (no tf.cond: the cond was
-most of a tick's fixed cost; `unroll_ticks` of them per loop iteration) and
-K - 1 ramp-down ticks; the graph does not grow with T. Only the activations
+micro-batches. The backward pass runs the mirrored schedule. Both passes
+are the `gpipe` table (`schedules.Build`: its F ticks, then its B ticks),
+run by the one schedule engine that runs every schedule
+(`schedule_engine.Run`). Each pass runs as up to three tf.while_loops
+(`schedule_program.Loops`): K - 1 ramp-up ticks, the ticks where every
+partition is busy (no tf.cond: the cond was most of a tick's fixed cost;
+`unroll_ticks` of them per loop iteration) and K - 1 ramp-down ticks; the
+graph does not grow with T. Only the activations
 at partition boundaries are kept (stage 0's are the stacked inputs
 themselves); each partition's forward pass is recomputed in the backward
 pass. Gradients are summed over micro-batches, so one optimizer step per
@@ -22,14 +24,14 @@ Pseudo-code of one training step (`recompute=True`):
   x[t] = micro-batch t of the inputs                    # [T, N/T, ...]
   for c in range(T + K - 1):                             # tf.while_loop
     for k in range(K):                                   # concurrently
-      t = c - k                                          # schedules.py
+      t = c - k                                          # the table
       if 0 <= t < T:
         saved[k][t] = in_k                               # boundary activation
         out_k, stats_k += F_k(theta_k, in_k)             # on device k
   y = concat(out_{K-1})                                  # [N, ...]
   for c in range(T + K - 1):                             # backward tick
     for k in range(K):
-      t = T - 1 - (c - (K - 1 - k))                      # schedules.py
+      t = T - 1 - (c - (K - 1 - k))                      # the table
       if 0 <= t < T:
         dx_k, dtheta_k += vjp(F_k, saved[k][t], dy_k)    # recompute + backprop
   moving stats of batch norm <- stats summed over all micro-batches
@@ -40,17 +42,16 @@ inside the forward loop: autodiff of a `tf.while_loop` stacks every tensor
 the loop body's gradient needs, and with `tf.recompute_grad` in the body that
 still included the partition's inputs and made it much slower than the
 forward-plus-backward cost (see tools/benchmark). `recompute_impl=
-'tf_recompute_grad'` keeps that formulation for comparison.
+'tf_recompute_grad'` keeps that formulation for comparison (the engine's
+forward run with `Ends(autodiff='recompute_grad')`).
 
 With one partition and one micro-batch (K=1, T=1) nothing is pipelined:
 FProp then calls the partition directly, without loops, and skips the
 recompute (it would save no memory there). The loops run one clock tick at
 a time (parallel_iterations=1), which bounds the weight gradients in flight;
 the backward loop adds each tick's weight gradients inside its tf.cond so
-bubble ticks cost no weight-sized add. Each cell's result is a small named
-structure (`_Cell` forward, `_GradCell` backward) that tf.cond and the loop
-state see flattened by tf.nest; a stage's boundary structures are traced
-once per call (`pipeline_stage.InferSpecs`). Inside `timeline.Record()` (at
+bubble ticks cost no weight-sized add. A stage's boundary structures are
+traced once per call (`pipeline_stage.InferSpecs`). Inside `timeline.Record()` (at
 trace time) every stage call also records tf.timestamp() before and after
 (and after the recomputed forward), for tools/benchmark's timeline; all of
 it goes through one `timeline.Probe`, which builds nothing when off.
@@ -75,6 +76,8 @@ from tensorpipe import partitioning
 from tensorpipe import pipeline_1f1b
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
+from tensorpipe import schedule_engine
+from tensorpipe import schedule_program
 from tensorpipe import schedules
 from tensorpipe import timeline
 from tensorpipe.layers import composite
@@ -90,202 +93,11 @@ _RECOMPUTE_IMPLS = ('explicit', 'tf_recompute_grad')
 _PARALLEL_ITERATIONS = 1
 
 
-def _TickLoops(num_partitions: int, num_micro_batches: int, split: bool,
-               unroll: int = 1) -> List[Tuple[int, int, bool, int]]:
-  """The while loops that run one pass's ticks: (first, end, guarded, unroll).
-
-  On ticks K - 1 .. T - 1 every partition has a micro-batch, in the forward
-  pass (t = c - k) and in the backward pass (t = T - 1 - (c - (K - 1 - k))),
-  so a loop over them needs no tf.cond, clamping or masking: only the K - 1
-  ticks before and after it have bubbles. `split` runs those three ranges
-  as three loops; otherwise, or when T < K (no tick has every partition
-  busy), one guarded loop runs all ticks. The per-partition tf.cond of a
-  guarded tick was most of a tick's fixed cost (tools/benchmark --tick_cost);
-  K=1 builds no cond at all. The loops that TF's autodiff differentiates
-  (recompute off or 'tf_recompute_grad') and the timeline's recorded step
-  (its stamps stay unordered inside tf.cond only, see timeline.Unordered)
-  use one loop.
-
-  The steady loop runs `unroll` ticks per iteration (the loop's own cost,
-  its control ops per loop variable and, with K devices, the loop condition
-  sent to each of them, is then paid once per `unroll` ticks). Its ticks
-  left over by `unroll` join the ramp-up loop (guarded, so it runs any
-  tick); with K=1 there is none, and they run as a loop of their own. The
-  graph holds at most unroll + 2 copies of each partition's tick, whatever
-  T is.
-  """
-  ticks = schedules.NumClockTicks(num_partitions, num_micro_batches)
-  if not split or num_micro_batches < num_partitions:
-    return [(0, ticks, True, 1)]
-  k1 = num_partitions - 1
-  left = (num_micro_batches - k1) % unroll
-  loops = [(0, k1 + left, num_partitions > 1, 1),
-           (k1 + left, num_micro_batches, False, unroll),
-           (num_micro_batches, ticks, True, 1)]
-  return [loop for loop in loops if loop[1] > loop[0]]
-
-
-def _RunTickLoops(body: Any, state: Any,
-                  loops: List[Tuple[int, int, bool, int]],
-                  micro_batch_fn: Any, devices: List[str],
-                  with_clock: bool, self_bounded: bool = False) -> Any:
-  """Runs `body` over the ticks of `loops` (`_TickLoops`); returns the state.
-
-  The loop state holds partition k's micro-batch index t on device k; the
-  loop advances it there by t(c + 1) - t(c) (+1 forward, -1 backward), so
-  no partition computes t from a clock received from another device on
-  every tick, and the loop's own iteration counter ends it. A loop with
-  `unroll` u > 1 runs u ticks per iteration ((end - first) % u == 0).
-
-  Args:
-    body: (guarded, ts, clock, *state) -> state, for one tick; ts[k] is
-      `micro_batch_fn(clock, k)`; clock is the tick (a scalar tensor) if
-      `with_clock`, else None.
-    state: the loop state.
-    loops: `_TickLoops`.
-    micro_batch_fn: (tick, k) -> t, the schedule (`schedules`).
-    devices: the K partitions' devices.
-    with_clock: carry the tick itself too (the timeline's logs need it).
-    self_bounded: with one partition and no clock, end each loop on the
-      partition's own t (no iteration counter: two ops less per tick, a
-      tenth of K=1's fixed tick cost). Only for loops TF does not
-      differentiate (autodiff of a while loop counts its iterations).
-  """
-  for first, end, guarded, unroll in loops:
-    ts, steps = [], []
-    for k, device in enumerate(devices):
-      t0 = micro_batch_fn(first, k)
-      steps.append(micro_batch_fn(first + 1, k) - t0)
-      with tf.device(device):
-        ts.append(tf.constant(t0))
-    clock = [tf.constant(first)] if with_clock else []
-
-    def Tick(ts, clock, *args, guarded=guarded, steps=steps, barrier=False):
-      out = body(guarded, ts, clock[0] if clock else None, *args)
-      new_ts = []
-      for t, step, device in zip(ts, steps, devices):
-        # Inside an unrolled loop body the next tick's index on device k
-        # waits for this tick's state there. That keeps one tick at a time
-        # per device, as parallel_iterations=1 does between iterations (two
-        # ticks at once would hold two ticks' activations and weight
-        # gradients), and no sum that this tick leaves (weight gradients,
-        # batch-norm statistics) can be merged by Grappler's arithmetic
-        # optimizer with the next tick's addition into one AddN, which adds
-        # in another order (it leaves nodes that drive a control dependency
-        # alone): training then gives unroll_ticks=1's bits.
-        deps = _TensorsOn(device, out) if barrier else []
-        with tf.device(device), tf.control_dependencies(deps):
-          new_ts.append(t + step)
-      return (new_ts, [c + 1 for c in clock]) + tuple(out)
-
-    def Ticks(*args, unroll=unroll, tick=Tick):
-      for i in range(unroll):
-        args = tick(*args, barrier=i < unroll - 1)
-      return args
-    loop_vars = (ts, clock) + tuple(state)
-    if self_bounded and len(devices) == 1 and not with_clock:
-      # t after the loop's last tick; t moves by steps[0] (+1 or -1).
-      t_end = micro_batch_fn(end, 0)
-      if steps[0] > 0:
-        cond = lambda ts, *_, t_end=t_end: ts[0] < t_end
-      else:
-        cond = lambda ts, *_, t_end=t_end: ts[0] > t_end
-      state = tf.while_loop(cond, Ticks, loop_vars,
-                            parallel_iterations=_PARALLEL_ITERATIONS)[2:]
-      continue
-    state = tf.while_loop(
-        lambda *_: tf.constant(True), Ticks, loop_vars,
-        maximum_iterations=(end - first) // unroll,
-        parallel_iterations=_PARALLEL_ITERATIONS)[2:]
-  return state
-
-
-def _TensorsOn(device: str, structure: Any) -> List[tf.Tensor]:
-  """The tensors of `structure` on `device` (of a TensorArray: its flow).
-
-  '/device:CPU:1' matches a tensor on '/job:localhost/replica:0/task:0/
-  device:CPU:1' (graph tensors carry the full name) and the reverse
-  (`devices_lib.Matches`).
-  """
-  spec = tf.DeviceSpec.from_string(device)
-  out = []
-  for x in tf.nest.flatten(structure):
-    if isinstance(x, tf.TensorArray):
-      x = x.flow
-    if isinstance(x, tf.Tensor) and x.device:
-      if devices_lib.Matches(spec, tf.DeviceSpec.from_string(x.device)):
-        out.append(x)
-  return out
-
-
-def _Zeros(specs: Any) -> Any:
-  """Zero tensors in the structure of `specs` (TensorSpec leaves)."""
-  return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
-
-
-class _Cell(NamedTuple):
-  """What one forward cell (partition k, tick c) yields, bubble or not."""
-  outputs: List[tf.Tensor]        # the stage's flat outputs, [N/T, ...]
-  stats: List[List[tf.Tensor]]    # per batch-norm layer, BatchStats.Flatten()
-  stamps: List[tf.Tensor]         # timeline: [start, end]; [] when off
-
-
-class _GradCell(NamedTuple):
-  """What one backward cell yields: recompute + vjp of a micro-batch."""
-  dx: List[tf.Tensor]             # gradients of the stage's float inputs
-  dtheta: List[tf.Tensor]         # flat weight gradients summed so far
-  stamps: List[tf.Tensor]         # timeline: [start, mid, end]; [] when off
-
-
 class _ForwardResult(NamedTuple):
-  """What the forward loop hands on."""
+  """What the forward pass hands on."""
   outputs: List[tf.Tensor]        # last stage's flat outputs, [T, N/T, ...]
   stats: List[List[List[tf.Tensor]]]  # per stage and layer, summed over t
   saved: Optional[List[List[tf.Tensor]]]  # per stage, inputs [T, ...]
-
-
-def _GradientOnDevice(fn, device: str):
-  """`fn` (flat tensors -> flat tensors) whose gradient is built on `device`.
-
-  TF's autodiff of a tf.while_loop builds the gradient loop's body outside
-  the forward body's tf.device blocks, so the placer put every gradient op
-  of an unrecomputed (or tf.recompute_grad) pipeline on the default device,
-  CPU:0 or GPU:0: the backward pass of all K partitions on one device. A
-  tf.custom_gradient whose gradient function runs the tape's backprop of the
-  call inside tf.device(device) places those ops on the partition's device.
-  The tape only records at trace time (no runtime cost); the activations
-  its gradient needs are those autodiff would keep anyway.
-  """
-  @tf.custom_gradient
-  def Wrapped(*args):
-    floats = [a for a in args if a.dtype.is_floating]
-    with tf.GradientTape(watch_accessed_variables=False) as tape:
-      tape.watch(floats)
-      # tf.identity: custom_gradient needs every output made in this graph
-      # (a stage may pass through a tensor captured from outside).
-      outs = [tf.identity(o) for o in fn(*args)]
-
-    def Grad(*dys, variables=None):
-      ys, out_grads = [], []
-      for y, dy in zip(outs, dys):
-        if y.dtype.is_floating:
-          ys.append(y)
-          out_grads.append(tf.zeros_like(y) if dy is None else dy)
-      with tf.device(device):
-        grads = iter(tape.gradient(
-            ys, floats, output_gradients=out_grads,
-            unconnected_gradients=tf.UnconnectedGradients.ZERO))
-      d_args = [next(grads) if a.dtype.is_floating else None for a in args]
-      if variables:
-        return d_args, [None] * len(variables)
-      return d_args
-    return outs, Grad
-  return Wrapped
-
-
-def _CellSpecs(spec: pipeline_stage.StageSpecs) -> _Cell:
-  """The structure of a forward `_Cell` (without stamps), as specs."""
-  return _Cell(list(spec.out_specs), spec.StatsSpecs(), [])
 
 
 class TensorPipeLayer(base_layer.BaseLayer):
@@ -413,6 +225,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
         layers = self.CreateChildren(f'partition_{k}', layer_ps)
       stages.append(pipeline_stage.Stage(k, layers, device))
     object.__setattr__(self, '_stages', stages)
+    object.__setattr__(self, '_placement', placement)
     object.__setattr__(self, '_stage_params', stage_params)
     object.__setattr__(self, '_plan', plan)
 
@@ -702,12 +515,15 @@ class TensorPipeLayer(base_layer.BaseLayer):
     flat_stacked = microbatch.FlattenTensors(stacked)
     if training and p.recompute and p.recompute_impl == 'explicit':
       result = self._RecomputedPipeline(specs, flat_stacked, thetas, num_mb,
-                                        mb_size, probe)
+                                        mb_size)
     else:
-      result = self._ForwardLoop(
-          specs, flat_stacked, thetas, num_mb, mb_size, probe,
-          save_inputs=False, wrap_recompute_grad=training and p.recompute,
-          place_gradients=training)
+      # TF's autodiff differentiates the loop: in training, each stage's
+      # gradient on its device, under tf.recompute_grad with recompute.
+      autodiff = ('' if not training else
+                  'recompute_grad' if p.recompute else 'place')
+      result = self._ForwardLoop(specs, flat_stacked, thetas, num_mb,
+                                 mb_size, save_inputs=False,
+                                 autodiff=autodiff)
     if training:
       self._ReportStats(specs, result.stats)
     with tf.device(self._stages[-1].device):
@@ -766,10 +582,35 @@ class TensorPipeLayer(base_layer.BaseLayer):
         with tf.device(stage.device):
           py_utils.AddBatchStats(layer, py_utils.BatchStats.Pack(flat))
 
-  def _ForwardLoop(self, specs, flat_stacked, thetas, num_mb, mb_size, probe,
-                   save_inputs, wrap_recompute_grad=False,
-                   place_gradients=False) -> _ForwardResult:
-    """The forward clock-cycle loop (the first loop of the pseudo-code).
+  def _Run(self, specs, flat_stacked, thetas, num_mb, mb_size, ends,
+           backward: bool, acc=None) -> schedule_engine.Sums:
+    """GPipe's forward (or backward) pass: its table's F (B) ticks, run by
+    the schedule engine with one tick in flight."""
+    kk, num_s = len(self._devices), len(self._stages)
+    if num_s == kk:
+      table = schedules.Build('gpipe', kk, num_mb)
+      span = schedules.NumClockTicks(kk, num_mb)
+    else:
+      # v stages per device (inference of an interleaved pipeline): each
+      # device runs its stages' forward cells in GPipe's order (micro-batch
+      # t of stage s on tick t + s), each as early as it can.
+      orders = [[] for _ in range(kk)]
+      for t, s in sorted(((t, s) for t in range(num_mb)
+                          for s in range(num_s)), key=lambda x: sum(x)):
+        orders[self._placement[s]].append(schedules.Action('F', t, s))
+      table = schedules.FromOrders(orders, num_mb, num_s,
+                                   name='gpipe_forward')
+      span = table.num_ticks
+    first = span if backward else 0
+    return schedule_engine.Run(
+        self._stages, thetas, specs, schedule_program.Compile(table),
+        flat_stacked, ends, mb_size, acc, self._devices, first=first,
+        end=first + span, unroll_ticks=self.params.unroll_ticks,
+        parallel_iterations=_PARALLEL_ITERATIONS)
+
+  def _ForwardLoop(self, specs, flat_stacked, thetas, num_mb, mb_size,
+                   save_inputs, autodiff='') -> _ForwardResult:
+    """The forward pass (the first loop of the pseudo-code).
 
     Args:
       specs: per stage, its `pipeline_stage.StageSpecs`.
@@ -777,146 +618,23 @@ class TensorPipeLayer(base_layer.BaseLayer):
       thetas: per stage, its weights (a list per layer).
       num_mb: T.
       mb_size: N / T.
-      probe: the `timeline.Probe` of this call.
       save_inputs: whether to return every stage's inputs (for a recompute).
-      wrap_recompute_grad: wrap each stage call in tf.recompute_grad.
-      place_gradients: the loop will be differentiated by TF's autodiff:
-        build each stage call's gradient on its device (`_GradientOnDevice`).
+      autodiff: '' or how TF's autodiff will differentiate the loop
+        (schedule_engine.Ends: 'place', 'recompute_grad').
 
     Returns:
       A `_ForwardResult`; its `saved` is None unless `save_inputs`.
     """
-    stages = self._stages
-    num_k = len(stages)
-    ticks = schedules.NumClockTicks(num_k, num_mb)
-    forward_ctx = py_utils.Current()
+    sums = self._Run(specs, flat_stacked, thetas, num_mb, mb_size,
+                     schedule_engine.Ends(outputs=True,
+                                          save_inputs=save_inputs,
+                                          autodiff=autodiff),
+                     backward=False)
+    return _ForwardResult(sums.outputs, sums.stats, sums.saved)
 
-    def MakeCell(stage, spec, theta):
-      """Partition k's call as a function (flat inputs, t) -> `_Cell`."""
-      arg_struct = (list(spec.in_specs), 0, theta)  # inputs, t, weights
-
-      def Call(*flat_args):
-        flat_in, t, th = tf.nest.pack_sequence_as(arg_struct, list(flat_args))
-        t = tf.cast(t, tf.int32)
-        # tf.recompute_grad re-runs Call when the gradient is taken: use the
-        # forward pass's context (step seed, mode) then too.
-        with py_utils.RestoreContext(forward_ctx):
-          outputs, stats = stage.FlatCall(spec.in_struct, th, flat_in, t,
-                                          mb_size)
-        return tf.nest.flatten(_Cell(outputs, stats, []))
-      rc = tf.recompute_grad(Call) if wrap_recompute_grad else None
-      if place_gradients:
-        if rc:
-          rc = _GradientOnDevice(rc, stage.device)
-        else:
-          Call = _GradientOnDevice(Call, stage.device)  # pylint: disable=invalid-name
-
-      def Cell(flat_in, t):
-        start = probe.Stamp(flat_in)
-        with tf.control_dependencies(start):
-          if rc:
-            # tf.recompute_grad differentiates every argument: t as a float.
-            flat = rc(*tf.nest.flatten((flat_in, tf.cast(t, tf.float32),
-                                        theta)))
-          else:
-            flat = Call(*tf.nest.flatten((flat_in, t, theta)))
-        cell = tf.nest.pack_sequence_as(_CellSpecs(spec), list(flat))
-        return cell._replace(stamps=start + probe.Stamp(flat))
-      return Cell
-    cells = [MakeCell(*a) for a in zip(stages, specs, thetas)]
-
-    def Body(guarded, ts, c, buffers, stats, out_tas, saved_tas, logs):
-      new_buffers, new_stats, new_saved, new_logs = [], [], [], []
-      for k, (stage, spec) in enumerate(zip(stages, specs)):
-        with tf.device(stage.device):
-          t = ts[k]
-          if guarded:
-            valid = tf.logical_and(t >= 0, t < num_mb)
-            tc = tf.clip_by_value(t, 0, num_mb - 1)
-            slot = tf.where(valid, t, num_mb)  # slot num_mb: bubble writes
-          else:
-            tc = slot = t  # every partition is busy (`_TickLoops`)
-          if k == 0:
-            x = [tf.gather(s, tc) for s in flat_stacked]
-          else:
-            x = buffers[k - 1]
-          if save_inputs and k > 0:
-            # Stage 0's inputs are the stacked micro-batches themselves.
-            new_saved.append([ta.write(slot, v)
-                              for ta, v in zip(saved_tas[k], x)])
-          elif save_inputs:
-            new_saved.append([])
-          if not guarded:
-            cell = cells[k](x, tc)
-          elif wrap_recompute_grad:
-            # The gradient of tf.recompute_grad inside a tf.cond inside a
-            # while loop fails in cond_v2, so bubble ticks compute on a
-            # clamped index; their outputs go nowhere and stats are masked.
-            cell = cells[k](x, tc)
-            cell = cell._replace(
-                stats=tf.nest.map_structure(
-                    lambda s: s * tf.cast(valid, s.dtype), cell.stats),
-                stamps=probe.Mask(valid, cell.stamps))
-          else:
-            cell = probe.Cond(
-                valid, lambda k=k, x=x, tc=tc: cells[k](x, tc),
-                lambda spec=spec: _Zeros(_CellSpecs(spec))._replace(
-                    stamps=probe.Missing(2)))
-          new_logs.append(probe.Log(logs[k], c, cell.stamps))
-          new_stats.append(tf.nest.map_structure(lambda a, b: a + b,
-                                                 stats[k], cell.stats))
-          if k < num_k - 1:
-            new_buffers.append(cell.outputs)
-          else:
-            out_tas = [ta.write(slot, v)
-                       for ta, v in zip(out_tas, cell.outputs)]
-      return (new_buffers, new_stats, out_tas,
-              new_saved if save_inputs else saved_tas, new_logs)
-
-    buffers, stats, saved_tas, logs = [], [], [], []
-    for k, (stage, spec) in enumerate(zip(stages, specs)):
-      with tf.device(stage.device):
-        logs.append(probe.NewLog(ticks, 2))
-        if k < num_k - 1:
-          buffers.append(_Zeros(list(spec.out_specs)))
-        stats.append(_Zeros(spec.StatsSpecs()))
-        if save_inputs:
-          saved_tas.append([
-              tf.TensorArray(s.dtype, size=num_mb + 1, element_shape=s.shape)
-              for s in spec.in_specs] if k > 0 else [])
-    with tf.device(stages[-1].device):
-      out_tas = [tf.TensorArray(s.dtype, size=num_mb + 1,
-                                element_shape=s.shape)
-                 for s in specs[-1].out_specs]
-    # TF's autodiff of the loops sums each weight's gradient per loop: one
-    # loop keeps the summation order, so the recorded step (one guarded loop,
-    # see `_TickLoops`) stays bit-identical to the plain one.
-    loops = _TickLoops(num_k, num_mb, split=not (
-        probe.recording or place_gradients or wrap_recompute_grad),
-                       unroll=self.params.unroll_ticks)
-    _, stats, out_tas, saved_tas, logs = _RunTickLoops(
-        Body, (buffers, stats, out_tas, saved_tas, logs), loops,
-        lambda c, k: schedules.GPipeForwardMicroBatch(c, k, num_k, num_mb),
-        [stage.device for stage in stages], with_clock=probe.recording,
-        self_bounded=not (place_gradients or wrap_recompute_grad))
-    for k, log in enumerate(logs):
-      probe.Add('forward', k, num_k, num_mb, log)
-    with tf.device(stages[-1].device):
-      outputs = [ta.gather(tf.range(num_mb)) for ta in out_tas]
-    saved = None
-    if save_inputs:
-      saved = []
-      for k, (stage, tas) in enumerate(zip(stages, saved_tas)):
-        if k == 0:
-          saved.append(list(flat_stacked))
-          continue
-        with tf.device(stage.device):
-          saved.append([ta.gather(tf.range(num_mb)) for ta in tas])
-    return _ForwardResult(outputs, stats, saved)
-
-  def _RecomputedPipeline(self, specs, flat_stacked, thetas, num_mb, mb_size,
-                          probe) -> _ForwardResult:
-    """Forward loop + explicit backward loop, as one tf.custom_gradient."""
+  def _RecomputedPipeline(self, specs, flat_stacked, thetas, num_mb, mb_size
+                          ) -> _ForwardResult:
+    """Forward pass + explicit backward pass, as one tf.custom_gradient."""
     arg_struct = (list(flat_stacked), thetas)
     # The stats leave the pipeline without a gradient (FlatStats).
     result_struct = (list(specs[-1].out_specs),
@@ -926,7 +644,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     def Pipeline(*args):
       f_stacked, f_thetas = tf.nest.pack_sequence_as(arg_struct, list(args))
       fwd = self._ForwardLoop(specs, f_stacked, f_thetas, num_mb, mb_size,
-                              probe, save_inputs=True)
+                              save_inputs=True)
       forward_ctx = py_utils.Current()
 
       def Grad(*dys):
@@ -936,121 +654,16 @@ class TensorPipeLayer(base_layer.BaseLayer):
         # The recompute must draw the forward pass's dropout masks even when
         # tape.gradient runs outside the forward's StepSeed block.
         with py_utils.RestoreContext(forward_ctx):
-          d_inputs, d_thetas = self._BackwardLoop(
-              specs, fwd.saved, f_thetas, dys, num_mb, mb_size, probe)
-        return tf.nest.flatten((d_inputs, d_thetas))
+          sums = self._Run(
+              specs, f_stacked, f_thetas, num_mb, mb_size,
+              schedule_engine.Ends(dys=dys, saved=fwd.saved,
+                                   input_grads=True),
+              backward=True,
+              acc=grad_sum.GradSum(self.params.grad_sum, num_mb))
+        return tf.nest.flatten((sums.d_inputs, sums.dthetas))
 
       return tf.nest.flatten((fwd.outputs, fwd.stats)), Grad
 
     outputs, stats = tf.nest.pack_sequence_as(
         result_struct, list(Pipeline(*tf.nest.flatten(arg_struct))))
     return _ForwardResult(outputs, stats, None)
-
-  def _BackwardLoop(self, specs, saved, thetas, dys_stacked, num_mb, mb_size,
-                    probe):
-    """Backward clock-cycle loop: recompute + vjp per partition.
-
-    Args:
-      specs: per stage, its `pipeline_stage.StageSpecs`.
-      saved: per stage, the flat stacked inputs [T, ...] saved by the forward.
-      thetas: per stage, the weights (structures of tensors).
-      dys_stacked: gradients of the flat stacked outputs [T, ...].
-      num_mb, mb_size, probe: as for `_ForwardLoop`.
-
-    Returns:
-      (gradients of the flat stacked inputs of stage 0 (None for non-float),
-       per stage the flat gradients of its theta).
-    """
-    stages = self._stages
-    num_k = len(stages)
-    ticks = schedules.NumClockTicks(num_k, num_mb)
-    acc = grad_sum.GradSum(self.params.grad_sum, num_mb)
-
-    def Vjp(k, x, dy, tc, dtheta) -> _GradCell:
-      """Recompute + backprop of one cell; `dtheta`: the weight-grad sum."""
-      stage, spec = stages[k], specs[k]
-      theta_flat = tf.nest.flatten(thetas[k])
-      start = probe.Stamp(x + dy)
-      with tf.GradientTape(watch_accessed_variables=False) as tape, \
-          tf.control_dependencies(start):
-        xs = [x[i] for i in spec.float_in]
-        tape.watch(xs)
-        tape.watch(theta_flat)
-        th = tf.nest.pack_sequence_as(thetas[k], theta_flat)
-        y, _ = stage.FlatCall(spec.in_struct, th, list(x), tc, mb_size)
-      ys = [y[i] for i in spec.float_out]
-      mid = probe.Stamp(ys)
-      with tf.control_dependencies(mid):
-        dxs, dws = tape.gradient(
-            ys, (xs, theta_flat), output_gradients=dy,
-            unconnected_gradients=tf.UnconnectedGradients.ZERO)
-      end = probe.Stamp([dxs, dws])
-      return _GradCell(dxs, acc.Add(dtheta, dws, tc), start + mid + end)
-
-    def Body(guarded, ts, c, grads, dthetas, din_tas, logs):
-      new_grads = [[] for _ in range(num_k)]
-      new_dthetas, new_logs = [], []
-      for k, (stage, spec) in enumerate(zip(stages, specs)):
-        with tf.device(stage.device):
-          t = ts[k]
-          if guarded:
-            valid = tf.logical_and(t >= 0, t < num_mb)
-            tc = tf.clip_by_value(t, 0, num_mb - 1)
-          else:
-            tc = t  # every partition is busy (`_TickLoops`)
-          x = [tf.gather(s, tc) for s in saved[k]]
-          if k == num_k - 1:
-            dy = [tf.gather(dys_stacked[i], tc) for i in spec.float_out]
-          else:
-            dy = grads[k + 1]
-          # The weight-gradient sum is updated inside the cond: a bubble tick
-          # passes it through instead of adding a zero tensor the size of
-          # the partition's weights (that add and the zeros were most of a
-          # bubble tick's cost for large weights).
-          if not guarded:
-            cell = Vjp(k, x, dy, tc, dthetas[k])
-          else:
-            cell = probe.Cond(
-                valid,
-                lambda k=k, x=x, dy=dy, tc=tc, acc=dthetas[k]: Vjp(
-                    k, x, dy, tc, acc),
-                lambda spec=spec, acc=dthetas[k]: _GradCell(
-                    _Zeros(spec.DxSpecs()), list(acc), probe.Missing(3)))
-          new_logs.append(probe.Log(logs[k], c, cell.stamps))
-          new_dthetas.append(cell.dtheta)
-          if k == 0:
-            slot = tf.where(valid, t, num_mb) if guarded else t
-            din_tas = [ta.write(slot, v) for ta, v in zip(din_tas, cell.dx)]
-          else:
-            new_grads[k] = cell.dx
-      return new_grads, new_dthetas, din_tas, new_logs
-
-    grads, dthetas, logs = [], [], []
-    for k, (stage, spec) in enumerate(zip(stages, specs)):
-      with tf.device(stage.device):
-        logs.append(probe.NewLog(ticks, 3))
-        # While-loop state cannot hold None: stage 0 has no incoming gradient.
-        grads.append(_Zeros(spec.DxSpecs()) if k > 0 else [])
-        dthetas.append(acc.Init(tf.nest.flatten(thetas[k])))
-    with tf.device(stages[0].device):
-      din_tas = [tf.TensorArray(s.dtype, size=num_mb + 1,
-                                element_shape=s.shape)
-                 for s in specs[0].DxSpecs()]
-    loops = _TickLoops(num_k, num_mb, split=not probe.recording,
-                       unroll=self.params.unroll_ticks)
-    _, dthetas, din_tas, logs = _RunTickLoops(
-        Body, (grads, dthetas, din_tas, logs), loops,
-        lambda c, k: schedules.GPipeBackwardMicroBatch(c, k, num_k, num_mb),
-        [stage.device for stage in stages], with_clock=probe.recording,
-        self_bounded=True)
-    for k, log in enumerate(logs):
-      probe.Add('backward', k, num_k, num_mb, log)
-    d_inputs = [None] * len(specs[0].in_specs)
-    with tf.device(stages[0].device):
-      for ta, i in zip(din_tas, specs[0].float_in):
-        d_inputs[i] = ta.gather(tf.range(num_mb))
-    totals = []
-    for stage, dtheta in zip(stages, dthetas):
-      with tf.device(stage.device):
-        totals.append(acc.Total(dtheta))
-    return d_inputs, totals

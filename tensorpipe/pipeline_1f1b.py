@@ -238,9 +238,10 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
         normalizer, mb_size, devices)
   else:
     sums = schedule_engine.Run(
-        stages, thetas, specs, program, flat_stacked, LossOf, loss_specs,
-        normalizer, mb_size, grad_sum.GradSum(grad_sum_mode, num_mb),
-        devices)
+        stages, thetas, specs, program, flat_stacked,
+        schedule_engine.Ends(loss_of=LossOf, loss_specs=loss_specs,
+                             normalizer=normalizer),
+        mb_size, grad_sum.GradSum(grad_sum_mode, num_mb), devices)
   with tf.device(last.device):
     loss = sums.loss[0] / normalizer
     metrics = NestedMap()

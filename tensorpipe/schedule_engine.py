@@ -39,12 +39,14 @@ in Python: each forward cell under its own GradientTape, its backward cell
 taking that tape's gradient (2 S T stage calls in the graph).
 """
 
-from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from absl import logging
 import tensorflow as tf
 
+from tensorpipe import devices as devices_lib
 from tensorpipe import pipeline_stage
+from tensorpipe import py_utils
 from tensorpipe import schedule_program
 from tensorpipe import timeline
 
@@ -70,11 +72,42 @@ UNROLLED_CELLS_WARNING = 256
 LossOf = Callable[[List[tf.Tensor], Any], Tuple[tf.Tensor, List[tf.Tensor]]]
 
 
+class Ends(NamedTuple):
+  """What a run does at the pipeline's two ends, and which cells it keeps.
+
+  Loss inside (1F1B and the other table schedules): `loss_of`,
+  `loss_specs` and `normalizer`; the last stage's F adds its micro-batch's
+  loss and its B takes d(loss / normalizer). GPipe (the loss outside): a
+  forward run with `outputs` (the last stage's outputs, [T, ...]) and
+  `save_inputs` (every stage's inputs, [T, ...], for the recompute), and a
+  backward run with `dys` (per float output of the last stage, [T, ...])
+  reading `saved`, with `input_grads` (stage 0's input gradients). A
+  forward run that TF's autodiff will differentiate sets `autodiff`:
+  'place' builds each stage call's gradient on its device
+  (`GradientOnDevice`); 'recompute_grad' also wraps each call in
+  tf.recompute_grad, and then bubble ticks compute on a clamped index with
+  their results masked instead of skipped (the gradient of
+  tf.recompute_grad inside a tf.cond inside a while loop fails in cond_v2).
+  """
+  loss_of: Optional[LossOf] = None
+  loss_specs: Sequence[tf.TensorSpec] = ()
+  normalizer: Any = None
+  outputs: bool = False
+  save_inputs: bool = False
+  dys: Optional[List[tf.Tensor]] = None
+  saved: Optional[List[List[tf.Tensor]]] = None
+  input_grads: bool = False
+  autodiff: str = ''
+
+
 class Sums(NamedTuple):
-  """What a run returns: summed over micro-batches, per stage."""
+  """What a run returns; fields a run does not make are [] or None."""
   loss: List[tf.Tensor]                 # [loss sum, metric value, weight, ..]
   dthetas: List[List[tf.Tensor]]        # per stage, flat weight gradients
   stats: List[List[List[tf.Tensor]]]    # per stage and batch-norm layer
+  outputs: List[tf.Tensor] = []         # last stage's flat outputs [T, ...]
+  saved: Optional[List[List[tf.Tensor]]] = None  # per stage, inputs [T, ..]
+  d_inputs: List[Optional[tf.Tensor]] = []  # per flat input of stage 0
 
 
 class _State(NamedTuple):
@@ -86,6 +119,7 @@ class _State(NamedTuple):
   stats: List[List[tf.Tensor]]  # batch-norm statistics summed so far
   dtheta: List[tf.Tensor]       # flat weight gradients summed so far
   loss: List[tf.Tensor]         # s = S - 1: [loss sum, metric sums...]
+  ends: List[tf.TensorArray]    # last stage: outputs; stage 0: input grads
 
 
 def _Zeros(specs) -> List[tf.Tensor]:
@@ -107,13 +141,110 @@ def _Write(ring, buffers, index, values) -> List[Any]:
   return [ta.write(index, v) for ta, v in zip(buffers, values)]
 
 
+def _TensorArrays(specs, size) -> List[tf.TensorArray]:
+  return [tf.TensorArray(s.dtype, size=size, element_shape=s.shape)
+          for s in specs]
+
+
+def TensorsOn(device: str, structure: Any) -> List[tf.Tensor]:
+  """The tensors of `structure` on `device` (of a TensorArray: its flow).
+
+  '/device:CPU:1' matches a tensor on '/job:localhost/replica:0/task:0/
+  device:CPU:1' (graph tensors carry the full name) and the reverse
+  (`devices_lib.Matches`).
+  """
+  spec = tf.DeviceSpec.from_string(device)
+  out = []
+  for x in tf.nest.flatten(structure):
+    if isinstance(x, tf.TensorArray):
+      x = x.flow
+    if isinstance(x, tf.Tensor) and x.device:
+      if devices_lib.Matches(spec, tf.DeviceSpec.from_string(x.device)):
+        out.append(x)
+  return out
+
+
+def GradientOnDevice(fn, device: str):
+  """`fn` (flat tensors -> flat tensors) whose gradient is built on `device`.
+
+  TF's autodiff of a tf.while_loop builds the gradient loop's body outside
+  the forward body's tf.device blocks, so the placer put every gradient op
+  of an unrecomputed (or tf.recompute_grad) pipeline on the default device,
+  CPU:0 or GPU:0: the backward pass of all K partitions on one device. A
+  tf.custom_gradient whose gradient function runs the tape's backprop of the
+  call inside tf.device(device) places those ops on the partition's device.
+  The tape only records at trace time (no runtime cost); the activations
+  its gradient needs are those autodiff would keep anyway.
+  """
+  @tf.custom_gradient
+  def Wrapped(*args):
+    floats = [a for a in args if a.dtype.is_floating]
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+      tape.watch(floats)
+      # tf.identity: custom_gradient needs every output made in this graph
+      # (a stage may pass through a tensor captured from outside).
+      outs = [tf.identity(o) for o in fn(*args)]
+
+    def Grad(*dys, variables=None):
+      ys, out_grads = [], []
+      for y, dy in zip(outs, dys):
+        if y.dtype.is_floating:
+          ys.append(y)
+          out_grads.append(tf.zeros_like(y) if dy is None else dy)
+      with tf.device(device):
+        grads = iter(tape.gradient(
+            ys, floats, output_gradients=out_grads,
+            unconnected_gradients=tf.UnconnectedGradients.ZERO))
+      d_args = [next(grads) if a.dtype.is_floating else None for a in args]
+      if variables:
+        return d_args, [None] * len(variables)
+      return d_args
+    return outs, Grad
+  return Wrapped
+
+
+def _AutodiffCall(stage, spec, theta, mb_size, autodiff, ctx):
+  """Stage s's call as (flat inputs, t) -> (outputs, stats) for TF's
+  autodiff: its gradient on its device, under tf.recompute_grad or not."""
+  arg_struct = (list(spec.in_specs), 0, theta)  # inputs, t, weights
+  out_struct = (list(spec.out_specs), spec.StatsSpecs())
+
+  def Call(*flat_args):
+    flat_in, t, th = tf.nest.pack_sequence_as(arg_struct, list(flat_args))
+    t = tf.cast(t, tf.int32)
+    # tf.recompute_grad re-runs Call when the gradient is taken: use the
+    # forward pass's context (step seed, mode) then too.
+    with py_utils.RestoreContext(ctx):
+      return tf.nest.flatten(stage.FlatCall(spec.in_struct, th, flat_in, t,
+                                            mb_size))
+  if autodiff == 'recompute_grad':
+    fn = GradientOnDevice(tf.recompute_grad(Call), stage.device)
+  else:
+    fn = GradientOnDevice(Call, stage.device)
+
+  def Cell(flat_in, t):
+    if autodiff == 'recompute_grad':
+      # tf.recompute_grad differentiates every argument: t as a float.
+      t = tf.cast(t, tf.float32)
+    flat = fn(*tf.nest.flatten((flat_in, t, theta)))
+    return tf.nest.pack_sequence_as(out_struct, list(flat))
+  return Cell
+
+
+def _Period(ticks: Sequence[Any]) -> int:
+  """The least p with ticks == ticks[:p] * (len / p)."""
+  n = len(ticks)
+  return next(p for p in range(1, n + 1)
+              if n % p == 0 and tuple(ticks) == tuple(ticks[:p]) * (n // p))
+
+
 def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
         specs: Sequence[pipeline_stage.StageSpecs],
         program: schedule_program.Program, flat_stacked: List[tf.Tensor],
-        loss_of: LossOf, loss_specs: List[tf.TensorSpec],
-        normalizer: tf.Tensor, mb_size: int, acc: Any,
-        devices: Sequence[str]) -> Sums:
-  """One step of a compiled schedule: loss sums and weight gradients.
+        ends: Ends, mb_size: int, acc: Any, devices: Sequence[str],
+        first: int = 0, end: Optional[int] = None, unroll_ticks: int = 1,
+        parallel_iterations: int = PARALLEL_ITERATIONS) -> Sums:
+  """Runs ticks [first, end) of a compiled schedule.
 
   Args:
     stages: the S stages (stage s on devices[program.stage_device[s]]).
@@ -121,96 +252,152 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     specs: per stage, its `pipeline_stage.StageSpecs`.
     program: `schedule_program.Compile` of the schedule.
     flat_stacked: the flat inputs split into micro-batches, [T, N/T, ...].
-    loss_of: see `LossOf`; runs on the last stage's device.
-    loss_specs: specs of [loss sum, metric value, weight, ...].
-    normalizer: divides the loss whose gradient the backward cells take.
+    ends: see `Ends`.
     mb_size: N / T.
     acc: the `grad_sum.GradSum` that sums the weight gradients.
     devices: the K devices.
+    first, end: the ticks to run (default: all).
+    unroll_ticks: ticks per iteration of the steady loop (whole periods;
+      see schedule_program.Loops).
+    parallel_iterations: ticks in flight in the switching loops (GPipe's
+      loops keep 1: see pipeline.py).
 
   Returns:
     `Sums`.
   """
   num_s, num_d = len(stages), program.num_devices
+  num_mb = program.table.num_micro_batches
+  end = program.num_ticks if end is None else end
   probe = timeline.ActiveProbe()
   dev_of = program.stage_device
   on_device = [[s for s in range(num_s) if dev_of[s] == d]
                for d in range(num_d)]
+  acts = [program.table.grid[d][first:end] for d in range(num_d)]
+  # Per device, the branches its cells in the run take.
+  used = [sorted({b for b in program.branch[d][first:end] if b})
+          for d in range(num_d)]
+  runs_f = {a.stage for row in acts for a in row if a and a.op == 'F'}
+  runs_b = {a.stage for row in acts for a in row if a and a.op == 'B'}
+  masked = ends.autodiff == 'recompute_grad'
+  if masked and any({(a.op, a.stage) for a in row if a} != {('F', s)}
+                    for row, s in zip(acts, range(num_d))):
+    raise ValueError('autodiff=recompute_grad runs forward cells of one '
+                     'stage per device only (stage d on device d)')
+  # Masked bubbles write to an extra slot that nothing reads.
+  extra = 1 if masked else 0
+  loss_inside = ends.loss_of is not None
+  keeps_slots = not ends.saved and (loss_inside or ends.save_inputs)
+  ctx = py_utils.Current()
+  autodiff_calls = {}
+  if ends.autodiff:
+    for s in runs_f:
+      autodiff_calls[s] = _AutodiffCall(stages[s], specs[s], thetas[s],
+                                        mb_size, ends.autodiff, ctx)
 
-  def Forward(s, state, x_in, t, slot, w):
+  def Forward(s, state, x_in, t, slot, w, valid=None):
     """Stage s's forward cell of micro-batch t; (state, stamps)."""
     stage, spec = stages[s], specs[s]
-    if s == 0:
-      x = [tf.gather(v, t) for v in flat_stacked]
-      slots = []
-    else:
-      x = list(x_in)
+    if valid is not None:
+      slot = tf.where(valid, slot, program.num_slots[s])
+    x = [tf.gather(v, t) for v in flat_stacked] if s == 0 else list(x_in)
+    slots = state.slots
+    if s > 0 and keeps_slots:
       slots = [ta.write(slot, v) for ta, v in zip(state.slots, x)]
     start = probe.Stamp(x)
     with tf.control_dependencies(start):
-      y, stats = stage.FlatCall(spec.in_struct, thetas[s], x, t, mb_size)
-      stats = tf.nest.map_structure(lambda a, b: a + b, state.stats, stats)
-      out, loss = state.out, state.loss
-      if s == num_s - 1:
-        l, m = loss_of(y, t)
-        loss = [a + b for a, b in zip(state.loss, [l] + m)]
+      if s in autodiff_calls:
+        y, stats = autodiff_calls[s](x, t)
       else:
+        y, stats = stage.FlatCall(spec.in_struct, thetas[s], x, t, mb_size)
+      if valid is not None:
+        stats = tf.nest.map_structure(
+            lambda v: v * tf.cast(valid, v.dtype), stats)
+      stats = tf.nest.map_structure(lambda a, b: a + b, state.stats, stats)
+      out, loss, end_tas = state.out, state.loss, state.ends
+      if s < num_s - 1:
         out = _Write(program.out_rings[s], state.out, w, y)
+      elif loss_inside:
+        l, m = ends.loss_of(y, t)
+        loss = [a + b for a, b in zip(state.loss, [l] + m)]
+      elif ends.outputs:
+        at = t if valid is None else tf.where(valid, t, num_mb)
+        end_tas = [ta.write(at, v) for ta, v in zip(state.ends, y)]
     # A forward row of the timeline is (start, -1, end).
     stamps = start + probe.Missing(1) + probe.Stamp([y, stats, loss])
-    return state._replace(out=out, slots=slots, stats=stats,
-                          loss=loss), stamps
+    if valid is not None:
+      stamps = probe.Mask(valid, stamps)
+    return state._replace(out=out, slots=slots, stats=stats, loss=loss,
+                          ends=end_tas), stamps
 
   def Backward(s, state, dy_in, t, slot, w):
     """Stage s's recompute + vjp of micro-batch t; (state, stamps)."""
     stage, spec = stages[s], specs[s]
     theta_flat = tf.nest.flatten(thetas[s])
-    if s == 0:
+    if ends.saved:
+      x = [tf.gather(v, t) for v in ends.saved[s]]
+    elif s == 0:
       x = [tf.gather(v, t) for v in flat_stacked]
     else:
       x = [ta.read(slot) for ta in state.slots]
-    start = probe.Stamp(x + list(dy_in))
+    last = s == num_s - 1
+    dy = list(dy_in)
+    if last and not loss_inside:
+      dy = [tf.gather(ends.dys[i], t) for i in spec.float_out]
+    start = probe.Stamp(x + dy)
     with tf.GradientTape(watch_accessed_variables=False) as tape, \
         tf.control_dependencies(start):
-      # Stage 0's inputs are data: no gradient is computed for them.
-      xs = [x[i] for i in spec.float_in] if s > 0 else []
+      # Stage 0's inputs are data: no gradient unless asked for.
+      xs = ([x[i] for i in spec.float_in]
+            if s > 0 or ends.input_grads else [])
       tape.watch(xs)
       tape.watch(theta_flat)
       th = tf.nest.pack_sequence_as(thetas[s], theta_flat)
       y, _ = stage.FlatCall(spec.in_struct, th, list(x), t, mb_size)
-      if s == num_s - 1:
-        l, _ = loss_of(y, t)
-        ys, dy = [l / normalizer], None
+      if last and loss_inside:
+        l, _ = ends.loss_of(y, t)
+        ys, dy = [l / ends.normalizer], None
       else:
-        ys, dy = [y[i] for i in spec.float_out], list(dy_in)
+        ys = [y[i] for i in spec.float_out]
     mid = probe.Stamp(ys)
     with tf.control_dependencies(mid):
       dxs, dws = tape.gradient(
           ys, (xs, theta_flat), output_gradients=dy,
           unconnected_gradients=tf.UnconnectedGradients.ZERO)
     dtheta = acc.Add(state.dtheta, dws, t)
-    dx = state.dx
+    dx, end_tas = state.dx, state.ends
     if s > 0:
       dx = _Write(program.dx_rings[s], state.dx, w, dxs)
+    elif ends.input_grads:
+      end_tas = [ta.write(t, v) for ta, v in zip(state.ends, dxs)]
     stamps = start + mid + probe.Stamp([dxs, dtheta])
-    return state._replace(dx=dx, dtheta=dtheta), stamps
+    return state._replace(dx=dx, dtheta=dtheta, ends=end_tas), stamps
 
   # Per device, its tables: branch, micro-batch, slot and ring entry written
-  # (F: its output ring's, B: its input-gradient ring's) of each tick.
+  # (F: its output ring's, B: its input-gradient ring's) of each tick; a
+  # column that is constant over the run is a Python int (no gather).
   tables, clocks, reads = [], [], []
   for d in range(num_d):
     write = [0] * program.num_ticks
-    for c in range(program.num_ticks):
+    for c in range(first, end):
       a = program.table.grid[d][c]
       if a is None:
         continue
       ring = (program.out_rings[a.stage] if a.op == 'F' else
               program.dx_rings[a.stage])
       write[c] = ring.write[c] if ring is not None else 0
+    columns = []
     with tf.device(devices[d]):
-      tables.append([tf.constant(v, tf.int32) for v in (
-          program.branch[d], program.micro_batch[d], program.slot[d], write)])
-      clocks.append(tf.constant(0))
+      for col in (program.branch[d], program.micro_batch[d],
+                  program.slot[d], write):
+        if col[first:end] == program.micro_batch[d][first:end]:
+          columns.append(columns[1] if len(columns) > 1 else tf.constant(
+              col, tf.int32))
+        elif len(set(col[first:end])) == 1:
+          columns.append(col[first])
+        else:
+          columns.append(tf.constant(col, tf.int32))
+      clocks.append(tf.constant(first))
+    tables.append(columns)
   # Per ring deeper than 1, the entry its consumer reads on each tick, on
   # the producer's device.
   for rings in (program.out_rings, program.dx_rings):
@@ -223,90 +410,156 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
         per_stage.append(tf.constant(ring.read, tf.int32))
     reads.append(per_stage)
 
-  def Received(states, cs, rings, read_table, s):
+  def Column(d, i, c):
+    col = tables[d][i]
+    return tf.gather(col, c) if isinstance(col, tf.Tensor) else col
+
+  def Received(bufs, cs, rings, read_table, s):
     """What stage s sends on its ring this tick: the latched tensors, or
     the entry its consumer reads (read on stage s's device)."""
     if rings[s].depth == 1:
-      return states[s]
+      return bufs[s]
     with tf.device(devices[dev_of[s]]):
       i = tf.gather(read_table[s], cs[dev_of[s]])
-      return [ta.read(i) for ta in states[s]]
+      return [ta.read(i) for ta in bufs[s]]
 
-  def Tick(cs, states, logs, ops=None):
+  def Tick(cs, states, logs, ops, barrier=False):
     """One tick. ops: per device its branch when the loop knows it (steady
-    ticks: no switch), else None (looked up in the table)."""
+    ticks, or a branch that does not change in a switching loop), else None
+    (looked up in the table)."""
     outs = [st.out for st in states]
     dxs = [st.dx for st in states]
     new_states, new_logs, new_cs = list(states), [], []
     for d in range(num_d):
       with tf.device(devices[d]):
         c = cs[d]
-        t, slot, w = (tf.gather(tables[d][i], c) for i in (1, 2, 3))
-        new_cs.append(c + 1)
+        t, slot, w = (Column(d, i, c) for i in (1, 2, 3))
         mine = tuple(states[s] for s in on_device[d])
 
-        def Cell(op, s, mine=mine, t=t, slot=slot, w=w, d=d):
+        def Cell(op, s, mine=mine, t=t, slot=slot, w=w, d=d, valid=None):
           i = on_device[d].index(s)
           if op == 'F':
             x_in = (Received(outs, cs, program.out_rings, reads[0], s - 1)
                     if s > 0 else [])
-            new, stamps = Forward(s, mine[i], x_in, t, slot, w)
+            new, stamps = Forward(s, mine[i], x_in, t, slot, w, valid)
           else:
             dy_in = (Received(dxs, cs, program.dx_rings, reads[1], s + 1)
                      if s < num_s - 1 else [])
             new, stamps = Backward(s, mine[i], dy_in, t, slot, w)
           return mine[:i] + (new,) + mine[i + 1:], stamps
-        fns = [lambda mine=mine: (mine, probe.Missing(3))] + [
-            lambda op=op, s=s, cell=Cell: cell(op, s)
-            for op, s in program.cells[d]]
-        if ops is None:
-          mine, stamps = probe.SwitchCase(tf.gather(tables[d][0], c), fns)
-        else:
+        # Branches the run does not use are idle (never taken, not traced).
+        idle = lambda mine=mine: (mine, probe.Missing(3))
+        fns = [idle] + [
+            (lambda op=op, s=s, cell=Cell: cell(op, s)) if b in used[d]
+            else idle for b, (op, s) in enumerate(program.cells[d], 1)]
+        if masked:
+          valid = tf.not_equal(Column(d, 0, c), schedule_program.IDLE)
+          mine, stamps = Cell(*program.cells[d][used[d][0] - 1],
+                              valid=valid)
+        elif ops[d] is not None:
           mine, stamps = fns[ops[d]]()
+        elif len(used[d]) == 1:
+          mine, stamps = probe.Cond(
+              tf.equal(Column(d, 0, c), used[d][0]), fns[used[d][0]], idle)
+        else:
+          mine, stamps = probe.SwitchCase(Column(d, 0, c), fns)
         for s, st in zip(on_device[d], mine):
           new_states[s] = st
-        new_logs.append(probe.Log(logs[d], c, stamps))
+        new_logs.append(probe.Log(logs[d], c - first, stamps))
+        # Inside an unrolled body the next tick's clock on device d waits
+        # for this tick's state there: one tick at a time per device, and
+        # Grappler cannot merge this tick's additions to a sum with the
+        # next tick's into one AddN (it leaves nodes that drive a control
+        # dependency alone), which would add in another order.
+        deps = TensorsOn(devices[d], mine) if barrier else []
+        with tf.control_dependencies(deps):
+          new_cs.append(c + 1)
     return new_cs, new_states, new_logs
 
   states = []
   for s, (stage, spec) in enumerate(zip(stages, specs)):
     with tf.device(devices[dev_of[s]]):
+      end_tas = []
+      if s == num_s - 1 and ends.outputs:
+        end_tas = _TensorArrays(spec.out_specs, num_mb + extra)
+      elif s == 0 and ends.input_grads:
+        end_tas = _TensorArrays(spec.DxSpecs(), num_mb)
       states.append(_State(
           out=(_Ring(program.out_rings[s], spec.out_specs)
-               if s < num_s - 1 else []),
-          dx=_Ring(program.dx_rings[s], spec.DxSpecs()) if s > 0 else [],
-          slots=[tf.TensorArray(v.dtype, size=program.num_slots[s],
-                                element_shape=v.shape)
-                 for v in spec.in_specs] if s > 0 else [],
-          stats=[_Zeros(v) for v in spec.StatsSpecs()],
-          dtheta=acc.Init(tf.nest.flatten(thetas[s])),
-          loss=_Zeros(loss_specs) if s == num_s - 1 else []))
+               if s < num_s - 1 and s in runs_f else []),
+          dx=(_Ring(program.dx_rings[s], spec.DxSpecs())
+              if s > 0 and s in runs_b else []),
+          slots=(_TensorArrays(spec.in_specs, program.num_slots[s] + extra)
+                 if s > 0 and keeps_slots else []),
+          stats=([_Zeros(v) for v in spec.StatsSpecs()] if s in runs_f
+                 else []),
+          dtheta=acc.Init(tf.nest.flatten(thetas[s])) if s in runs_b else [],
+          loss=(_Zeros(ends.loss_specs) if s == num_s - 1 and loss_inside
+                else []),
+          ends=end_tas))
   logs = []
   for d in range(num_d):
     with tf.device(devices[d]):
-      logs.append(probe.NewLog(program.num_ticks, 3))
+      logs.append(probe.NewLog(end - first, 3))
   loop_vars = (clocks, states, logs)
-  for loop in program.loops:
-    per_iteration = loop.steady or (None,)
+  one_loop = probe.recording or bool(ends.autodiff)
+  for loop in schedule_program.Loops(program.branch, first, end, one_loop,
+                                     unroll_ticks):
+    # A switching loop fixes the branch of a device whose branch does not
+    # change on its ticks (K = 1; a partition busy all ramp-up long).
+    fixed = tuple(
+        row[loop.first] if len(set(row[loop.first:loop.end])) == 1 else None
+        for row in program.branch)
+    per_iteration = loop.steady or (fixed,)
+    period = _Period(per_iteration)
 
-    def Body(*args, per_iteration=per_iteration):
-      for ops in per_iteration:
-        args = Tick(*args, ops=ops)
+    def Body(*args, per_iteration=per_iteration, period=period):
+      for i, ops in enumerate(per_iteration):
+        barrier = (i + 1) % period == 0 and i < len(per_iteration) - 1
+        args = Tick(*args, ops=ops, barrier=barrier)
       return args
-    loop_vars = tf.while_loop(
-        lambda *_: tf.constant(True), Body, loop_vars,
-        maximum_iterations=(loop.end - loop.first) // len(per_iteration),
-        parallel_iterations=(STEADY_PARALLEL_ITERATIONS if loop.steady
-                             else PARALLEL_ITERATIONS))
+    iterations = (loop.end - loop.first) // len(per_iteration)
+    parallel = (STEADY_PARALLEL_ITERATIONS if loop.steady
+                else parallel_iterations)
+    if num_d == 1 and not ends.autodiff:
+      # One device: the loop ends on its own clock, without an iteration
+      # counter (two ops less per tick, a tenth of K=1's fixed tick cost;
+      # TF's autodiff of a while loop needs the counter).
+      loop_vars = tf.while_loop(
+          lambda cs, *_, end=loop.end: cs[0] < end, Body, loop_vars,
+          parallel_iterations=parallel)
+    else:
+      loop_vars = tf.while_loop(
+          lambda *_: tf.constant(True), Body, loop_vars,
+          maximum_iterations=iterations, parallel_iterations=parallel)
   _, states, logs = loop_vars
   for d, log in enumerate(logs):
-    probe.Add('table', d, num_d, program.table.num_micro_batches, log,
-              table=program.table)
+    probe.Add('table', d, num_d, num_mb, log, table=program.table,
+              first=first)
   totals = []
   for s, state in enumerate(states):
-    with tf.device(devices[dev_of[s]]):
-      totals.append(acc.Total(state.dtheta))
-  return Sums(states[-1].loss, totals, [st.stats for st in states])
+    if s in runs_b:
+      with tf.device(devices[dev_of[s]]):
+        totals.append(acc.Total(state.dtheta))
+    else:
+      totals.append([])
+  outputs, saved, d_inputs = [], None, []
+  if ends.outputs:
+    with tf.device(devices[dev_of[-1]]):
+      outputs = [ta.gather(tf.range(num_mb)) for ta in states[-1].ends]
+  if ends.save_inputs:
+    saved = [list(flat_stacked)]
+    for s in range(1, num_s):
+      with tf.device(devices[dev_of[s]]):
+        saved.append([ta.gather(tf.range(num_mb))
+                      for ta in states[s].slots])
+  if ends.input_grads:
+    d_inputs = [None] * len(specs[0].in_specs)
+    with tf.device(devices[dev_of[0]]):
+      for ta, i in zip(states[0].ends, specs[0].float_in):
+        d_inputs[i] = ta.gather(tf.range(num_mb))
+  return Sums(states[-1].loss, totals, [st.stats for st in states],
+              outputs, saved, d_inputs)
 
 
 def RunUnrolled(stages, thetas, specs, program, flat_stacked, loss_of,

@@ -38,7 +38,6 @@ from, in pure Python (no TF), so every decision here has a literal test:
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from tensorpipe import schedules
-from tensorpipe.schedules import Action
 
 IDLE = 0
 # Periods tried for the steady loop, in units of ticks (more gives a bigger
@@ -55,9 +54,9 @@ class Ring(NamedTuple):
 
 
 class Loop(NamedTuple):
-  """Ticks [first, end); steady: per tick of the period, per device, its
-  branch (the loop body runs the whole period), or () for a switching loop
-  (one tick per iteration)."""
+  """Ticks [first, end); steady: per tick of one iteration (one or more
+  periods), per device, its branch, or () for a switching loop (one tick
+  per iteration)."""
   first: int
   end: int
   steady: Tuple[Tuple[int, ...], ...]
@@ -112,6 +111,8 @@ def Labels(table: schedules.Schedule) -> List[int]:
   dev = table.StageDevice()[0]
   order = [a.micro_batch for a in table.Orders()[dev]
            if a.stage == 0 and a.op in 'BI']
+  if not order:  # forward cells only (inference): the labels as they are
+    return list(range(tt))
   real = [0] * tt
   for i, m in enumerate(order):
     real[m] = tt - 1 - i
@@ -186,15 +187,25 @@ def SteadyRun(branch: Sequence[Sequence[int]], max_period: int = MAX_PERIOD
   return best
 
 
-def _Loops(branch, cells, one_loop: bool) -> List[Loop]:
-  ticks = len(branch[0])
-  run = None if one_loop else SteadyRun(branch)
+def Loops(branch: Sequence[Sequence[int]], first: int, end: int,
+          one_loop: bool = False, unroll_ticks: int = 1) -> List[Loop]:
+  """The loops over ticks [first, end) (module docstring: loops).
+
+  The steady loop runs max(1, unroll_ticks // p) periods per iteration
+  (all of them if it has fewer); the periods its iterations leave over run
+  at the end of the switching loop before it.
+  """
+  sliced = [row[first:end] for row in branch]
+  run = None if one_loop or end <= first else SteadyRun(sliced)
   if run is None:
-    return [Loop(0, ticks, ())]
-  first, end, p = run
-  steady = tuple(tuple(branch[d][first + i] for d in range(len(branch)))
-                 for i in range(p))
-  loops = [Loop(0, first, ()), Loop(first, end, steady), Loop(end, ticks, ())]
+    return [Loop(first, end, ())]
+  a, b, p = run
+  per = min(max(1, unroll_ticks // p), (b - a) // p)
+  a += ((b - a) // p % per) * p
+  steady = tuple(tuple(sliced[d][a + i] for d in range(len(sliced)))
+                 for i in range(p)) * per
+  loops = [Loop(first, first + a, ()), Loop(first + a, first + b, steady),
+           Loop(first + b, end, ())]
   return [loop for loop in loops if loop.end > loop.first]
 
 
@@ -236,14 +247,10 @@ def Compile(table: schedules.Schedule, one_loop: bool = False) -> Program:
       branch[d][c] = 1 + cells[d].index(key)
       micro_batch[d][c] = real[a.micro_batch]
       if a.stage > 0:
-        slot[d][c] = slots[(a.stage, a.micro_batch)]
+        # (Forward cells of a forward-only table keep no input.)
+        slot[d][c] = slots.get((a.stage, a.micro_batch), 0)
   num_slots = [0] + [table.NumSlots()[s] for s in range(1, table.num_stages)]
   out_rings, dx_rings = _Rings(table)
   return Program(table, stage_device, cells, branch, micro_batch, slot,
                  num_slots, out_rings, dx_rings, real,
-                 _Loops(branch, cells, one_loop))
-
-
-def CellOf(program: Program, d: int, c: int) -> Optional[Action]:
-  """The table action of device d on tick c (None when idle)."""
-  return program.table.grid[d][c]
+                 Loops(branch, 0, ticks, one_loop))

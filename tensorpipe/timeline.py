@@ -73,6 +73,7 @@ class _Entry:
   num_micro_batches: int
   tensor: Any
   table: Any = None   # the schedules.Schedule of a 'table' log
+  first: int = 0      # the table tick of the log's first row
 
 
 class Recorder:
@@ -83,8 +84,8 @@ class Recorder:
     self._marks: Dict[str, Any] = {}
 
   def Add(self, direction: str, k: int, num_partitions: int,
-          num_micro_batches: int, tensor: tf.Tensor, table: Any = None
-          ) -> None:
+          num_micro_batches: int, tensor: tf.Tensor, table: Any = None,
+          first: int = 0) -> None:
     """Registers a [ticks, 2] (forward) or [ticks, 3] (others) log.
 
     Raises:
@@ -100,7 +101,7 @@ class Recorder:
       raise ValueError("a 'table' timeline log needs table=the "
                        'schedules.Schedule it ran')
     self._entries.append(_Entry(direction, k, num_partitions,
-                                num_micro_batches, tensor, table))
+                                num_micro_batches, tensor, table, first))
 
   def Mark(self, name: str, deps: Sequence[Any] = ()) -> tf.Tensor:
     """A timestamp taken after `deps` (e.g. 'step_start', 'step_end')."""
@@ -133,7 +134,8 @@ class Recorder:
         events.extend(OneFOneBEvents(rows, e.k, kk, tt))
         continue
       if e.direction == 'table':
-        events.extend(TableEvents(rows, e.table, e.k))
+        events.extend(TableEvents(rows, e.table, e.k, first=e.first,
+                                  ticks=len(rows)))
         continue
       # GPipe's loops log its table's forward ticks, then its backward ticks.
       span = schedules.NumClockTicks(kk, tt)
@@ -338,11 +340,12 @@ class Probe:
     return tf.reshape(tf.stack(stamps), [1, len(stamps)])
 
   def Add(self, direction: str, k: int, num_partitions: int,
-          num_micro_batches: int, log: Any, table: Any = None) -> None:
+          num_micro_batches: int, log: Any, table: Any = None,
+          first: int = 0) -> None:
     """Hands partition k's finished log to the recorder (`Recorder.Add`)."""
     if self._rec:
       self._rec.Add(direction, k, num_partitions, num_micro_batches, log,
-                    table)
+                    table, first)
 
 
 def ActiveProbe() -> Probe:

@@ -50,6 +50,26 @@ class SettingsTest(unittest.TestCase):
     self.assertEqual(settings.PairedBaselines('K1-T8-1f1b-rc'),
                      ['plain', 'plain-T8', 'K1-T8-rc'])
 
+  def testInterleavedSettings(self):
+    s = settings.ParseSetting('K2-T8-i2-rc')
+    self.assertEqual((s.num_partitions, s.num_micro_batches, s.recompute,
+                      s.schedule, s.num_stages_per_device, s.threads),
+                     (2, 8, True, 'interleaved_1f1b', 2, (1, 2)))
+    self.assertFalse(settings.ParseSetting('K4-T8-i3-norc').recompute)
+    self.assertEqual(settings.ParseSetting('K2-T8-rc').num_stages_per_device,
+                     1)
+    for bad in ('K2-T8-i1-rc', 'K2-T8-i2-rcg', 'K2-T8-i2'):
+      with self.assertRaisesRegex(ValueError, f"'{bad}'.*i<v>"):
+        settings.ParseSetting(bad)
+    # Paired with its GPipe and 1F1B twins in the same process.
+    self.assertEqual(settings.PairedBaselines('K2-T8-i2-rc'),
+                     ['plain', 'naive-2', 'K2-T8-rc', 'K2-T8-1f1b-rc'])
+    # The layer the benchmark builds places v stages per device.
+    layer_ps, input_shape = runner.BuiltinLayers('tiny')
+    layer = runner.BuildLayer(s, layer_ps, input_shape)
+    self.assertEqual((layer.num_partitions, layer.num_stages,
+                      layer.params.schedule), (2, 4, 'interleaved_1f1b'))
+
   def testUnrollTicksSuffix(self):
     s = settings.ParseSetting('K8-T32-rc-u1')
     self.assertEqual((s.num_partitions, s.num_micro_batches, s.recompute,

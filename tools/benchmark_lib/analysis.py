@@ -193,7 +193,8 @@ def AddPredictions(results: Sequence[Result],
   cores = num_cores or os.cpu_count() or 1
   calib = _Calibrate(results)
   for r in results:
-    if r.pipelined and r.setting.recompute_impl == 'explicit':
+    if (r.pipelined and r.setting.recompute_impl == 'explicit' and
+        r.setting.schedule in TICKS_IN_FLIGHT):
       r.prediction = _Predict(r, calib, cores)
   return calib
 

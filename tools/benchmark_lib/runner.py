@@ -144,7 +144,8 @@ def BuildLayer(setting: settings.Setting, layer_ps: Sequence[Any],
       num_micro_batches=setting.num_micro_batches,
       input_shapes=[list(input_shape)], recompute=setting.recompute,
       recompute_impl=setting.recompute_impl,
-      schedule=setting.schedule)
+      schedule=setting.schedule,
+      num_stages_per_device=setting.num_stages_per_device)
   if setting.unroll_ticks is not None:
     p.unroll_ticks = setting.unroll_ticks
   return p.Instantiate()
@@ -379,12 +380,14 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   # records its own loop's cells (forward, recompute, backward on one
   # clock; timeline.OneFOneBEvents), with or without recompute.
   recorded, rec_events = None, []
+  # (Per-partition cells assume one stage per device: not for v > 1.)
   want_cells = (partition_costs and setting.kind == 'pipe' and
                 setting.recompute_impl == 'explicit' and
+                setting.num_stages_per_device == 1 and
                 (setting.num_partitions > 1 or setting.num_micro_batches > 1)
                 and not timeline_dir)
   if want_cells:
-    own = setting.recompute or setting.schedule == '1f1b'
+    own = setting.recompute or setting.schedule != 'gpipe'
     rec_layer = layer if own else BuildLayer(
         dataclasses.replace(setting, recompute=True), layer_ps, input_shape)
     with timeline.Record() as recorded:

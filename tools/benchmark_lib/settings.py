@@ -26,6 +26,11 @@ A setting names one way of running a model's layers:
                  K2-T8-rc in the same process;
   K2-T8-1f1b-norc  the same without recompute (reported as not run with the
                  engine's reason where the engine does not build it).
+  K2-T8-i2-rc    schedule='interleaved_1f1b' with num_stages_per_device=2
+                 (the layers cut into K v stages, round-robin) and
+                 recompute; paired with its GPipe and 1F1B twins (K2-T8-rc,
+                 K2-T8-1f1b-rc); -norc without recompute. Timed, not
+                 predicted (the fitted simulator models gpipe and 1f1b).
   K8-T32-rc-u1   a GPipe setting with TensorPipeLayer's unroll_ticks=1 (one
                  steady clock tick per loop iteration; without -u<n> the
                  layer's default, 2; see its param).
@@ -103,7 +108,9 @@ class Setting:
     recompute: whether the pipeline recomputes the forward pass.
     recompute_impl: TensorPipeLayer's recompute_impl.
     serial: naive-K-serial: one inter-op thread.
-    schedule: TensorPipeLayer's schedule, 'gpipe' or '1f1b'.
+    schedule: TensorPipeLayer's schedule, 'gpipe', '1f1b' or
+      'interleaved_1f1b'.
+    num_stages_per_device: TensorPipeLayer's num_stages_per_device (v).
     unroll_ticks: TensorPipeLayer's unroll_ticks (GPipe only); None: the
       layer's default.
   """
@@ -116,6 +123,7 @@ class Setting:
   serial: bool = False
   schedule: str = 'gpipe'
   unroll_ticks: Optional[int] = None
+  num_stages_per_device: int = 1
 
   @property
   def threads(self) -> Tuple[int, int]:
@@ -142,6 +150,11 @@ def ParseSetting(name: str) -> Setting:
   if m and int(m.group(1)) >= 1:
     return Setting(name, 'pipe', int(m.group(1)), 1, False,
                    serial=bool(m.group(2)))
+  m = re.match(r'^K(\d+)-T(\d+)-i([2-9])-(rc|norc)$', name)
+  if m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1:
+    return Setting(name, 'pipe', int(m.group(1)), int(m.group(2)),
+                   m.group(4) == 'rc', schedule='interleaved_1f1b',
+                   num_stages_per_device=int(m.group(3)))
   m = _SETTING_RE.match(name)
   if (m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1 and
       not (m.group(3) and m.group(4) == 'rcg') and
@@ -157,6 +170,8 @@ def ParseSetting(name: str) -> Setting:
                    'naive-K-serial, '
                    'K<k>-T<t>-<rc|norc|rcg> (e.g. K4-T8-rc) or '
                    'K<k>-T<t>-1f1b-<rc|norc> (e.g. K2-T32-1f1b-rc), '
+                   'K<k>-T<t>-i<v>-<rc|norc> (interleaved 1F1B, v = 2..9 '
+                   'stages per device, e.g. K2-T8-i2-rc), '
                    'GPipe ones optionally with -u<n> for unroll_ticks=n '
                    '(e.g. K8-T32-rc-u1)')
 
@@ -196,6 +211,8 @@ def PairedBaselines(setting_name: str) -> List[str]:
     out.append(f'naive-{k}')
   if k == 1 and s.recompute and s.schedule == 'gpipe':
     out.append(f'K1-T{t}-norc')
-  if s.schedule == '1f1b':
+  if s.schedule != 'gpipe':
     out.append(f'K{k}-T{t}-rc')
+  if s.schedule == 'interleaved_1f1b':
+    out.append(f'K{k}-T{t}-1f1b-rc')
   return out
