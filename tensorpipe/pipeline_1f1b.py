@@ -178,7 +178,8 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
       (`schedule_engine.RunUnrolled`), keeping each cell's activations until
       its backward.
     grad_sum_mode: grad_sum.MODES ('pairwise' needs recompute).
-    schedule: a registered schedule name (`schedules.Build`).
+    schedule: a registered schedule name (`schedules.Build`), a CSV path
+      or `schedules.CsvParam` text (`schedules.FromParam`).
     devices: the K devices (default: one per stage, the stages' own).
     num_stages_per_device: v.
 
@@ -186,8 +187,8 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     A `LossAndGrads`.
   """
   devices = list(devices or [stage.device for stage in stages])
-  table = schedules.Build(schedule, len(devices), num_mb,
-                          num_stages_per_device)
+  table = schedules.FromParam(schedule, len(devices), num_mb,
+                             num_stages_per_device)
   for s, stage in enumerate(stages):
     want = devices[table.StageDevice()[s]]
     if stage.device != want:
@@ -354,12 +355,17 @@ def CheckScheduleParams(p, num_devices: int) -> None:
     raise ValueError(f'TensorPipeLayer {p.name!r}: num_stages_per_device='
                      f'{v!r} must be an int >= 1 (stages per device: 2 or '
                      "more for schedule='interleaved_1f1b')")
-  if not isinstance(p.schedule, str) or p.schedule not in schedules.Names():
+  is_csv = isinstance(p.schedule, str) and (
+      p.schedule.startswith(schedules.CSV_PREFIX) or
+      p.schedule.endswith('.csv'))
+  if not is_csv and (not isinstance(p.schedule, str) or
+                     p.schedule not in schedules.Names()):
     raise ValueError(f'TensorPipeLayer {p.name!r}: schedule={p.schedule!r} '
                      f'is not one of {schedules.Names()}; use '
                      "schedule='gpipe' (default), '1f1b' or "
-                     "'interleaved_1f1b', or register a table builder with "
-                     'schedules.Register(name, builder)')
+                     "'interleaved_1f1b', a CSV table (a path ending in "
+                     "'.csv', or schedules.CsvParam(path)), or register a "
+                     'table builder with schedules.Register(name, builder)')
   if p.schedule == 'gpipe':
     if v != 1:
       raise ValueError(
@@ -370,21 +376,22 @@ def CheckScheduleParams(p, num_devices: int) -> None:
     return
   # The placement and the ops do not depend on T: build it for T = 2K
   # (interleaved 1F1B needs a multiple of K, ZB-V at least 2K - 1).
+  # (A CSV table has its own T.)
   try:
-    table = schedules.Build(p.schedule, num_devices, 2 * num_devices, v)
+    table = schedules.FromParam(p.schedule, num_devices, None, v)
   except ValueError as e:
     raise ValueError(f'TensorPipeLayer {p.name!r}: {e}') from None
   split = [a for row in table.grid for a in row if a and a.op in 'IW']
-  if split:
+  if split and p.grad_sum != 'sequential':
     raise ValueError(
         f'TensorPipeLayer {p.name!r}: schedule={p.schedule!r} splits the '
         'backward pass into input- and weight-gradient cells (I, W), which '
-        "TensorPipeLayer does not run yet; use schedule='1f1b' or "
-        "'interleaved_1f1b' (tools/model_analysis --schedules=all predicts "
-        f'{p.schedule!r})')
+        f"add weight gradients as they come; grad_sum={p.grad_sum!r} needs "
+        "whole backward cells: use grad_sum='sequential' or "
+        "schedule='1f1b'")
   if isinstance(p.num_micro_batches, int) and p.num_micro_batches > 0:
     try:
-      schedules.Build(p.schedule, num_devices, p.num_micro_batches, v)
+      schedules.FromParam(p.schedule, num_devices, p.num_micro_batches, v)
     except ValueError as e:
       raise ValueError(f'TensorPipeLayer {p.name!r}: {e}') from None
   if p.recompute_impl != 'explicit':
@@ -398,7 +405,7 @@ def StageDevices(p, num_devices: int) -> List[int]:
   """Per stage, the index of its device under `p.schedule` (S = K v)."""
   if p.schedule == 'gpipe':
     return list(range(num_devices))
-  table = schedules.Build(p.schedule, num_devices, 2 * num_devices,
-                          p.num_stages_per_device)
+  table = schedules.FromParam(p.schedule, num_devices, None,
+                             p.num_stages_per_device)
   place = table.StageDevice()
   return [place[s] for s in range(table.num_stages)]

@@ -44,7 +44,8 @@ import functools
 import numbers
 import threading
 import zlib
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
+from typing import (Any, Callable, Iterator, List, NamedTuple, Optional,
+                    Sequence, Union)
 
 from absl import logging
 import tensorflow as tf
@@ -533,3 +534,54 @@ def CallWithStats(fn: Callable[..., Any], *args, **kwargs):
   with CollectBatchStats() as collected:
     result = fn(*args, **kwargs)
   return result, collected
+
+
+class WeightOpCall(NamedTuple):
+  """One call of `WeightOp`: z = fn(x, w)."""
+  fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+  x: tf.Tensor
+  w: tf.Tensor
+  z: tf.Tensor
+
+
+def WeightOp(fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], x: tf.Tensor,
+             w: tf.Tensor) -> tf.Tensor:
+  """z = fn(x, w): a layer's op on its weight w, which schedules that split
+  the backward pass can differentiate on its own.
+
+  The zero-bubble schedules (schedules.py: I and W cells) take the input
+  gradient of a stage first (I: the gradient to the stage's inputs and to
+  each weight op's output z, without any weight gradient) and its weight
+  gradients later (W: dw = vjp of fn(x, .) at w with dz, one kernel per
+  op, from the x and dz that I kept). A layer routes its weight ops (the
+  matmul of FCLayer, the convolution of Conv2DLayer) through this; `fn`
+  must depend on its two arguments and Python values only (the engine
+  calls it again in the W cell), and w must be the layer's weight as it
+  comes in theta (cast inside fn). Weights used elsewhere (biases, batch
+  norm) and layers that do not use this (KerasLayer) get their gradients
+  in I.
+  """
+  z = fn(x, w)
+  collector = getattr(_local, 'weight_ops', None)
+  if collector is not None:
+    calls, tape = collector
+    if tape is not None:
+      # The gradient to z is asked for even when neither x nor w is
+      # watched (the first layer of stage 0: data and an unwatched weight).
+      tape.watch(z)
+    calls.append(WeightOpCall(fn, x, w, z))
+  return z
+
+
+@contextlib.contextmanager
+def CollectWeightOps(tape: Optional[tf.GradientTape] = None
+                     ) -> Iterator[List[WeightOpCall]]:
+  """Collects the `WeightOp` calls made in the block, in call order;
+  `tape` (if given) watches each op's output z."""
+  previous = getattr(_local, 'weight_ops', None)
+  calls = []
+  _local.weight_ops = (calls, tape)
+  try:
+    yield calls
+  finally:
+    _local.weight_ops = previous

@@ -120,6 +120,7 @@ class _State(NamedTuple):
   dtheta: List[tf.Tensor]       # flat weight gradients summed so far
   loss: List[tf.Tensor]         # s = S - 1: [loss sum, metric sums...]
   ends: List[tf.TensorArray]    # last stage: outputs; stage 0: input grads
+  stash: List[tf.TensorArray]   # I -> W: per weight op, its x and dz
 
 
 def _Zeros(specs) -> List[tf.Tensor]:
@@ -231,6 +232,42 @@ def _AutodiffCall(stage, spec, theta, mb_size, autodiff, ctx):
   return Cell
 
 
+def TraceWeightOps(stage: pipeline_stage.Stage,
+                   spec: pipeline_stage.StageSpecs, theta: List[Any],
+                   mb_size: int) -> List[Tuple[int, tf.TensorSpec,
+                                               tf.TensorSpec, Callable]]:
+  """A stage's `py_utils.WeightOp` calls, traced once on specs: per call
+  in call order, (index of its weight in the flat theta, spec of x, spec of
+  z, fn).
+
+  Raises:
+    ValueError: a weight op's w is not one of the stage's weights as they
+      come in theta (a layer cast or sliced it before the op).
+  """
+  flat_theta = tf.nest.flatten(theta)
+  n = len(spec.in_specs)
+  found = []
+
+  def Fn(*args):
+    th = list(args[n:])
+    where = {id(v): i for i, v in enumerate(th)}
+    with py_utils.CollectWeightOps() as calls:
+      stage.FlatCall(spec.in_struct, tf.nest.pack_sequence_as(theta, th),
+                     list(args[:n]), tf.constant(0), mb_size)
+    for call in calls:
+      if id(call.w) not in where:
+        raise ValueError(
+            f'a py_utils.WeightOp of stage {stage.k} got a weight that is '
+            'not one of its weights as they come in theta (cast or sliced '
+            'first?); pass theta.<name> and cast inside fn')
+      found.append((where[id(call.w)], pipeline_stage.SpecOf(call.x),
+                    pipeline_stage.SpecOf(call.z), call.fn))
+  specs = list(spec.in_specs) + [pipeline_stage.SpecOf(v) for v in flat_theta]
+  with tf.device(stage.device):
+    tf.function(Fn, autograph=False).get_concrete_function(*specs)
+  return found
+
+
 def _Period(ticks: Sequence[Any]) -> int:
   """The least p with ticks == ticks[:p] * (len / p)."""
   n = len(ticks)
@@ -277,7 +314,15 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
   used = [sorted({b for b in program.branch[d][first:end] if b})
           for d in range(num_d)]
   runs_f = {a.stage for row in acts for a in row if a and a.op == 'F'}
-  runs_b = {a.stage for row in acts for a in row if a and a.op == 'B'}
+  runs_b = {a.stage for row in acts for a in row if a and a.op in 'BIW'}
+  runs_i = {a.stage for row in acts for a in row if a and a.op == 'I'}
+  if runs_i and acc is not None and acc.mode != 'sequential':
+    raise ValueError(f'grad_sum={acc.mode!r} does not run with schedule '
+                     f'{program.table.name!r}, which splits the backward '
+                     "pass (I, W); use grad_sum='sequential'")
+  # Per stage that runs I cells, its weight ops (py_utils.WeightOp).
+  weight_ops = {s: TraceWeightOps(stages[s], specs[s], thetas[s], mb_size)
+                for s in runs_i}
   masked = ends.autodiff == 'recompute_grad'
   if masked and any({(a.op, a.stage) for a in row if a} != {('F', s)}
                     for row, s in zip(acts, range(num_d))):
@@ -329,10 +374,21 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     return state._replace(out=out, slots=slots, stats=stats, loss=loss,
                           ends=end_tas), stamps
 
-  def Backward(s, state, dy_in, t, slot, w):
-    """Stage s's recompute + vjp of micro-batch t; (state, stamps)."""
+  def Backward(s, state, dy_in, t, slot, w, stash_slot=None):
+    """Stage s's recompute + vjp of micro-batch t; (state, stamps).
+
+    With `stash_slot` (an I cell) only the gradients of the stage's
+    inputs and of its weight ops' outputs z are taken (weights outside
+    weight ops get theirs here too); each op's (x, dz) goes to the stash.
+    """
     stage, spec = stages[s], specs[s]
     theta_flat = tf.nest.flatten(thetas[s])
+    split = stash_slot is not None
+    op_idx = [i for i, _, _, _ in weight_ops[s]] if split else []
+    # I takes no weight op's weight gradient: those weights are not
+    # watched, so autodiff builds no dw kernel (the matmul or
+    # convolution's gradient skips unwatched inputs).
+    watched = [i for i in range(len(theta_flat)) if i not in op_idx]
     if ends.saved:
       x = [tf.gather(v, t) for v in ends.saved[s]]
     elif s == 0:
@@ -350,27 +406,61 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
       xs = ([x[i] for i in spec.float_in]
             if s > 0 or ends.input_grads else [])
       tape.watch(xs)
-      tape.watch(theta_flat)
+      tape.watch([theta_flat[i] for i in watched])
       th = tf.nest.pack_sequence_as(thetas[s], theta_flat)
-      y, _ = stage.FlatCall(spec.in_struct, th, list(x), t, mb_size)
+      with py_utils.CollectWeightOps(tape if split else None) as calls:
+        y, _ = stage.FlatCall(spec.in_struct, th, list(x), t, mb_size)
       if last and loss_inside:
         l, _ = ends.loss_of(y, t)
         ys, dy = [l / ends.normalizer], None
       else:
         ys = [y[i] for i in spec.float_out]
     mid = probe.Stamp(ys)
+    zs = [call.z for call in calls] if split else []
+    if split and len(zs) != len(op_idx):
+      raise AssertionError(f'stage {s} made {len(zs)} weight ops, traced '
+                           f'{len(op_idx)}')
     with tf.control_dependencies(mid):
-      dxs, dws = tape.gradient(
-          ys, (xs, theta_flat), output_gradients=dy,
+      dxs, dzs, dws = tape.gradient(
+          ys, (xs, zs, [theta_flat[i] for i in watched]),
+          output_gradients=dy,
           unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    dtheta = acc.Add(state.dtheta, dws, t)
+    stash = state.stash
+    if split:
+      dtheta = list(state.dtheta)
+      for i, g in zip(watched, dws):
+        dtheta[i] = dtheta[i] + g
+      kept = [v for call, dz in zip(calls, dzs) for v in (call.x, dz)]
+      stash = [ta.write(stash_slot, v) for ta, v in zip(state.stash, kept)]
+    else:
+      dtheta = acc.Add(state.dtheta, dws, t)
     dx, end_tas = state.dx, state.ends
     if s > 0:
       dx = _Write(program.dx_rings[s], state.dx, w, dxs)
     elif ends.input_grads:
       end_tas = [ta.write(t, v) for ta, v in zip(state.ends, dxs)]
     stamps = start + mid + probe.Stamp([dxs, dtheta])
-    return state._replace(dx=dx, dtheta=dtheta, ends=end_tas), stamps
+    return state._replace(dx=dx, dtheta=dtheta, ends=end_tas,
+                          stash=stash), stamps
+
+  def WeightGrad(s, state, stash_slot):
+    """Stage s's W cell: each weight op's dw = vjp of fn(x, .) with dz,
+    from the (x, dz) its I cell kept; (state, stamps)."""
+    theta_flat = tf.nest.flatten(thetas[s])
+    kept = [ta.read(stash_slot) for ta in state.stash]
+    start = probe.Stamp(kept)
+    dtheta = list(state.dtheta)
+    with tf.control_dependencies(start):
+      for j, (i, _, _, fn) in enumerate(weight_ops[s]):
+        x, dz = kept[2 * j], kept[2 * j + 1]
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+          tape.watch(theta_flat[i])
+          z = fn(x, theta_flat[i])
+        dtheta[i] = dtheta[i] + tape.gradient(z, theta_flat[i],
+                                              output_gradients=dz)
+    # A W row of the timeline is (start, -1, end).
+    stamps = start + probe.Missing(1) + probe.Stamp(dtheta)
+    return state._replace(dtheta=dtheta), stamps
 
   # Per device, its tables: branch, micro-batch, slot and ring entry written
   # (F: its output ring's, B: its input-gradient ring's) of each tick; a
@@ -388,7 +478,7 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     columns = []
     with tf.device(devices[d]):
       for col in (program.branch[d], program.micro_batch[d],
-                  program.slot[d], write):
+                  program.slot[d], write, program.stash[d]):
         if col[first:end] == program.micro_batch[d][first:end]:
           columns.append(columns[1] if len(columns) > 1 else tf.constant(
               col, tf.int32))
@@ -433,19 +523,23 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     for d in range(num_d):
       with tf.device(devices[d]):
         c = cs[d]
-        t, slot, w = (Column(d, i, c) for i in (1, 2, 3))
+        t, slot, w, stash_slot = (Column(d, i, c) for i in (1, 2, 3, 4))
         mine = tuple(states[s] for s in on_device[d])
 
-        def Cell(op, s, mine=mine, t=t, slot=slot, w=w, d=d, valid=None):
+        def Cell(op, s, mine=mine, t=t, slot=slot, w=w, d=d, valid=None,
+                 stash_slot=stash_slot):
           i = on_device[d].index(s)
           if op == 'F':
             x_in = (Received(outs, cs, program.out_rings, reads[0], s - 1)
                     if s > 0 else [])
             new, stamps = Forward(s, mine[i], x_in, t, slot, w, valid)
+          elif op == 'W':
+            new, stamps = WeightGrad(s, mine[i], stash_slot)
           else:
             dy_in = (Received(dxs, cs, program.dx_rings, reads[1], s + 1)
                      if s < num_s - 1 else [])
-            new, stamps = Backward(s, mine[i], dy_in, t, slot, w)
+            new, stamps = Backward(s, mine[i], dy_in, t, slot, w,
+                                   stash_slot if op == 'I' else None)
           return mine[:i] + (new,) + mine[i + 1:], stamps
         # Branches the run does not use are idle (never taken, not traced).
         idle = lambda mine=mine: (mine, probe.Missing(3))
@@ -496,7 +590,10 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
           dtheta=acc.Init(tf.nest.flatten(thetas[s])) if s in runs_b else [],
           loss=(_Zeros(ends.loss_specs) if s == num_s - 1 and loss_inside
                 else []),
-          ends=end_tas))
+          ends=end_tas,
+          stash=([ta for _, x, z, _ in weight_ops[s] for ta in
+                  _TensorArrays([x, z], program.num_stash[s])]
+                 if s in runs_i else [])))
   logs = []
   for d in range(num_d):
     with tf.device(devices[d]):
@@ -586,9 +683,13 @@ def RunUnrolled(stages, thetas, specs, program, flat_stacked, loss_of,
         'tracing slow; use recompute=True (a loop whose graph does not grow '
         'with T) or fewer micro-batches', program.table.name, num_s, num_mb,
         2 * num_s * num_mb, UNROLLED_CELLS_WARNING)
-  outs, dxs_of, pending = {}, {}, {}
+  outs, dxs_of, pending, stashed = {}, {}, {}, {}
   dthetas = [[tf.zeros_like(w) for w in tf.nest.flatten(th)]
              for th in thetas]
+  split = {(a.micro_batch, a.stage) for row in program.table.grid
+           for a in row if a and a.op == 'I'}
+  weight_ops = {s: TraceWeightOps(stages[s], specs[s], thetas[s], mb_size)
+                for s in {st for _, st in split}}
   stats = [[_Zeros(ss) for ss in spec.StatsSpecs()] for spec in specs]
   sums = _Zeros(loss_specs)
   previous = [[] for _ in range(num_d)]  # per device: its last cell's results
@@ -602,6 +703,11 @@ def RunUnrolled(stages, thetas, specs, program, flat_stacked, loss_of,
       s, t = a.stage, program.real[a.micro_batch]
       stage, spec = stages[s], specs[s]
       theta_flat = tf.nest.flatten(thetas[s])
+      # A split backward (I, W) watches no weight op's weight (I builds no
+      # dw kernel; W takes each op's dw itself).
+      op_idx = ([i for i, _, _, _ in weight_ops[s]]
+                if (a.micro_batch, s) in split else [])
+      watched = [i for i in range(len(theta_flat)) if i not in op_idx]
       with tf.device(devices[d]), tf.control_dependencies(previous[d]):
         if a.op == 'F':
           x = ([tf.gather(v, t) for v in flat_stacked] if s == 0 else
@@ -612,10 +718,11 @@ def RunUnrolled(stages, thetas, specs, program, flat_stacked, loss_of,
             # Stage 0's inputs are data: no gradient for them.
             xs = [x[i] for i in spec.float_in] if s > 0 else []
             tape.watch(xs)
-            tape.watch(theta_flat)
+            tape.watch([theta_flat[i] for i in watched])
             th = tf.nest.pack_sequence_as(thetas[s], theta_flat)
-            y, cell_stats = stage.FlatCall(spec.in_struct, th, list(x), t,
-                                           mb_size)
+            with py_utils.CollectWeightOps(tape if op_idx else None) as calls:
+              y, cell_stats = stage.FlatCall(spec.in_struct, th, list(x), t,
+                                             mb_size)
             if s == num_s - 1:
               l, m = loss_of(y, t)
               ys = [l / normalizer]
@@ -625,27 +732,49 @@ def RunUnrolled(stages, thetas, specs, program, flat_stacked, loss_of,
               outs[(t, s)] = y
           stats[s] = tf.nest.map_structure(lambda u, v: u + v, stats[s],
                                            cell_stats)
-          pending[(t, s)] = (tape, xs, theta_flat, ys)
+          pending[(t, s)] = (tape, xs, ys, calls, watched)
           end = probe.Stamp([y, cell_stats])
           rows[d].append(start + probe.Missing(1) + end)
           # (With the timeline on, the next cell's start follows this end.)
           previous[d] = y + tf.nest.flatten(cell_stats) + end
+        elif a.op == 'W':
+          start = probe.Stamp(stashed[(t, s)][1])
+          dtheta = list(dthetas[s])
+          with tf.control_dependencies(start):
+            for (i, _, _, fn), x, dz in zip(weight_ops[s],
+                                            *stashed.pop((t, s))):
+              with tf.GradientTape(watch_accessed_variables=False) as tape:
+                tape.watch(theta_flat[i])
+                z = fn(x, theta_flat[i])
+              dtheta[i] = dtheta[i] + tape.gradient(
+                  z, theta_flat[i], output_gradients=dz)
+          dthetas[s] = dtheta
+          end = probe.Stamp(dtheta)
+          rows[d].append(start + probe.Missing(1) + end)
+          previous[d] = dtheta + end
         else:
-          tape, xs, theta_flat, ys = pending.pop((t, s))
+          tape, xs, ys, calls, watched = pending.pop((t, s))
+          zs = [call.z for call in calls] if a.op == 'I' else []
           dy = None if s == num_s - 1 else dxs_of.pop((t, s + 1))
           start = probe.Stamp(ys + (dy or []))
           with tf.control_dependencies(start):
-            dxs, dws = tape.gradient(
-                ys, (xs, theta_flat), output_gradients=dy,
+            dxs, dzs, dws = tape.gradient(
+                ys, (xs, zs, [theta_flat[i] for i in watched]),
+                output_gradients=dy,
                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
-          dthetas[s] = [u + g for u, g in zip(dthetas[s], dws)]
+          dtheta = list(dthetas[s])
+          for i, g in zip(watched, dws):
+            dtheta[i] = dtheta[i] + g
+          dthetas[s] = dtheta
+          if a.op == 'I':
+            stashed[(t, s)] = ([call.x for call in calls], list(dzs))
           if s > 0:
             dxs_of[(t, s)] = list(dxs)
           # A backward row without a recompute is (start, -1, end).
           end = probe.Stamp([dxs, dthetas[s]])
           rows[d].append(start + probe.Missing(1) + end)
           previous[d] = list(dxs) + dthetas[s] + end
-  assert not (outs or dxs_of or pending), (outs, dxs_of, pending)
+  assert not (outs or dxs_of or pending or stashed), (outs, dxs_of, pending)
   if probe.recording:
     for d in range(num_d):
       with tf.device(devices[d]):

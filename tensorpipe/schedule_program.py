@@ -73,8 +73,11 @@ class Program(NamedTuple):
     micro_batch: per device, per tick, the mini-batch micro-batch its cell
       works on (0 when idle).
     slot: per device, per tick, the boundary slot its cell writes (F) or
-      reads (B) (0 when it has none).
+      reads (B, I) (0 when it has none).
     num_slots: per stage, the boundary inputs it keeps (0 for stage 0).
+    stash: per device, per tick, the I-to-W stash slot its I cell writes or
+      its W cell reads (0 otherwise).
+    num_stash: per stage, its stash slots (0 for stages that run B).
     out_rings: per stage s < S - 1, the ring of its outputs to stage s + 1.
     dx_rings: per stage s > 0, the ring of its input gradients to s - 1.
     real: per table label m, the micro-batch it runs.
@@ -87,6 +90,8 @@ class Program(NamedTuple):
   micro_batch: List[List[int]]
   slot: List[List[int]]
   num_slots: List[int]
+  stash: List[List[int]]
+  num_stash: List[int]
   out_rings: List[Optional[Ring]]
   dx_rings: List[Optional[Ring]]
   real: List[int]
@@ -213,22 +218,10 @@ def Compile(table: schedules.Schedule, one_loop: bool = False) -> Program:
   """The `Program` of a validated table.
 
   Args:
-    table: a schedule that passed `Validate()` with F and B cells only.
+    table: a schedule that passed `Validate()`.
     one_loop: run every tick in one switching loop (the timeline's
       recorded step: see timeline.Unordered).
-
-  Raises:
-    ValueError: the table holds I or W cells (the input / weight gradient
-      split is not built yet).
   """
-  for d, row in enumerate(table.grid):
-    for c, a in enumerate(row):
-      if a is not None and a.op in 'IW':
-        raise ValueError(
-            f'schedule {table.name!r} splits the backward pass ({a} on '
-            f'device {d}, tick {c}); the engine runs F and B cells only '
-            'for now: use a schedule without I and W cells (gpipe, 1f1b, '
-            'interleaved_1f1b)')
   kk, ticks = table.num_devices, table.num_ticks
   real = Labels(table)
   slots = table.Slots()
@@ -237,6 +230,8 @@ def Compile(table: schedules.Schedule, one_loop: bool = False) -> Program:
   branch = [[IDLE] * ticks for _ in range(kk)]
   micro_batch = [[0] * ticks for _ in range(kk)]
   slot = [[0] * ticks for _ in range(kk)]
+  stash_of = table.Stash()
+  stash = [[0] * ticks for _ in range(kk)]
   for d, row in enumerate(table.grid):
     for c, a in enumerate(row):
       if a is None:
@@ -249,8 +244,11 @@ def Compile(table: schedules.Schedule, one_loop: bool = False) -> Program:
       if a.stage > 0:
         # (Forward cells of a forward-only table keep no input.)
         slot[d][c] = slots.get((a.stage, a.micro_batch), 0)
+      if a.op in 'IW':
+        stash[d][c] = stash_of[(a.stage, a.micro_batch)]
   num_slots = [0] + [table.NumSlots()[s] for s in range(1, table.num_stages)]
   out_rings, dx_rings = _Rings(table)
+  num_stash = [table.StashSlots()[s] for s in range(table.num_stages)]
   return Program(table, stage_device, cells, branch, micro_batch, slot,
-                 num_slots, out_rings, dx_rings, real,
+                 num_slots, stash, num_stash, out_rings, dx_rings, real,
                  Loops(branch, 0, ticks, one_loop))

@@ -303,10 +303,16 @@ class Schedule:
         out[dev[s]] += n
     return out
 
+  def Stash(self) -> Dict[Tuple[int, int], int]:
+    """{(stage, micro_batch): slot} of the I-to-W stash: what an I cell
+    keeps for its W cell, from the I tick through the W tick (the lowest
+    free slot at each I, in tick order)."""
+    return _Colour(self._Lives('I', 'W'))
+
   def StashSlots(self) -> Dict[int, int]:
     """{stage: slots of the I-to-W stash} (0 for stages that run B)."""
     out = {s: 0 for s in range(self.num_stages)}
-    for (s, _), slot in _Colour(self._Lives('I', 'W')).items():
+    for (s, _), slot in self.Stash().items():
       out[s] = max(out[s], slot + 1)
     return out
 
@@ -437,6 +443,74 @@ def FromOrders(orders: Sequence[Sequence[Action]],
 # A builder: (num_devices K, num_micro_batches T, num_stages_per_device v)
 # -> Schedule, refusing what it does not support with a one-line ValueError.
 Builder = Callable[[int, int, int], Schedule]
+CSV_PREFIX = 'csv:'
+
+
+def CsvParam(path: str) -> str:
+  """A `TensorPipeLayer.schedule` value holding the CSV table of `path`.
+
+  'csv:' then the table's rows joined by '/' (actions hold no '/'), one
+  line: params.txt then records the table itself, so a resumed run whose
+  file changed differs in its hyper-parameters, and the run does not
+  depend on the file afterwards.
+
+  Raises:
+    ValueError: the file cannot be read, naming it.
+  """
+  try:
+    with open(path) as f:
+      text = f.read()
+  except OSError as e:
+    raise ValueError(f'schedule CSV {path!r} cannot be read ({e}); give '
+                     'the path of a table written by Schedule.ToCsv or '
+                     "torch.distributed.pipelining's _dump_csv") from None
+  rows = [r for r in text.replace('\r\n', '\n').split('\n')]
+  while rows and not rows[-1].strip():
+    rows.pop()
+  return CSV_PREFIX + '/'.join(rows)
+
+
+def FromParam(value: str, num_devices: int,
+              num_micro_batches: Optional[int] = None,
+              num_stages_per_device: int = 1) -> Schedule:
+  """The validated table a `schedule` value names.
+
+  A registered name (`Build`), a path ending in '.csv', or `CsvParam`'s
+  'csv:' text. A CSV table is retimed (`Retimed`: torch's tables are
+  orders) and must have `num_devices` rows and, when given,
+  `num_micro_batches` micro-batches and `num_stages_per_device` x K
+  stages.
+
+  Raises:
+    ValueError: naming the value and the fix.
+  """
+  if not (value.startswith(CSV_PREFIX) or value.endswith('.csv')):
+    return Build(value, num_devices, num_micro_batches or 2 * num_devices,
+                 num_stages_per_device)
+  name = value
+  if value.endswith('.csv') and not value.startswith(CSV_PREFIX):
+    value = CsvParam(value)
+  text = value[len(CSV_PREFIX):].replace('/', '\n')
+  label = name if len(name) < 60 else name[:57] + '...'
+  table = Schedule.FromCsv(text, name=label).Retimed().Validate()
+  if table.num_devices != num_devices:
+    raise ValueError(f'schedule {label!r} has {table.num_devices} rows '
+                     f'(devices) but the pipeline has {num_devices}; give '
+                     f'a table with one row per device')
+  if table.num_stages != num_devices * num_stages_per_device:
+    raise ValueError(
+        f'schedule {label!r} has {table.num_stages} stages, but K='
+        f'{num_devices} devices x num_stages_per_device='
+        f'{num_stages_per_device} makes {num_devices * num_stages_per_device};'
+        f' set num_stages_per_device={table.num_stages // num_devices}')
+  if num_micro_batches and table.num_micro_batches != num_micro_batches:
+    raise ValueError(
+        f'schedule {label!r} has {table.num_micro_batches} micro-batches but '
+        f'the step has {num_micro_batches}; set num_micro_batches='
+        f'{table.num_micro_batches} or give a table for T={num_micro_batches}')
+  return table
+
+
 _REGISTRY: Dict[str, Builder] = {}
 
 

@@ -551,13 +551,15 @@ class BadInputTest(tf.test.TestCase):
                                 r"'interleaved_1f1b'.*schedules.Register"):
       self._Pipe(schedule='pipedream')
 
-  def testSplitBackwardScheduleRaises(self):
+  def testSplitBackwardWithPairwiseSumRaises(self):
     for schedule, v in (('zb_h1', 1), ('zb_v', 2)):
       with self.assertRaisesRegex(
           ValueError, f"schedule='{schedule}' splits the backward pass into "
-          r'input- and weight-gradient cells \(I, W\), which TensorPipeLayer '
-          "does not run yet; use schedule='1f1b' or 'interleaved_1f1b'"):
-        self._Pipe(schedule=schedule, num_stages_per_device=v)
+          r"input- and weight-gradient cells \(I, W\).*grad_sum='pairwise' "
+          "needs whole backward cells: use grad_sum='sequential'"):
+        self._Pipe(schedule=schedule, num_stages_per_device=v,
+                   num_micro_batches=4, input_shapes=[[4 * BATCH, 8, 8, 2]],
+                   grad_sum='pairwise')
 
   def testStagesPerDeviceTheScheduleCannotPlaceRaise(self):
     with self.assertRaisesRegex(ValueError, "TensorPipeLayer 'TensorPipe': "

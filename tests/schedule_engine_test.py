@@ -6,6 +6,8 @@ same stages: the engine relabels micro-batches so that every stage sums its
 weight gradients in GPipe's backward order (schedule_program.Labels).
 """
 
+import os
+
 import tensorflow as tf
 
 from tensorpipe import pipeline
@@ -15,11 +17,14 @@ from tensorpipe import schedule_program
 from tensorpipe import schedules
 from tensorpipe import test_utils
 from tensorpipe import timeline
+from tensorpipe.layers import linear
 from tensorpipe.schedules import Action
 
 test_utils.ConfigureTestDevices()
 
 BATCH = 8
+_TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                         'testdata', 'torch_schedules')
 
 
 class CompileTest(tf.test.TestCase):
@@ -84,11 +89,18 @@ class CompileTest(tf.test.TestCase):
           self.assertLessEqual(read, f_s[j + ring.depth][0])
         self.assertEqual(ring.write[c], ring.read[read])
 
-  def testSplitBackwardIsRefused(self):
-    with self.assertRaisesRegex(ValueError, r"schedule 'zb_h1' splits the "
-                                r'backward pass \(0I0 on device 0, tick 3\)'
-                                '.*F and B cells only'):
-      schedule_program.Compile(schedules.Build('zb_h1', 2, 2))
+  def testZeroBubbleStashSlots(self):
+    # ZB-H1, K=2, T=2: each I keeps its (x, dz) for its W in a stash slot.
+    table = schedules.Build('zb_h1', 2, 2)
+    program = schedule_program.Compile(table)
+    self.assertEqual(program.cells[0], [('F', 0), ('I', 0), ('W', 0)])
+    self.assertEqual(program.num_stash, [table.StashSlots()[0],
+                                         table.StashSlots()[1]])
+    for d, row in enumerate(table.grid):
+      for c, a in enumerate(row):
+        if a and a.op in 'IW':
+          self.assertEqual(program.stash[d][c],
+                           table.Stash()[(a.stage, a.micro_batch)])
 
 
 def _Pipe(schedule, k, v, t, recompute=True, seed=3):
@@ -173,6 +185,46 @@ class EngineEqualsGPipeTest(tf.test.TestCase):
       schedules.Register(name, schedule_builders.GPipe)
     self._AssertBitwise(_Pipe(name, 2, 1, 4))
 
+  def testZeroBubbleSchedulesEqualGPipe(self):
+    """ZB-H1 (K=2) and ZB-V (K=2 devices x 2 stages in a V), T=4: the
+    backward split into I (input gradients) and W (weight gradients of
+    each conv and matmul from the (x, dz) that I kept) trains bit for bit
+    what GPipe trains on the same stages."""
+    for name, k, v in (('zb_h1', 2, 1), ('zb_v', 2, 2)):
+      for recompute in (True, False):
+        pipe = _Pipe(name, k, v, 4, recompute)
+        self._AssertBitwise(pipe, recompute)
+    self.assertEqual([s.device for s in _Pipe('zb_v', 2, 2, 4).stages],
+                     [_Pipe('zb_v', 2, 2, 4).devices[d]
+                      for d in (0, 1, 1, 0)])
+
+  def testCsvTablesRun(self):
+    """A table from CSV: torch.distributed.pipelining's ZBVZeroBubble (K=2
+    ranks, 4 stages in a V, T=4) by path, and our 1F1B's ToCsv() held in
+    the Params by schedules.CsvParam, both bit for bit GPipe's."""
+    torch_zbv = os.path.join(_TESTDATA, 'ZBVZeroBubble_ranks2_stages4_mb4.csv')
+    self._AssertBitwise(_Pipe(torch_zbv, 2, 2, 4))
+    path = os.path.join(self.get_temp_dir(), 'mine.csv')
+    with open(path, 'w') as f:
+      f.write(schedules.Build('1f1b', 2, 4).ToCsv())
+    value = schedules.CsvParam(path)
+    self.assertEqual(value, 'csv:' + '/'.join(
+        schedules.Build('1f1b', 2, 4).ToCsv().split('\r\n')[:2]))
+    self._AssertBitwise(_Pipe(value, 2, 1, 4))
+
+  def testBadCsvTablesAreRefused(self):
+    torch_zbv = os.path.join(_TESTDATA, 'ZBVZeroBubble_ranks2_stages4_mb4.csv')
+    with self.assertRaisesRegex(ValueError, r"has 4 micro-batches but the "
+                                r'step has 8; set num_micro_batches=4'):
+      _Pipe(torch_zbv, 2, 2, 8)
+    with self.assertRaisesRegex(ValueError, r'has 4 stages, but K=2 devices '
+                                r'x num_stages_per_device=1 makes 2; set '
+                                r'num_stages_per_device=2'):
+      _Pipe(torch_zbv, 2, 1, 4)
+    with self.assertRaisesRegex(ValueError, r"schedule CSV '/no/such.csv' "
+                                'cannot be read'):
+      _Pipe('/no/such.csv', 2, 1, 4)
+
   def testEvalFPropOfInterleavedEqualsGPipe(self):
     got_pipe = _Pipe('interleaved_1f1b', 2, 2, 4)
     want_pipe = _Pipe('gpipe', 4, 1, 4)
@@ -184,31 +236,73 @@ class EngineEqualsGPipeTest(tf.test.TestCase):
                           got_pipe.FPropDefaultTheta(x))
 
 
-class EngineTimelineTest(tf.test.TestCase):
+def _DensePipe(schedule, k=2, t=2):
+  """Two FC layers (no bias) per partition: matmuls only."""
+  layers = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=4,
+                                        output_dim=4, bias=False)
+            for i in range(2 * k)]
+  return pipeline.TensorPipeLayer.Params().Set(
+      name='TensorPipe', layers=layers, num_partitions=k,
+      num_micro_batches=t, input_shapes=[[4, 4]],
+      schedule=schedule).Instantiate()
 
-  def testInterleavedCellsFollowTheTable(self):
-    pipe = _Pipe('interleaved_1f1b', 2, 2, 4)
-    table = schedules.Build('interleaved_1f1b', 2, 4, 2)
-    x = tf.random.stateless_normal([BATCH, 8, 8, 2], seed=[5, 6])
+
+class SplitBackwardGraphTest(tf.test.TestCase):
+
+  def _MatMulsPerCell(self, schedule):
+    """MatMul count of each cell's branch function (one switching loop)."""
+    pipe = _DensePipe(schedule)
 
     def Step(x):
-      pipe.FPropLossAndGrads(pipe.theta, (x,), None, _Square, 16.0)
-      return timeline.Active().Tensors()
-    with py_utils.TrainingMode(True), timeline.Record() as rec:
-      fn = tf.function(Step, autograph=False).get_concrete_function(x)
-    events = rec.Events(fn(x))
-    # Forward, recompute, backward of each of S T cells.
-    self.assertLen(events, 3 * 4 * 4)
-    for d in range(2):
-      mine = sorted((e for e in events if e.k == d), key=lambda e: e.tick)
-      ran = [(e.tick, e.phase) for e in mine]
-      want = [(c, phase) for c, a in enumerate(table.grid[d]) if a
-              for phase in (('forward',) if a.op == 'F' else
-                            ('recompute', 'backward'))]
-      self.assertEqual(ran, want)
-      for before, after in zip(mine, mine[1:]):
-        # One device runs its cells one after another.
-        self.assertGreaterEqual(after.start, before.start)
+      return pipe.FPropLossAndGrads(pipe.theta, (x,), None, _Square,
+                                    1.0).loss
+    x = tf.zeros([4, 4])
+    with py_utils.TrainingMode(True), timeline.Record():
+      graph_def = tf.function(Step, autograph=False).get_concrete_function(
+          x).graph.as_graph_def()
+    return sorted(n for n in (
+        [node.op for node in f.node_def].count('MatMul')
+        for f in graph_def.library.function
+        if '_branch' in f.signature.name or 'cond_true' in
+        f.signature.name) if n)
+
+  def testInputGradientCellBuildsNoWeightGradientKernel(self):
+    """Stages of 2 matmuls: F 2; B 2 + 2 + 2 (recompute, dx, dw; stage 0
+    takes no dx of its data: 5); I the same without dw (4; 3). W traces
+    each op again to build its tape (2, whose outputs nothing reads:
+    function instantiation prunes them) and takes one dw each (2): 4."""
+    self.assertEqual(self._MatMulsPerCell('1f1b'), [2, 2, 5, 6])
+    self.assertEqual(self._MatMulsPerCell('zb_h1'), [2, 2, 3, 4, 4, 4])
+
+
+class EngineTimelineTest(tf.test.TestCase):
+
+  def testCellsFollowTheTable(self):
+    for name, v, per_cell in (('interleaved_1f1b', 2, 3), ('zb_v', 2, 4)):
+      pipe = _Pipe(name, 2, v, 4)
+      table = schedules.Build(name, 2, 4, v)
+      x = tf.random.stateless_normal([BATCH, 8, 8, 2], seed=[5, 6])
+
+      def Step(x, pipe=pipe):
+        pipe.FPropLossAndGrads(pipe.theta, (x,), None, _Square, 16.0)
+        return timeline.Active().Tensors()
+      with py_utils.TrainingMode(True), timeline.Record() as rec:
+        fn = tf.function(Step, autograph=False).get_concrete_function(x)
+      events = rec.Events(fn(x))
+      # Per micro-batch and stage: forward, recompute and backward
+      # (interleaved: B; ZB-V: I), and ZB-V's W (one 'backward' span).
+      self.assertLen(events, per_cell * 4 * 4, name)
+      phases = {'F': ('forward',), 'B': ('recompute', 'backward'),
+                'I': ('recompute', 'backward'), 'W': ('backward',)}
+      for d in range(2):
+        mine = sorted((e for e in events if e.k == d), key=lambda e: e.tick)
+        ran = [(e.tick, e.phase) for e in mine]
+        want = [(c, phase) for c, a in enumerate(table.grid[d]) if a
+                for phase in phases[a.op]]
+        self.assertEqual(ran, want, name)
+        for before, after in zip(mine, mine[1:]):
+          # One device runs its cells one after another.
+          self.assertGreaterEqual(after.start, before.start, name)
 
 
 if __name__ == '__main__':

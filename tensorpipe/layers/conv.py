@@ -12,6 +12,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import py_utils
 from tensorpipe.layers import activations
 from tensorpipe.layers import normalization
 
@@ -140,9 +141,11 @@ class _ConvBase(base_layer.BaseLayer):
     self._CheckInput(p, x.shape)
     # The batch-norm child gets its weights uncast: it computes in float32.
     bn_theta = theta.get('bn')
+    raw = theta
     theta = self.CastTheta(theta)
     x = tf.cast(x, self.fprop_dtype)
-    y = self._Convolve(theta, x)
+    # The convolution casts its weights itself (py_utils.WeightOp).
+    y = self._Convolve(raw, x)
     if p.bias:
       y += theta.b
     if p.batch_norm:
@@ -224,9 +227,13 @@ class Conv2DLayer(_ConvBase):
 
   def _Convolve(self, theta, x):
     p = self.params
-    return tf.nn.convolution(x, theta.w, strides=list(p.filter_stride),
-                             padding=p.padding,
-                             dilations=list(p.dilation_rate))
+
+    def Conv(a, w):
+      return tf.nn.convolution(a, tf.cast(w, a.dtype),
+                               strides=list(p.filter_stride),
+                               padding=p.padding,
+                               dilations=list(p.dilation_rate))
+    return py_utils.WeightOp(Conv, x, theta.w)
 
 
 class _EqualStridesMixin:
@@ -268,7 +275,8 @@ class DepthwiseConv2DLayer(_EqualStridesMixin, _ConvBase):
   def _Convolve(self, theta, x):
     p = self.params
     s = p.filter_stride
-    return tf.nn.depthwise_conv2d(x, theta.w, strides=[1, s[0], s[1], 1],
+    return tf.nn.depthwise_conv2d(x, tf.cast(theta.w, x.dtype),
+                                  strides=[1, s[0], s[1], 1],
                                   padding=p.padding,
                                   dilations=list(p.dilation_rate))
 
@@ -324,7 +332,8 @@ class SeparableConv2DLayer(_EqualStridesMixin, _ConvBase):
   def _Convolve(self, theta, x):
     p = self.params
     s = p.filter_stride
-    return tf.nn.separable_conv2d(x, theta.depthwise_w, theta.pointwise_w,
+    return tf.nn.separable_conv2d(x, tf.cast(theta.depthwise_w, x.dtype),
+                                  tf.cast(theta.pointwise_w, x.dtype),
                                   strides=[1, s[0], s[1], 1],
                                   padding=p.padding,
                                   dilations=list(p.dilation_rate))

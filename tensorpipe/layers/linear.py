@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import checks
+from tensorpipe import py_utils
 from tensorpipe.layers import activations
 
 
@@ -69,14 +70,17 @@ class FCLayer(base_layer.BaseLayer):
     """
     p = self.params
     self._CheckInput(p, x.shape)
+    w = theta.w
     theta = self.CastTheta(theta)
     x = tf.cast(x, self.fprop_dtype)
+    # The matmul casts its weight itself (py_utils.WeightOp).
+    matmul = lambda a, w: tf.matmul(a, tf.cast(w, a.dtype))
     if x.shape.rank == 2:
-      y = tf.matmul(x, theta.w)
+      y = py_utils.WeightOp(matmul, x, w)
     else:
       # A 2-D matmul (rather than a broadcast batch matmul) keeps the
       # gradient of w a single matmul.
-      y = tf.matmul(tf.reshape(x, [-1, p.input_dim]), theta.w)
+      y = py_utils.WeightOp(matmul, tf.reshape(x, [-1, p.input_dim]), w)
       y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [p.output_dim]], 0))
       y.set_shape(x.shape[:-1].concatenate([p.output_dim]))
     if p.bias:

@@ -61,8 +61,14 @@ class SettingsTest(unittest.TestCase):
     for bad in ('K2-T8-i1-rc', 'K2-T8-i2-rcg', 'K2-T8-i2'):
       with self.assertRaisesRegex(ValueError, f"'{bad}'.*i<v>"):
         settings.ParseSetting(bad)
+    for name, schedule, v in (('K2-T8-zbh1-rc', 'zb_h1', 1),
+                              ('K2-T8-zbv-norc', 'zb_v', 2)):
+      z = settings.ParseSetting(name)
+      self.assertEqual((z.schedule, z.num_stages_per_device), (schedule, v))
     # Paired with its GPipe and 1F1B twins in the same process.
     self.assertEqual(settings.PairedBaselines('K2-T8-i2-rc'),
+                     ['plain', 'naive-2', 'K2-T8-rc', 'K2-T8-1f1b-rc'])
+    self.assertEqual(settings.PairedBaselines('K2-T8-zbv-rc'),
                      ['plain', 'naive-2', 'K2-T8-rc', 'K2-T8-1f1b-rc'])
     # The layer the benchmark builds places v stages per device.
     layer_ps, input_shape = runner.BuiltinLayers('tiny')

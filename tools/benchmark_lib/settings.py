@@ -31,6 +31,9 @@ A setting names one way of running a model's layers:
                  recompute; paired with its GPipe and 1F1B twins (K2-T8-rc,
                  K2-T8-1f1b-rc); -norc without recompute. Timed, not
                  predicted (the fitted simulator models gpipe and 1f1b).
+  K2-T8-zbh1-rc  schedule='zb_h1' (the backward split into I and W); -zbv-
+                 schedule='zb_v' (2 stages per device in a V); paired as
+                 the interleaved ones.
   K8-T32-rc-u1   a GPipe setting with TensorPipeLayer's unroll_ticks=1 (one
                  steady clock tick per loop iteration; without -u<n> the
                  layer's default, 2; see its param).
@@ -150,11 +153,15 @@ def ParseSetting(name: str) -> Setting:
   if m and int(m.group(1)) >= 1:
     return Setting(name, 'pipe', int(m.group(1)), 1, False,
                    serial=bool(m.group(2)))
-  m = re.match(r'^K(\d+)-T(\d+)-i([2-9])-(rc|norc)$', name)
+  m = re.match(r'^K(\d+)-T(\d+)-(i[2-9]|zbh1|zbv)-(rc|norc)$', name)
   if m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1:
+    token = m.group(3)
+    schedule, v = (('zb_h1', 1) if token == 'zbh1' else
+                   ('zb_v', 2) if token == 'zbv' else
+                   ('interleaved_1f1b', int(token[1:])))
     return Setting(name, 'pipe', int(m.group(1)), int(m.group(2)),
-                   m.group(4) == 'rc', schedule='interleaved_1f1b',
-                   num_stages_per_device=int(m.group(3)))
+                   m.group(4) == 'rc', schedule=schedule,
+                   num_stages_per_device=v)
   m = _SETTING_RE.match(name)
   if (m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1 and
       not (m.group(3) and m.group(4) == 'rcg') and
@@ -172,6 +179,7 @@ def ParseSetting(name: str) -> Setting:
                    'K<k>-T<t>-1f1b-<rc|norc> (e.g. K2-T32-1f1b-rc), '
                    'K<k>-T<t>-i<v>-<rc|norc> (interleaved 1F1B, v = 2..9 '
                    'stages per device, e.g. K2-T8-i2-rc), '
+                   'K<k>-T<t>-<zbh1|zbv>-<rc|norc> (ZB-H1, ZB-V), '
                    'GPipe ones optionally with -u<n> for unroll_ticks=n '
                    '(e.g. K8-T32-rc-u1)')
 
@@ -213,6 +221,6 @@ def PairedBaselines(setting_name: str) -> List[str]:
     out.append(f'K1-T{t}-norc')
   if s.schedule != 'gpipe':
     out.append(f'K{k}-T{t}-rc')
-  if s.schedule == 'interleaved_1f1b':
+  if s.schedule not in ('gpipe', '1f1b'):
     out.append(f'K{k}-T{t}-1f1b-rc')
   return out
