@@ -23,7 +23,7 @@ is never differentiated: the step computes the gradients itself.
 `TensorPipeLayer.FPropLoss` wraps it in a tf.custom_gradient whose gradient
 is upstream x the stored gradients, so a task's loss built on it works with
 the trainer's GradientTape unchanged. Without recompute the engine unrolls
-the table (`schedule_engine.RunUnrolled`): each stage keeps its forward
+the table (`schedule_unrolled.Run`): each stage keeps its forward
 cells' activations until their backward cells and skips the recompute, at
 a graph that grows with T. Layer-level recompute (stash each layer's input,
 recompute inside layers) was not chosen: it recomputes every layer's
@@ -46,6 +46,7 @@ from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
 from tensorpipe import schedule_engine
 from tensorpipe import schedule_program
+from tensorpipe import schedule_unrolled
 from tensorpipe import schedules
 from tensorpipe import timeline
 from tensorpipe.nested_map import NestedMap
@@ -175,7 +176,7 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     batch_dim: the batch axis of inputs and targets.
     recompute: True: the engine's tf.while_loops, recomputing each forward
       cell in its backward cell; False: the table unrolled in Python
-      (`schedule_engine.RunUnrolled`), keeping each cell's activations until
+      (`schedule_unrolled.Run`), keeping each cell's activations until
       its backward.
     grad_sum_mode: grad_sum.MODES ('pairwise' needs recompute).
     schedule: a registered schedule name (`schedules.Build`), a CSV path
@@ -234,7 +235,7 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     if grad_sum_mode != 'sequential' and num_mb > 1:
       raise ValueError(f'grad_sum={grad_sum_mode!r} needs recompute=True '
                        f'(the unrolled {schedule} schedule sums in Python)')
-    sums = schedule_engine.RunUnrolled(
+    sums = schedule_unrolled.Run(
         stages, thetas, specs, program, flat_stacked, LossOf, loss_specs,
         normalizer, mb_size, devices)
   else:

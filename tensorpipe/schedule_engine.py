@@ -34,14 +34,13 @@ overlap as their data allow, rather than each tick waiting for its slowest
 cell); the steady loop runs a whole period per iteration, one in flight.
 
 Without recompute nothing public in TensorFlow carries a stage's autodiff
-state across tf.while_loop iterations, so `RunUnrolled` unrolls the table
-in Python: each forward cell under its own GradientTape, its backward cell
-taking that tape's gradient (2 S T stage calls in the graph).
+state across tf.while_loop iterations, so `schedule_unrolled.Run` unrolls
+the table in Python: each forward cell under its own GradientTape, its
+backward cell taking that tape's gradient (2 S T stage calls in the graph).
 """
 
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
-from absl import logging
 import tensorflow as tf
 
 from tensorpipe import devices as devices_lib
@@ -64,9 +63,6 @@ PARALLEL_ITERATIONS = 2
 # iteration in flight keeps the same ticks in flight. 1F1B conv16 / dense16,
 # K=2, T=32 and K=4, T=8: 1 and 2 iterations within noise of each other.
 STEADY_PARALLEL_ITERATIONS = 1
-# Without recompute the table is unrolled: 2 S T stage calls in the graph.
-# Past this many, tracing takes long enough to warn.
-UNROLLED_CELLS_WARNING = 256
 
 # loss_of(last stage's flat outputs, t) -> (loss sum, flat metric sums).
 LossOf = Callable[[List[tf.Tensor], Any], Tuple[tf.Tensor, List[tf.Tensor]]]
@@ -123,14 +119,14 @@ class _State(NamedTuple):
   stash: List[tf.TensorArray]   # I -> W: per weight op, its x and dz
 
 
-def _Zeros(specs) -> List[tf.Tensor]:
+def Zeros(specs) -> List[tf.Tensor]:
   return [tf.zeros(s.shape, s.dtype) for s in specs]
 
 
 def _Ring(ring, specs) -> List[Any]:
   """A ring's initial state: zeros, or TensorArrays of zeros."""
   if ring.depth == 1:
-    return _Zeros(specs)
+    return Zeros(specs)
   return [tf.TensorArray(s.dtype, size=ring.depth, element_shape=s.shape)
           .unstack(tf.zeros([ring.depth] + s.shape.as_list(), s.dtype))
           for s in specs]
@@ -585,10 +581,10 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
               if s > 0 and s in runs_b else []),
           slots=(_TensorArrays(spec.in_specs, program.num_slots[s] + extra)
                  if s > 0 and keeps_slots else []),
-          stats=([_Zeros(v) for v in spec.StatsSpecs()] if s in runs_f
+          stats=([Zeros(v) for v in spec.StatsSpecs()] if s in runs_f
                  else []),
           dtheta=acc.Init(tf.nest.flatten(thetas[s])) if s in runs_b else [],
-          loss=(_Zeros(ends.loss_specs) if s == num_s - 1 and loss_inside
+          loss=(Zeros(ends.loss_specs) if s == num_s - 1 and loss_inside
                 else []),
           ends=end_tas,
           stash=([ta for _, x, z, _ in weight_ops[s] for ta in
@@ -657,127 +653,3 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
         d_inputs[i] = ta.gather(tf.range(num_mb))
   return Sums(states[-1].loss, totals, [st.stats for st in states],
               outputs, saved, d_inputs)
-
-
-def RunUnrolled(stages, thetas, specs, program, flat_stacked, loss_of,
-                loss_specs, normalizer, mb_size, devices) -> Sums:
-  """A compiled schedule without recompute: the table unrolled in Python.
-
-  Each forward cell runs under its own GradientTape, built when the step is
-  traced; its backward cell, traced later in table order, takes that
-  tape's gradient, so the forward cell's intermediate tensors stay alive
-  exactly from the forward to the backward cell (1F1B: at most
-  min(K - k, T) micro-batches of activations on device k). A control
-  dependency on the previous cell of the same device makes each device run
-  its cells in the table's order (the dataflow alone would let every
-  forward run first, as in GPipe). The graph holds 2 S T stage calls, so it
-  grows with T (the loop's does not).
-  """
-  num_s, num_d = len(stages), program.num_devices
-  num_mb = program.table.num_micro_batches
-  probe = timeline.ActiveProbe()
-  if 2 * num_s * num_mb > UNROLLED_CELLS_WARNING:
-    logging.warning(
-        'Schedule %r without recompute unrolls its table: S=%d stages x '
-        'T=%d gives %d stage calls in the graph (more than %d), which makes '
-        'tracing slow; use recompute=True (a loop whose graph does not grow '
-        'with T) or fewer micro-batches', program.table.name, num_s, num_mb,
-        2 * num_s * num_mb, UNROLLED_CELLS_WARNING)
-  outs, dxs_of, pending, stashed = {}, {}, {}, {}
-  dthetas = [[tf.zeros_like(w) for w in tf.nest.flatten(th)]
-             for th in thetas]
-  split = {(a.micro_batch, a.stage) for row in program.table.grid
-           for a in row if a and a.op == 'I'}
-  weight_ops = {s: TraceWeightOps(stages[s], specs[s], thetas[s], mb_size)
-                for s in {st for _, st in split}}
-  stats = [[_Zeros(ss) for ss in spec.StatsSpecs()] for spec in specs]
-  sums = _Zeros(loss_specs)
-  previous = [[] for _ in range(num_d)]  # per device: its last cell's results
-  rows = [[] for _ in range(num_d)]      # per device: timeline rows
-  for c in range(program.num_ticks):
-    for d in range(num_d):
-      a = program.table.grid[d][c]
-      if a is None:
-        rows[d].append(probe.Missing(3))
-        continue
-      s, t = a.stage, program.real[a.micro_batch]
-      stage, spec = stages[s], specs[s]
-      theta_flat = tf.nest.flatten(thetas[s])
-      # A split backward (I, W) watches no weight op's weight (I builds no
-      # dw kernel; W takes each op's dw itself).
-      op_idx = ([i for i, _, _, _ in weight_ops[s]]
-                if (a.micro_batch, s) in split else [])
-      watched = [i for i in range(len(theta_flat)) if i not in op_idx]
-      with tf.device(devices[d]), tf.control_dependencies(previous[d]):
-        if a.op == 'F':
-          x = ([tf.gather(v, t) for v in flat_stacked] if s == 0 else
-               outs.pop((t, s - 1)))
-          start = probe.Stamp(x)
-          with tf.GradientTape(watch_accessed_variables=False) as tape, \
-              tf.control_dependencies(start):
-            # Stage 0's inputs are data: no gradient for them.
-            xs = [x[i] for i in spec.float_in] if s > 0 else []
-            tape.watch(xs)
-            tape.watch([theta_flat[i] for i in watched])
-            th = tf.nest.pack_sequence_as(thetas[s], theta_flat)
-            with py_utils.CollectWeightOps(tape if op_idx else None) as calls:
-              y, cell_stats = stage.FlatCall(spec.in_struct, th, list(x), t,
-                                             mb_size)
-            if s == num_s - 1:
-              l, m = loss_of(y, t)
-              ys = [l / normalizer]
-              sums = [u + v for u, v in zip(sums, [l] + m)]
-            else:
-              ys = [y[i] for i in spec.float_out]
-              outs[(t, s)] = y
-          stats[s] = tf.nest.map_structure(lambda u, v: u + v, stats[s],
-                                           cell_stats)
-          pending[(t, s)] = (tape, xs, ys, calls, watched)
-          end = probe.Stamp([y, cell_stats])
-          rows[d].append(start + probe.Missing(1) + end)
-          # (With the timeline on, the next cell's start follows this end.)
-          previous[d] = y + tf.nest.flatten(cell_stats) + end
-        elif a.op == 'W':
-          start = probe.Stamp(stashed[(t, s)][1])
-          dtheta = list(dthetas[s])
-          with tf.control_dependencies(start):
-            for (i, _, _, fn), x, dz in zip(weight_ops[s],
-                                            *stashed.pop((t, s))):
-              with tf.GradientTape(watch_accessed_variables=False) as tape:
-                tape.watch(theta_flat[i])
-                z = fn(x, theta_flat[i])
-              dtheta[i] = dtheta[i] + tape.gradient(
-                  z, theta_flat[i], output_gradients=dz)
-          dthetas[s] = dtheta
-          end = probe.Stamp(dtheta)
-          rows[d].append(start + probe.Missing(1) + end)
-          previous[d] = dtheta + end
-        else:
-          tape, xs, ys, calls, watched = pending.pop((t, s))
-          zs = [call.z for call in calls] if a.op == 'I' else []
-          dy = None if s == num_s - 1 else dxs_of.pop((t, s + 1))
-          start = probe.Stamp(ys + (dy or []))
-          with tf.control_dependencies(start):
-            dxs, dzs, dws = tape.gradient(
-                ys, (xs, zs, [theta_flat[i] for i in watched]),
-                output_gradients=dy,
-                unconnected_gradients=tf.UnconnectedGradients.ZERO)
-          dtheta = list(dthetas[s])
-          for i, g in zip(watched, dws):
-            dtheta[i] = dtheta[i] + g
-          dthetas[s] = dtheta
-          if a.op == 'I':
-            stashed[(t, s)] = ([call.x for call in calls], list(dzs))
-          if s > 0:
-            dxs_of[(t, s)] = list(dxs)
-          # A backward row without a recompute is (start, -1, end).
-          end = probe.Stamp([dxs, dthetas[s]])
-          rows[d].append(start + probe.Missing(1) + end)
-          previous[d] = list(dxs) + dthetas[s] + end
-  assert not (outs or dxs_of or pending or stashed), (outs, dxs_of, pending)
-  if probe.recording:
-    for d in range(num_d):
-      with tf.device(devices[d]):
-        probe.Add('table', d, num_d, num_mb, tf.stack([
-            tf.stack(row) for row in rows[d]]), table=program.table)
-  return Sums(sums, dthetas, stats)
