@@ -509,17 +509,49 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
       i = tf.gather(read_table[s], cs[dev_of[s]])
       return [ta.read(i) for ta in bufs[s]]
 
-  def Tick(cs, states, logs, ops, barrier=False):
+  def Carried(loop):
+    """Per device (t0, step, offsets) when a steady loop can carry each
+    device's micro-batch instead of its clock: on tick j of iteration n it
+    is t0 + step n + offsets[j], and the device's other columns are
+    constants or its micro-batch (GPipe). Else None."""
+    if any(r is not None and r.depth > 1
+           for r in program.out_rings + program.dx_rings):
+      return None
+    size = len(loop.steady)
+    count = (loop.end - loop.first) // size
+    plan = []
+    for d in range(num_d):
+      if any(isinstance(tables[d][i], tf.Tensor) and
+             tables[d][i] is not tables[d][1] for i in (2, 3, 4)):
+        return None
+      mb = program.micro_batch[d]
+      t0 = mb[loop.first]
+      step = mb[loop.first + size] - t0 if count > 1 else 0
+      offsets = [mb[loop.first + j] - t0 for j in range(size)]
+      if any(mb[loop.first + size * n + j] != t0 + step * n + offsets[j]
+             for n in range(count) for j in range(size)):
+        return None
+      plan.append((t0, step, offsets))
+    return plan
+
+  def Tick(cs, states, logs, ops, barrier=False, ts=None):
     """One tick. ops: per device its branch when the loop knows it (steady
     ticks, or a branch that does not change in a switching loop), else None
-    (looked up in the table)."""
+    (looked up in the table). ts: per device its micro-batch when the loop
+    carries it (`Carried`; cs is then not a clock)."""
     outs = [st.out for st in states]
     dxs = [st.dx for st in states]
     new_states, new_logs, new_cs = list(states), [], []
     for d in range(num_d):
       with tf.device(devices[d]):
         c = cs[d]
-        t, slot, w, stash_slot = (Column(d, i, c) for i in (1, 2, 3, 4))
+        if ts is None:
+          t, slot, w, stash_slot = (Column(d, i, c) for i in (1, 2, 3, 4))
+        else:
+          t = ts[d]
+          slot, w, stash_slot = (
+              t if tables[d][i] is tables[d][1] else tables[d][i]
+              for i in (2, 3, 4))
         mine = tuple(states[s] for s in on_device[d])
 
         def Cell(op, s, mine=mine, t=t, slot=slot, w=w, d=d, valid=None,
@@ -614,6 +646,51 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     iterations = (loop.end - loop.first) // len(per_iteration)
     parallel = (STEADY_PARALLEL_ITERATIONS if loop.steady
                 else parallel_iterations)
+    plan = Carried(loop) if loop.steady else None
+    if plan is not None:
+      # The loop carries each device's micro-batch (t0 + step per
+      # iteration, + offset on later ticks): no table gather per tick.
+      def CarriedBody(bases, states, logs, per_iteration=per_iteration,
+                      period=period, plan=plan):
+        for i, ops in enumerate(per_iteration):
+          ts = []
+          for d in range(num_d):
+            # Between periods the next tick's micro-batch on device d
+            # waits for this tick's state there (the barrier, see Tick).
+            deps = (TensorsOn(devices[d], [states[s] for s in on_device[d]])
+                    if i and i % period == 0 else [])
+            with tf.device(devices[d]), tf.control_dependencies(deps):
+              off = plan[d][2][i]
+              ts.append(bases[d] + off if i and (off or deps) else bases[d])
+          _, states, logs = Tick(bases, states, logs, ops=ops, ts=ts)
+        new_bases = []
+        for d in range(num_d):
+          with tf.device(devices[d]):
+            new_bases.append(bases[d] + plan[d][1])
+        return new_bases, states, logs
+      bases = []
+      for d in range(num_d):
+        with tf.device(devices[d]):
+          bases.append(tf.constant(plan[d][0]))
+      t0, step = plan[0][0], plan[0][1]
+      if num_d == 1 and not ends.autodiff and step:
+        # One device: ends on its own micro-batch (no iteration counter).
+        t_end = t0 + step * iterations
+        cond = ((lambda b, *_: b[0] < t_end) if step > 0 else
+                (lambda b, *_: b[0] > t_end))
+        out = tf.while_loop(cond, CarriedBody, (bases,) + loop_vars[1:],
+                            parallel_iterations=parallel)
+      else:
+        out = tf.while_loop(
+            lambda *_: tf.constant(True), CarriedBody,
+            (bases,) + loop_vars[1:], maximum_iterations=iterations,
+            parallel_iterations=parallel)
+      clocks = []
+      for d in range(num_d):
+        with tf.device(devices[d]):
+          clocks.append(tf.constant(loop.end))
+      loop_vars = (clocks,) + tuple(out[1:])
+      continue
     if num_d == 1 and not ends.autodiff:
       # One device: the loop ends on its own clock, without an iteration
       # counter (two ops less per tick, a tenth of K=1's fixed tick cost;
