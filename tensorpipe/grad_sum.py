@@ -61,6 +61,18 @@ def CheckMode(mode: Any, where: str) -> None:
                      'bit for bit)')
 
 
+def Accumulate(total: tf.Tensor, grad: tf.Tensor) -> tf.Tensor:
+  """total + grad, as an AddN of the two (the same bits as an AddV2).
+
+  Grappler's remapper (with oneDNN on) takes an AddV2 of a MatMul's output
+  and a [1, N] tensor for a bias add and fuses the two into one
+  _FusedMatMul, whose kernel then fails at run time ("bias must be
+  1-dimensional"): the weight gradient of an FC layer with input_dim=1,
+  x^T dy of shape [1, N], added to its running sum. It does not fuse AddN.
+  """
+  return tf.math.add_n([total, grad])
+
+
 class GradSum:
   """Sums one partition's per-micro-batch weight gradients (see module)."""
 
@@ -83,7 +95,7 @@ class GradSum:
           t: Any) -> List[tf.Tensor]:
     """Adds micro-batch t's gradients (the (T-1-t)-th to arrive)."""
     if self.mode == 'sequential':
-      return [a + g for a, g in zip(state, grads)]
+      return [Accumulate(a, g) for a, g in zip(state, grads)]
     count = self.num_micro_batches - 1 - t   # gradients already added
     levels = self._Levels(state)
     v = list(grads)

@@ -44,6 +44,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tensorpipe import devices as devices_lib
+from tensorpipe import grad_sum
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
 from tensorpipe import schedule_program
@@ -425,7 +426,7 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     if split:
       dtheta = list(state.dtheta)
       for i, g in zip(watched, dws):
-        dtheta[i] = dtheta[i] + g
+        dtheta[i] = grad_sum.Accumulate(dtheta[i], g)
       kept = [v for call, dz in zip(calls, dzs) for v in (call.x, dz)]
       stash = [ta.write(stash_slot, v) for ta, v in zip(state.stash, kept)]
     else:
@@ -452,8 +453,8 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
         with tf.GradientTape(watch_accessed_variables=False) as tape:
           tape.watch(theta_flat[i])
           z = fn(x, theta_flat[i])
-        dtheta[i] = dtheta[i] + tape.gradient(z, theta_flat[i],
-                                              output_gradients=dz)
+        dtheta[i] = grad_sum.Accumulate(dtheta[i], tape.gradient(
+            z, theta_flat[i], output_gradients=dz))
     # A W row of the timeline is (start, -1, end).
     stamps = start + probe.Missing(1) + probe.Stamp(dtheta)
     return state._replace(dtheta=dtheta), stamps

@@ -12,6 +12,7 @@ gets slow.
 from absl import logging
 import tensorflow as tf
 
+from tensorpipe import grad_sum
 from tensorpipe import py_utils
 from tensorpipe import schedule_engine
 from tensorpipe import timeline
@@ -107,8 +108,8 @@ def Run(stages, thetas, specs, program, flat_stacked, loss_of, loss_specs,
               with tf.GradientTape(watch_accessed_variables=False) as tape:
                 tape.watch(theta_flat[i])
                 z = fn(x, theta_flat[i])
-              dtheta[i] = dtheta[i] + tape.gradient(
-                  z, theta_flat[i], output_gradients=dz)
+              dtheta[i] = grad_sum.Accumulate(dtheta[i], tape.gradient(
+                  z, theta_flat[i], output_gradients=dz))
           dthetas[s] = dtheta
           end = probe.Stamp(dtheta)
           rows[d].append(start + probe.Missing(1) + end)
@@ -125,7 +126,7 @@ def Run(stages, thetas, specs, program, flat_stacked, loss_of, loss_specs,
                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
           dtheta = list(dthetas[s])
           for i, g in zip(watched, dws):
-            dtheta[i] = dtheta[i] + g
+            dtheta[i] = grad_sum.Accumulate(dtheta[i], g)
           dthetas[s] = dtheta
           if a.op == 'I':
             stashed[(t, s)] = ([call.x for call in calls], list(dzs))
