@@ -1,7 +1,7 @@
 """How a partition sums its weight gradients over the T micro-batches.
 
 GPipe's and 1F1B's backward passes hand each partition one weight gradient
-per micro-batch, micro-batch T-1 first and 0 last (pipeline_1f1b.MicroBatchOf
+per micro-batch, micro-batch T-1 first and 0 last (schedule_program.Labels
 gives 1F1B the same order). Two ways to add them up:
 
 * 'sequential' (default): one running sum, ((g_{T-1} + g_{T-2}) + ...) + g_0.

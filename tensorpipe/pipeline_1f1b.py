@@ -15,7 +15,7 @@ This module is their front end: it splits the mini-batch, traces the loss
 function once, builds the schedule's table (`schedules.Build`), and runs it
 on the one engine (`schedule_program.Compile`, `schedule_engine.Run`; the
 pseudo-code is there). Every schedule relabels micro-batches so that its
-backward cells run GPipe's order (`MicroBatchOf`), which makes the weight
+backward cells run GPipe's order (`schedule_program.Labels`), which makes the weight
 gradients equal GPipe's bit for bit.
 
 The loop (recompute) is traced once for all ticks and, like GPipe's loops,
@@ -48,30 +48,12 @@ from tensorpipe import schedule_engine
 from tensorpipe import schedule_program
 from tensorpipe import schedule_unrolled
 from tensorpipe import schedules
-from tensorpipe import timeline
 from tensorpipe.nested_map import NestedMap
 
 # A loss function: (outputs of one micro-batch, its targets or None) -> the
 # micro-batch's loss SUM (scalar), or NestedMap(loss=scalar sum,
 # metrics=NestedMap(name=(value sum, weight))).
 LossFn = Callable[[Any, Any], Any]
-
-
-def MicroBatchOf(t: Any, num_micro_batches: int) -> Any:
-  """The micro-batch of the mini-batch that schedule slot t carries: T-1-t.
-
-  1F1B runs its micro-batches last-first. Its backward cells run in slot
-  order, so each partition then sums its weight gradients over micro-batches
-  T-1, ..., 0: the order of GPipe's backward pass (t = T-1 .. 0, whose
-  autodiffed form, recompute=False, has the same order). Float sums in the
-  same order give the same bits, so 1F1B's gradients equal GPipe's exactly
-  rather than to rounding, and training runs of the two schedules do not
-  drift apart (they did, by 5e-3 in the loss after 14 steps of a batch-norm
-  ResNet in float32, when 1F1B summed in the order 0 .. T-1). Slots of
-  boundary inputs stay distinct: the micro-batches in flight on a partition
-  are still consecutive. An int or an int32 tensor.
-  """
-  return num_micro_batches - 1 - t
 
 
 class LossAndGrads(NamedTuple):
@@ -227,8 +209,7 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
       flat.extend(metrics[name])
     return loss, flat
 
-  program = schedule_program.Compile(
-      table, one_loop=timeline.ActiveProbe().recording)
+  program = schedule_program.Compile(table)
   # One stage, one micro-batch: the recompute would run right after the
   # forward and save no memory (as for GPipe, recompute is ignored there).
   if not recompute or (len(stages) == 1 and num_mb == 1):

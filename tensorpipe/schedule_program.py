@@ -12,7 +12,7 @@ from, in pure Python (no TF), so every decision here has a literal test:
   micro-batches T-1, ..., 0 in tick order: every stage that runs its
   backward cells in stage 0's order then sums its weight gradients in the
   order of GPipe's backward pass, so the schedules' gradients are equal bit
-  for bit (pipeline_1f1b.MicroBatchOf has the reason). 1F1B's backward runs
+  for bit (`Labels` has the reason). 1F1B's backward runs
   labels 0 .. T-1, so label m is micro-batch T-1-m there; GPipe's runs
   T-1 .. 0, so its labels are the micro-batches.
 - Boundary slots. Stage s > 0 keeps micro-batch m's input from its F to its
@@ -111,7 +111,13 @@ class Program(NamedTuple):
 
 
 def Labels(table: schedules.Schedule) -> List[int]:
-  """Per label m, the micro-batch it runs (module docstring: labels)."""
+  """Per label m, the micro-batch it runs (module docstring: labels).
+
+  Float sums in GPipe's order give GPipe's bits, so the schedules'
+  gradients equal GPipe's exactly rather than to rounding, and training
+  runs do not drift apart (1F1B did, by 5e-3 in the loss after 14 steps of
+  a batch-norm ResNet in float32, when it summed in the order 0 .. T-1).
+  """
   tt = table.num_micro_batches
   dev = table.StageDevice()[0]
   order = [a.micro_batch for a in table.Orders()[dev]

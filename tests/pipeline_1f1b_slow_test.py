@@ -116,7 +116,7 @@ class TrainerTest(tf.test.TestCase):
     """20 steps, ResNet4x8 (K=4, T=8, batch norm), float32, GPipe vs 1F1B.
 
     1F1B sums each partition's micro-batch gradients in GPipe's order
-    (pipeline_1f1b.MicroBatchOf), so the trained weights stay equal and the
+    (schedule_program.Labels), so the trained weights stay equal and the
     losses differ only in how the reported loss is summed (per micro-batch
     vs over the batch: one or two ulps; measured 1e-7 relative). This
     batch-norm ResNet on micro-batches of 16 amplifies any difference in the

@@ -148,7 +148,7 @@ class TransparencyTest(tf.test.TestCase):
 class GradientsEqualGPipeBitwiseTest(tf.test.TestCase):
 
   def testSameSumOrderGivesTheSameBits(self):
-    """1F1B feeds micro-batches last-first (pipeline_1f1b.MicroBatchOf), so
+    """1F1B feeds micro-batches last-first (schedule_program.Labels), so
     every partition sums its weight gradients in GPipe's backward order and
     the two schedules' gradients are equal bit for bit, with batch norm and
     dropout. The loss is a square (its gradient is exact arithmetic, so it
