@@ -118,7 +118,8 @@ elif [ "$every_slow" = 1 ]; then
   fi
 else
   echo "test: pytest -m slow (${#slow_files[@]} files)"
-  run_pytest -q -m slow "${slow_files[@]}"
+  # --durations: each end-to-end test's time, for the tier's budget.
+  run_pytest -q -m slow --durations=0 "${slow_files[@]}"
   slow_result="$result"
 fi
 
