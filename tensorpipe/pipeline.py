@@ -56,6 +56,16 @@ trace time) every stage call also records tf.timestamp() before and after
 (and after the recomputed forward), for tools/benchmark's timeline; all of
 it goes through one `timeline.Probe`, which builds nothing when off.
 
+Everything a TensorPipeLayer runs is traced without AutoGraph (FProp, FPropLoss
+and FPropLossAndGrads are `tf.autograph.experimental.do_not_convert`), even
+inside a tf.function that converts the rest of the step (the trainer's): the
+pipeline's own code is plain Python over a schedule table, and AutoGraph spent
+most of a step's tracing time converting it (the trainer's first step of
+consistency.Consistency16: 34 s with, 7 s without). The layers inside the
+pipeline and a loss_fn are therefore traced as written, as the recompute pass
+(`tf.custom_gradient`) always traced them: a tensor-dependent branch or loop
+there must be tf.cond / tf.while_loop, not Python `if` / `while` on a tensor.
+
 Batch norm uses each micro-batch's statistics; the moving averages are
 updated once per step from the statistics of the whole mini-batch. Dropout
 masks are drawn per example (py_utils.StatelessUniform), so they do not depend
@@ -82,6 +92,9 @@ from tensorpipe import schedules
 from tensorpipe import timeline
 from tensorpipe.layers import composite
 from tensorpipe.nested_map import NestedMap
+
+# The pipeline's entry points run unconverted (module docstring).
+_NoAutoGraph = tf.autograph.experimental.do_not_convert
 
 _RECOMPUTE_IMPLS = ('explicit', 'tf_recompute_grad')
 # One clock tick in flight at a time. tf.while_loop's default (10) lets later
@@ -407,6 +420,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
 
   # -- forward -------------------------------------------------------------
 
+  @_NoAutoGraph
   def FProp(self, theta: NestedMap, *inputs):
     """Runs the pipeline on a mini-batch.
 
@@ -423,6 +437,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     with py_utils.BatchAxis(self.params.batch_dim):
       return self._FPropOnBatchAxis(theta, *inputs)
 
+  @_NoAutoGraph
   def FPropLoss(self, theta: NestedMap, inputs: Tuple[Any, ...], targets: Any,
                 loss_fn: pipeline_1f1b.LossFn, normalizer: Any) -> NestedMap:
     """Training with schedule='1f1b': the loss, differentiable by a tape.
@@ -453,6 +468,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
         self, theta, self._Check1F1BInputs(inputs), targets, loss_fn,
         normalizer)
 
+  @_NoAutoGraph
   def FPropLossAndGrads(self, theta: NestedMap, inputs: Tuple[Any, ...],
                         targets: Any, loss_fn: pipeline_1f1b.LossFn,
                         normalizer: Any) -> NestedMap:

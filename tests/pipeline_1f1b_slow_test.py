@@ -30,8 +30,8 @@ from tests.tools import tool_testlib
 
 test_utils.ConfigureTestDevices()
 
-GRID = [(k, t, rc) for rc in (True, False) for k in (1, 2, 4)
-        for t in (1, 4, 8)]
+KS, TS = (1, 2, 4), (1, 4, 8)
+GRID = [(k, t, rc) for rc in (True, False) for k in KS for t in TS]
 
 
 def _SquareSinSum(out, unused_targets):
@@ -57,29 +57,18 @@ class TransparencyGridTest(tf.test.TestCase):
             self, consistency_cnn.ConsistencyLayers(8), k, t, [x], None,
             _SquareSinSum, normalizer=1.0, recompute=rc)
 
-  # The AmoebaNet and Transformer grids run as one test per recompute mode:
-  # each half stays well inside pytest.ini's per-test timeout on a loaded
-  # 2-core machine (the whole AmoebaNet grid ran past 900 s there).
+  # The AmoebaNet and Transformer grids run as one test per (K, recompute)
+  # (generated below the class): each stays well inside pytest.ini's
+  # per-test timeout on a slow 2-core machine (half the AmoebaNet grid, one
+  # test per recompute mode, ran past 900 s on an AVX2-only CPU).
 
-  def testTinyAmoebaNetWithRecompute(self):
-    self._TinyAmoebaNetWithDropPathDropoutAndBatchNorm(True)
-
-  def testTinyAmoebaNetWithoutRecompute(self):
-    self._TinyAmoebaNetWithDropPathDropoutAndBatchNorm(False)
-
-  def testTinyTransformerWithRecompute(self):
-    self._TinyTransformerWithDropout(True)
-
-  def testTinyTransformerWithoutRecompute(self):
-    self._TinyTransformerWithDropout(False)
-
-  def _TinyAmoebaNetWithDropPathDropoutAndBatchNorm(self, recompute):
+  def _TinyAmoebaNetWithDropPathDropoutAndBatchNorm(self, k, recompute):
     # 8 examples: T = 8 leaves one per micro-batch.
     x = tf.random.stateless_normal([8, amoebanet_testlib.SIZE,
                                     amoebanet_testlib.SIZE, 3], seed=[1, 7])
     labels = tf.range(8) % amoebanet_testlib.CLASSES
-    for k, t, rc in [g for g in GRID if g[2] == recompute]:
-      with self.subTest(k=k, t=t, recompute=rc):
+    for t in TS:
+      with self.subTest(k=k, t=t, recompute=recompute):
         # The weights and activations are float64, but the head casts the
         # logits to float32 (amoebanet_cells.py): 1F1B takes the loss of
         # each micro-batch ([1, 5] logits at T=8), the oracle of the whole
@@ -89,10 +78,10 @@ class TransparencyGridTest(tf.test.TestCase):
         # changes them by O(1e-2).
         test_utils.AssertOneFOneBMatchesOracle(
             self, amoebanet_testlib.TinyLayers('D'), k, t, [x], labels,
-            _AmoebaLossSum, normalizer=8.0, recompute=rc, rtol=1e-5,
+            _AmoebaLossSum, normalizer=8.0, recompute=recompute, rtol=1e-5,
             entry_points=('FPropLoss',))
 
-  def _TinyTransformerWithDropout(self, recompute):
+  def _TinyTransformerWithDropout(self, k, recompute):
     layers = transformer_models.TransformerLayers(
         dropout=0.2, atten_dropout=0.1, relu_dropout=0.1,
         shared_embeddings=False, **transformer_testlib.TINY)
@@ -101,13 +90,31 @@ class TransparencyGridTest(tf.test.TestCase):
 
     def LossSum(out, unused_targets):
       return tf.reduce_sum(out.per_example_loss)
-    for k, t, rc in [g for g in GRID if g[2] == recompute]:
-      with self.subTest(k=k, t=t, recompute=rc):
+    for t in TS:
+      with self.subTest(k=k, t=t, recompute=recompute):
         # float32 softmax: sums in another order differ by ~n eps32; 1e-5
         # as in transformer_testlib.
         test_utils.AssertOneFOneBMatchesOracle(
             self, layers, k, t, [batch], None, LossSum, normalizer=tokens,
-            dtype=None, rtol=1e-5, recompute=rc, entry_points=('FPropLoss',))
+            dtype=None, rtol=1e-5, recompute=recompute,
+            entry_points=('FPropLoss',))
+
+
+def _AddGridTests():
+  """testTinyAmoebaNetK<k>[No]Recompute and testTinyTransformerK<k>..."""
+  for k in KS:
+    for recompute in (True, False):
+      suffix = f'K{k}{"" if recompute else "No"}Recompute'
+      for name, method in (
+          ('AmoebaNet', '_TinyAmoebaNetWithDropPathDropoutAndBatchNorm'),
+          ('Transformer', '_TinyTransformerWithDropout')):
+        def Test(self, method=method, k=k, recompute=recompute):
+          getattr(self, method)(k, recompute)
+        Test.__name__ = f'testTiny{name}{suffix}'
+        setattr(TransparencyGridTest, Test.__name__, Test)
+
+
+_AddGridTests()
 
 
 class TrainerTest(tf.test.TestCase):

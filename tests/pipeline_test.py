@@ -4,6 +4,8 @@ import re
 
 import numpy as np
 import tensorflow as tf
+# Private: AutoGraphTest counts the functions AutoGraph converts.
+from tensorflow.python.autograph.impl import api as autograph_api
 
 import tensorpipe
 from tensorpipe import base_layer
@@ -643,6 +645,61 @@ class LayersWithThetaTest(tf.test.TestCase):
       args = composite.AsArgs(layer.FProp(theta, *args))
     self.assertAllClose(composite.FromArgs(args), pipe.FPropDefaultTheta(x),
                         rtol=1e-6, atol=1e-6)
+
+
+def _SquareSum(out, unused_targets=None):
+  return tf.reduce_sum(tf.square(out))
+
+
+def _ConvertedStep(pipe, schedule):
+  """A training step in a tf.function with AutoGraph on (the trainer's)."""
+
+  @tf.function
+  def Step(x):
+    with tf.GradientTape() as tape:
+      if schedule == 'gpipe':
+        loss = _SquareSum(pipe.FProp(pipe.theta, x))
+      else:
+        loss = pipe.FPropLoss(pipe.theta, (x,), None, _SquareSum, 1.0).loss
+    return tape.gradient(loss, pipe.trainable_variables)
+  return Step
+
+
+class AutoGraphTest(tf.test.TestCase):
+
+  def testThePipelineIsTracedWithoutAutoGraphInsideAConvertingFunction(self):
+    """The trainer's step is a tf.function with AutoGraph on; converting the
+    pipeline's own Python (the schedule engine and its tables) was most of
+    the first step's time (pipeline.py), so its entry points opt out."""
+    # AutoGraph converts each function through this private hook (TF 2.21):
+    # record what it converts.
+    api = autograph_api
+    converted = []
+    convert = api._convert_actual  # pylint: disable=protected-access
+
+    def Record(entity, program_ctx):
+      converted.append(getattr(entity, '__module__', None))
+      return convert(entity, program_ctx)
+
+    x = tf.random.stateless_normal([8, 8, 8, 2], seed=[1, 2])
+    for schedule in ('gpipe', '1f1b'):
+      pipe = Pipe(test_utils.ConvTestModel(), num_partitions=2,
+                  num_micro_batches=4, input_shapes=[[8, 8, 8, 2]],
+                  schedule=schedule)
+      step = _ConvertedStep(pipe, schedule)
+      converted.clear()
+      api._convert_actual = Record  # pylint: disable=protected-access
+      try:
+        with py_utils.TrainingMode(True):
+          step(x)
+      finally:
+        api._convert_actual = convert  # pylint: disable=protected-access
+      # The test's own functions were converted (the hook works) ...
+      self.assertIn(__name__, converted, schedule)
+      # ... nothing the pipeline runs was.
+      self.assertEqual(
+          sorted({m for m in converted if m and m.startswith('tensorpipe')}),
+          [], schedule)
 
 
 if __name__ == '__main__':
