@@ -271,23 +271,41 @@ def _Setup(stop: preemption.StopSignals):
   return trainer, cluster
 
 
+# Set by the chief when it has finished; the other workers wait for it.
+_CHIEF_DONE_KEY = 'tensorpipe/trainer/chief_done'
+
+
 def _LeaveLast(cluster, exit_code: int) -> None:
   """The chief of a cluster exits after the other workers.
 
   The chief hosts TF's coordination service: a worker still tearing TF down
   after the chief has gone logs "Failed to send RPC to coordination service
   ... Connection refused", and one whose teardown stops its heartbeats makes
-  the chief log "tasks are unhealthy". So the other workers end at once
-  (nothing is left to do or write: os._exit skips TF's teardown) and the
+  the chief log "tasks are unhealthy". So the other workers wait until the
+  chief has finished (its last save can take seconds on a loaded machine,
+  and a worker gone for the 10 s heartbeat timeout is reported as
+  unhealthy; a waiting worker still sends heartbeats), then end at once
+  (nothing is left to do or write: os._exit skips TF's teardown), and the
   chief waits until their ports close (peer_wait.WaitForExit).
   """
-  from tensorpipe import peer_wait  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import context
+  from tensorpipe import peer_wait
+  # pylint: enable=g-import-not-at-top
   if cluster is None:
     return
   if not cluster.is_chief:
+    try:
+      context.context().get_config_key_value(_CHIEF_DONE_KEY, 60_000)
+    except Exception:  # pylint: disable=broad-except
+      pass  # the chief has gone or is stuck: leave now, as before
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)  # pylint: disable=protected-access
+  try:
+    context.context().set_config_key_value(_CHIEF_DONE_KEY, '1')
+  except Exception:  # pylint: disable=broad-except
+    pass  # a worker then leaves after its 60 s wait
   peers = [t for i, t in enumerate(cluster.tasks) if i != cluster.worker_index]
   left = peer_wait.WaitForExit(peers, timeout_s=30.0)
   if left:
