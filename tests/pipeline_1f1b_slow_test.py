@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 
+from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
@@ -32,6 +33,9 @@ test_utils.ConfigureTestDevices()
 
 KS, TS = (1, 2, 4), (1, 4, 8)
 GRID = [(k, t, rc) for rc in (True, False) for k in KS for t in TS]
+# (name, K, recompute): one test each for the AmoebaNet and Transformer grids.
+_GRID_TESTS = [(f'K{k}{"" if rc else "No"}Recompute', k, rc)
+               for k in KS for rc in (True, False)]
 
 
 def _SquareSinSum(out, unused_targets):
@@ -47,7 +51,7 @@ def _AmoebaLossSum(out, labels):
   return Ce(out['logits']) + 0.4 * Ce(out['aux_logits'])
 
 
-class TransparencyGridTest(tf.test.TestCase):
+class TransparencyGridTest(parameterized.TestCase, tf.test.TestCase):
 
   def testConsistencyCnn(self):
     x = tf.random.stateless_normal([8, 8, 8, 1], seed=[3, 1])
@@ -57,10 +61,18 @@ class TransparencyGridTest(tf.test.TestCase):
             self, consistency_cnn.ConsistencyLayers(8), k, t, [x], None,
             _SquareSinSum, normalizer=1.0, recompute=rc)
 
-  # The AmoebaNet and Transformer grids run as one test per (K, recompute)
-  # (generated below the class): each stays well inside pytest.ini's
-  # per-test timeout on a slow 2-core machine (half the AmoebaNet grid, one
-  # test per recompute mode, ran past 900 s on an AVX2-only CPU).
+  # The AmoebaNet and Transformer grids run as one test per (K, recompute):
+  # each stays well inside pytest.ini's per-test timeout on a slow 2-core
+  # machine (half the AmoebaNet grid, one test per recompute mode, ran past
+  # 900 s on an AVX2-only CPU).
+
+  @parameterized.named_parameters(*_GRID_TESTS)
+  def testTinyAmoebaNet(self, k, recompute):
+    self._TinyAmoebaNetWithDropPathDropoutAndBatchNorm(k, recompute)
+
+  @parameterized.named_parameters(*_GRID_TESTS)
+  def testTinyTransformer(self, k, recompute):
+    self._TinyTransformerWithDropout(k, recompute)
 
   def _TinyAmoebaNetWithDropPathDropoutAndBatchNorm(self, k, recompute):
     # 8 examples: T = 8 leaves one per micro-batch.
@@ -98,23 +110,6 @@ class TransparencyGridTest(tf.test.TestCase):
             self, layers, k, t, [batch], None, LossSum, normalizer=tokens,
             dtype=None, rtol=1e-5, recompute=recompute,
             entry_points=('FPropLoss',))
-
-
-def _AddGridTests():
-  """testTinyAmoebaNetK<k>[No]Recompute and testTinyTransformerK<k>..."""
-  for k in KS:
-    for recompute in (True, False):
-      suffix = f'K{k}{"" if recompute else "No"}Recompute'
-      for name, method in (
-          ('AmoebaNet', '_TinyAmoebaNetWithDropPathDropoutAndBatchNorm'),
-          ('Transformer', '_TinyTransformerWithDropout')):
-        def Test(self, method=method, k=k, recompute=recompute):
-          getattr(self, method)(k, recompute)
-        Test.__name__ = f'testTiny{name}{suffix}'
-        setattr(TransparencyGridTest, Test.__name__, Test)
-
-
-_AddGridTests()
 
 
 class TrainerTest(tf.test.TestCase):

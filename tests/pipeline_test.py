@@ -1,6 +1,7 @@
 """Tests of TensorPipeLayer: the paper's consistency test, transparency, errors."""
 
 import re
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -673,9 +674,8 @@ class AutoGraphTest(tf.test.TestCase):
     the first step's time (pipeline.py), so its entry points opt out."""
     # AutoGraph converts each function through this private hook (TF 2.21):
     # record what it converts.
-    api = autograph_api
     converted = []
-    convert = api._convert_actual  # pylint: disable=protected-access
+    convert = autograph_api._convert_actual  # pylint: disable=protected-access
 
     def Record(entity, program_ctx):
       converted.append(getattr(entity, '__module__', None))
@@ -688,12 +688,9 @@ class AutoGraphTest(tf.test.TestCase):
                   schedule=schedule)
       step = _ConvertedStep(pipe, schedule)
       converted.clear()
-      api._convert_actual = Record  # pylint: disable=protected-access
-      try:
-        with py_utils.TrainingMode(True):
-          step(x)
-      finally:
-        api._convert_actual = convert  # pylint: disable=protected-access
+      with mock.patch.object(autograph_api, '_convert_actual', Record), \
+          py_utils.TrainingMode(True):
+        step(x)
       # The test's own functions were converted (the hook works) ...
       self.assertIn(__name__, converted, schedule)
       # ... nothing the pipeline runs was.
