@@ -43,15 +43,30 @@ cores), with heartbeat_timeout_s=5:
 
 At start-up the leader would wait forever for a worker that never comes up;
 `cluster_register_timeout_s` with the registration barrier set here makes
-every task fail after it (measured: 6 s with 5 s); tools/trainer sets it to
---peer_wait_s and waits for the peers in Python first (peer_wait.py). TF's
-preemption notifier takes SIGTERM once the service starts: the trainer
-re-installs its own handler afterwards (preemption.py).
+every task fail after it (measured: 6 s with 5 s on the leader, 11 s on a
+task whose leader does not answer); tools/trainer sets it to --peer_wait_s,
+waits for the peers in Python first (peer_wait.py) and names the tasks TF
+reports (`RegistrationError`).
+
+Signals during the registration: it is one C++ call
+(TFE_EnableCollectiveOps) that holds the GIL, so no Python code runs until
+it returns, not even a watchdog thread (measured: a thread printing every
+0.5 s printed nothing for the 6 s); and before it starts the registration
+it installs TF's preemption notifier as SIGTERM's handler, which records
+the signal for TF and does not stop anything. The trainer therefore blocks
+SIGTERM and SIGINT in its main thread before TensorFlow starts any thread
+(TF's threads inherit the mask, so none of them ever takes the signals),
+re-installs its own handler after the call and unblocks: a signal that
+came during the registration stops the process the moment the call
+returns, with exit code 143 / 130 (preemption.StopSignals.Hold). The wait
+is bounded by the registration timeout; the peer wait before it, where a
+signal acts at once, already refuses a port that answers as no worker.
 """
 
 import dataclasses
 import json
 import os
+import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 # The cluster jobs MultiWorkerMirroredStrategy trains with. ('ps' belongs to
@@ -398,6 +413,52 @@ def ClusterResolver(cluster: Cluster,
 
 def _TaskName(job: str, index: int) -> str:
   return f'/job:{job}/replica:0/task:{index}'
+
+
+def RegistrationError(cluster: Cluster, message: str, timeout_s: float,
+                      flag: str = '--peer_wait_s') -> str:
+  """One line for a start-up whose registration with TF did not complete.
+
+  Every peer answered the peer wait (peer_wait.py), but TF's coordination
+  service did not see them all register within `timeout_s`: a TF server
+  of another run, or a worker that died between the two waits. Names the
+  peers TF reports (the leader's barrier lists the tasks that timed out; a
+  task whose leader did not answer names the leader), else every peer,
+  with their addresses, and what to check.
+
+  Args:
+    cluster: the cluster, seen from this task.
+    message: the error's text (tf.errors.OpError.message).
+    timeout_s: the registration timeout.
+    flag: the setting that changes `timeout_s`.
+  """
+  by_tf_name = {}
+  for name, address in cluster.tasks:
+    job, _, index = name.rstrip(']').partition('[')
+    by_tf_name[_TaskName(job, int(index))] = (name, address)
+  own = _TaskName(cluster.task_type, cluster.task_index)
+  leader = (_TaskName('chief', 0) if cluster.chief is not None else
+            _TaskName('worker', 0))
+  found = []
+  head, marker, tail = message.partition('timed out task names:')
+  if marker:
+    found = re.findall(r'/job:\w+/replica:\d+/task:\d+',
+                       tail.split('\n\n')[0])
+  elif 'RegisterTask' in message and own != leader:
+    found = [leader]
+  del head
+  found = [t for t in dict.fromkeys(found) if t in by_tf_name and t != own]
+  reported = bool(found)
+  if not found:
+    found = [t for t in by_tf_name if t != own]
+  names = ', '.join(f'{by_tf_name[t][0]} at {by_tf_name[t][1]}'
+                    for t in found)
+  verb = 'accepts' if len(found) == 1 else 'accept'
+  return (f'{names} {verb} connections but did not register within '
+          f'{timeout_s:g} s{"" if reported else " (TF named no task)"}: is '
+          'another program using that port (a worker of another run, a '
+          'stale process)? Stop it or give the workers other ports and '
+          f'start every worker again, or wait longer with {flag}')
 
 
 def ConfigureCoordinationService(cluster: Cluster,

@@ -55,6 +55,7 @@ from tensorpipe import checkpoints
 from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
 from tensorpipe import microbatch
+from tensorpipe import overrides
 from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import tasks
@@ -397,20 +398,25 @@ def _ParamsLines(text: str) -> Dict[str, str]:
 
 
 def RunParams(experiment_params: hyperparams.Params, logdir: str,
-              model_key: str) -> hyperparams.Params:
+              model_key: str, params_override: str = '') -> hyperparams.Params:
   """The Params of the run in `logdir`: the experiment's, with params.txt.
 
   Args:
     experiment_params: `GetExperiment(model_key).ModelParams()`.
     logdir: the trainer's logdir (holding params.txt).
     model_key: the registry key, for messages.
+    params_override: --model_params_override text applied after params.txt,
+      e.g. "task.model.schedule='/copy/of/z.csv'" for a run that recorded a
+      CSV schedule's path (before the trainer recorded the table itself).
 
   Returns:
     A copy of experiment_params with every value of params.txt set, so the
     run's --model_params_override values are honoured.
 
   Raises:
-    ExportError: no params.txt, or one of another experiment.
+    ExportError: no params.txt, one of another experiment, or a CSV
+      schedule file that cannot be read (naming the override to pass).
+    ValueError: a bad params_override.
   """
   path = os.path.join(logdir, logdir_lib.PARAMS_FILE)
   try:
@@ -446,7 +452,31 @@ def RunParams(experiment_params: hyperparams.Params, logdir: str,
     raise ExportError(f'{path} does not fit --model={model_key}: '
                       f'{(str(e).splitlines() or [""])[0]}; pass the --model '
                       'that trained this run') from None
+  overrides.ApplyOverrides(p, params_override)
   return p
+
+
+def _CheckScheduleFiles(p: hyperparams.Params, params_path: str) -> None:
+  """Every CSV schedule named by a path can be read.
+
+  Export never runs the table's order, but building a pipeline of several
+  devices reads the table for its stage placement. Runs trained before the
+  trainer recorded the table itself (`schedules.CsvParam`) name only the
+  file.
+  """
+  for key, value in _ParamsLines(p.ToText()).items():
+    if key.rpartition('.')[2] != 'schedule' or len(value) < 2:
+      continue
+    path = value[1:-1]
+    if not path.endswith('.csv') or path.startswith('csv:') or (
+        os.path.isfile(path)):
+      continue
+    raise ExportError(
+        f'{key}={path!r} ({params_path}) cannot be read: building the '
+        "pipeline reads the schedule's table for its stage placement; pass "
+        f"--model_params_override=\"{key}='/path/to/copy.csv'\" naming a "
+        'copy of that table (runs trained now record the table in '
+        'params.txt)')
 
 
 def PipelineParams(task_params: hyperparams.Params) -> Optional[
@@ -575,7 +605,8 @@ def ExportRun(experiment_params: hyperparams.Params, model_key: str,
               serving_batch_size: Optional[int] = None,
               overwrite: bool = False,
               log_fn: Callable[[str], None] = print,
-              raw_images: bool = True) -> ExportResult:
+              raw_images: bool = True,
+              params_override: str = '') -> ExportResult:
   """Exports the newest intact checkpoint of a trainer's run.
 
   Every check that needs no TensorFlow comes first: the export folder, the
@@ -595,6 +626,7 @@ def ExportRun(experiment_params: hyperparams.Params, model_key: str,
     log_fn: progress and warnings (e.g. damaged checkpoints skipped).
     raw_images: for an image experiment, also write RAW_SIGNATURE_KEY,
       taking uint8 images and applying the eval input's preprocessing.
+    params_override: see `RunParams`.
 
   Returns:
     ExportResult.
@@ -608,7 +640,7 @@ def ExportRun(experiment_params: hyperparams.Params, model_key: str,
     checkpoints.CheckpointError: every checkpoint is damaged.
   """
   CheckExportDir(export_dir, overwrite)
-  p = RunParams(experiment_params, logdir, model_key)
+  p = RunParams(experiment_params, logdir, model_key, params_override)
   _CheckpointsOf(logdir, log_fn)
   device = None
   if pipelined:
@@ -624,10 +656,13 @@ def ExportRun(experiment_params: hyperparams.Params, model_key: str,
     mp = PipelineParams(p.task)
     if mp is not None:
       # Built where it is served, no other device needed; an automatic
-      # split is not computed at all (the layers are chained anyway).
+      # split is not computed at all (the layers are chained anyway), nor
+      # the training schedule's placement (a CSV table has K rows).
       if mp.partitions is None:
         mp.num_partitions = 1
+        mp.Set(schedule='gpipe', num_stages_per_device=1)
       mp.devices = [device] * NumPartitions(p.task)
+  _CheckScheduleFiles(p, os.path.join(logdir, logdir_lib.PARAMS_FILE))
   task = p.task.Instantiate()
   step = tf.Variable(0, dtype=tf.int64, trainable=False, name='global_step')
   ckpt_dir = os.path.join(logdir, CHECKPOINT_DIR)

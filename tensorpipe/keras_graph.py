@@ -37,6 +37,12 @@ Choices, each refused in one line where it does not hold:
   * Keras masks do not cross a cut (they are attributes of tensors), so
     graphs with a Masking layer or an Embedding(mask_zero=True) are refused.
   * Every tensor crossing a cut has the batch on axis 0.
+  * Each node runs on one micro-batch at a time: a keras.ops node that
+    reduces, scans or sorts over the batch axis (`keras.ops.mean(h,
+    axis=0)`, an axis of None) is computed per micro-batch, unlike in plain
+    Keras. It is not refused (T=1 is exact) but found by `BatchMixingOps`
+    and warned of once when the graph is planned (keras_graph_params); the
+    same op inside a layer's `call` is not seen.
 
 Keras private APIs this module relies on: none. The config layout it reads
 (`layers[i].inbound_nodes[j].args/kwargs`, `__keras_tensor__` with
@@ -266,11 +272,13 @@ def _Fill(x: Any, env: Dict[str, Any]) -> Any:
 
 def _NewObject(graph_name: str, name: str, entry: Dict[str, Any]):
   try:
-    return keras.saving.deserialize_keras_object(copy.deepcopy(entry))
+    obj = keras.saving.deserialize_keras_object(copy.deepcopy(entry))
   except (TypeError, ValueError) as e:
     first = (str(e).strip().splitlines() or [''])[0]
     raise ValueError(f'keras_graph: layer {name!r} of model {graph_name!r} '
                      f'cannot be rebuilt from its config: {first}') from None
+  keras_layer.DeriveStateInCalls(obj)
+  return obj
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,6 +402,58 @@ def Analyse(graph: Graph) -> GraphCosts:
         batched = bool(t.shape) and t.shape[0] is None
         tensors[key] = TensorInfo(tuple(t.shape[1:]), str(t.dtype), batched)
   return GraphCosts(tuple(flops), tuple(params), tensors)
+
+
+# keras.ops Operations with an `axis` (or `axes`) that can span examples:
+# reductions, scans and sorts (axis None: all axes, the batch included).
+_AXIS_OPS = frozenset([
+    'Mean', 'Sum', 'Max', 'Min', 'Prod', 'Std', 'Var', 'Argmax', 'Argmin',
+    'Logsumexp', 'Median', 'Quantile', 'All', 'Any', 'Amax', 'Amin',
+    'Average', 'CountNonzero', 'Cumsum', 'Cumprod', 'Sort', 'Argsort',
+    'Norm', 'Nansum', 'Nanmean', 'Ptp', 'Moments',
+])
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchMixingOp:
+  """A keras.ops node whose result mixes the examples of its input.
+
+  Attributes:
+    layer: the op's name in the model.
+    op: its class, e.g. 'Mean'.
+    axis: the recorded axis (None: all axes).
+  """
+  layer: str
+  op: str
+  axis: Any
+
+
+def BatchMixingOps(graph: Graph, costs: GraphCosts) -> List[BatchMixingOp]:
+  """The keras.ops nodes that reduce, scan or sort over the batch axis.
+
+  A pipeline runs every node on one micro-batch (N/T examples) at a time,
+  so such an op (`keras.ops.mean(h, axis=0)`, `keras.ops.sum(h)`) sees a
+  micro-batch, not the batch: its result differs from plain Keras'. Ops
+  hidden inside a layer's `call` are not seen here.
+  """
+  found = []
+  for node in graph.nodes:
+    entry = graph.entries[node.layer]
+    if not graph.IsOp(node.layer) or entry.get('class_name') not in _AXIS_OPS:
+      continue
+    config = entry.get('config') or {}
+    key = 'axes' if 'axes' in config else 'axis'
+    reads = node.Reads()
+    info = costs.tensors.get(reads[0]) if reads else None
+    if key not in config or info is None or not info.batched:
+      continue
+    axis = config[key]
+    rank = len(info.shape) + 1
+    axes = (range(rank) if axis is None else
+            axis if isinstance(axis, (list, tuple)) else [axis])
+    if any(int(a) % rank == 0 for a in axes):
+      found.append(BatchMixingOp(node.layer, entry['class_name'], axis))
+  return found
 
 
 # -- cuts ---------------------------------------------------------------------

@@ -3,8 +3,10 @@
 `GraphPlan(model, K, T)` reads a functional Keras model (or its config),
 costs and cuts it (tensorpipe/keras_graph.py) and returns the
 TensorPipeLayer Params with one KerasGraphSegment per partition, and the
-cut report. keras_pipeline.PipelineParams and TensorPipeModel call it for
-functional models.
+cut report; it warns once of each keras.ops node that reduces over the
+batch axis (keras_graph.BatchMixingOps), which micro-batching changes.
+keras_pipeline.PipelineParams and TensorPipeModel call it for functional
+models.
 """
 
 import dataclasses
@@ -66,6 +68,25 @@ class GraphPipeline:
     return self.plan.Report(self.graph, self.costs, self.batch_size)
 
 
+_WARNED_BATCH_MIXING = set()
+
+
+def WarnBatchMixing(graph: keras_graph.Graph,
+                    costs: keras_graph.GraphCosts) -> None:
+  """Warns once per process for each op that mixes the batch's examples."""
+  for op in keras_graph.BatchMixingOps(graph, costs):
+    if (graph.name, op.layer) in _WARNED_BATCH_MIXING:
+      continue
+    _WARNED_BATCH_MIXING.add((graph.name, op.layer))
+    logging.warning(
+        'keras_pipeline: node %r of model %r (keras.ops %s, axis=%r) '
+        'reduces over the batch axis; a pipeline computes it per '
+        'micro-batch (N/T examples), so it and what follows it differ from '
+        'plain Keras on the whole batch (predict included). Compute it '
+        'outside the model, or use num_micro_batches=1 for this model.',
+        op.layer, graph.name, op.op, op.axis)
+
+
 def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
               batch_size: Optional[int] = None,
               cut_after: Optional[Sequence[str]] = None,
@@ -82,6 +103,7 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
     raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
   graph = keras_graph.ReadGraph(GraphConfig(model))
   costs = keras_graph.Analyse(graph)
+  WarnBatchMixing(graph, costs)
   plan = keras_graph.PlanCuts(
       graph, costs, num_partitions, cut_after,
       method=pipeline_params.get('partition_method', 'min_max'))

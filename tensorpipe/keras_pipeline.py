@@ -431,6 +431,15 @@ class TensorPipeModel(keras.Model):
     self.built = True
 
   @property
+  def output_names(self) -> Optional[List[str]]:
+    """The Keras layers making the outputs, as a functional Keras model's
+    `output_names` (which compile reads to match losses and metrics keyed
+    by output name); None for a Sequential, as Keras' own."""
+    if self._graph is None:
+      return None
+    return list(self._graph.graph.output_names)
+
+  @property
   def graph_pipeline(self) -> Optional[keras_graph_params.GraphPipeline]:
     """For a functional model: the cut plan (`.Report()`); else None."""
     return self._graph
@@ -544,6 +553,9 @@ class TensorPipeModel(keras.Model):
           [keras.Input(shape, dtype=dtype)] +
           [keras.saving.deserialize_keras_object(l) for l in stored])
     model.set_weights(self.get_weights())
+    # Keras' set_weights leaves a Normalization's mean and variance tensors
+    # as they were derived at build: derive them from the new weights.
+    keras_utils.FinalizeState(model)
     return model
 
   def get_config(self):

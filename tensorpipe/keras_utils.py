@@ -8,8 +8,8 @@ allocating weights (NoAllocation), and walking a Keras object's sublayers.
 
 Keras private APIs TensorPipe relies on, all used through this module
 (tested with Keras 3.15.1, the version TF 2.21 installs and requirements.txt
-pins; re-check each on a Keras upgrade, keras_layer_test and
-keras_graph_test fail if one changes):
+pins; re-check each on a Keras upgrade, keras_layer_test,
+keras_graph_test and keras_build_test fail if one changes):
 
   | private API                                   | used by                |
   |-----------------------------------------------|------------------------|
@@ -22,6 +22,11 @@ keras_graph_test fail if one changes):
   |   ('uninitialized_variables')                 |                        |
   | `keras.src.backend.common.symbolic_scope`     | InSymbolicScope:       |
   |                                               |   TensorPipeModel.call |
+  | `Layer.finalize_state` and the `mean` /       | FinalizeState,         |
+  |   `variance` tensors Normalization's `call`   |   DerivedState:        |
+  |   reads (derived from `adapt_mean` /          |   KerasLayer's         |
+  |   `adapt_variance`, or from `input_mean`)     |   Normalization call,  |
+  |                                               |   to_keras             |
 
 keras_graph reads the functional config layout that `keras.Model.get_config`
 writes (`inbound_nodes` args/kwargs, `__keras_tensor__` with
@@ -42,6 +47,7 @@ from typing import Any, List
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 # Types a text-serialisable Params value may hold (ToText / FromText).
 _TEXT_LEAVES = (type(None), bool, int, float, str)
@@ -205,3 +211,38 @@ def InSymbolicScope() -> bool:
   except ImportError:
     return False
   return symbolic_scope.in_symbolic_scope()
+
+
+def FinalizeState(obj) -> None:
+  """Re-derives the state Keras computes from weights outside `call`.
+
+  Keras' `Normalization` reads `mean` / `variance` tensors that
+  `finalize_state()` derives from its `adapt_mean` / `adapt_variance`
+  weights after `adapt` or a load, but not after `set_weights`: called
+  after new weights are assigned (TensorPipeModel.to_keras), as Keras'
+  legacy loader does for every layer with weights.
+  """
+  for layer in FlattenLayers(obj):
+    if layer.weights and callable(getattr(layer, 'finalize_state', None)):
+      layer.finalize_state()
+
+
+@contextlib.contextmanager
+def DerivedState(layer):
+  """A Normalization's `mean` / `variance` derived inside the block.
+
+  From the weights in effect (a substituted theta inside a StatelessScope)
+  for an adapted layer, as constants of the current graph for one given a
+  mean and variance; the layer's own tensors are put back on exit, so no
+  graph tensor outlives the call.
+  """
+  saved = layer.mean, getattr(layer, 'variance', None)
+  if layer.input_mean is None:
+    layer.finalize_state()
+  else:
+    layer.mean, layer.variance = (
+        tf.constant(np.asarray(t)) for t in saved)
+  try:
+    yield
+  finally:
+    layer.mean, layer.variance = saved

@@ -25,6 +25,7 @@ In a multi-worker run only the chief takes the lock and writes params.txt
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -42,6 +43,22 @@ _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 class LogdirLockedError(RuntimeError):
   """Another live trainer holds the logdir's lock."""
+
+
+def _Unusable(logdir: str, e: OSError) -> OSError:
+  """`e` (same class) as one line naming the logdir and the fix."""
+  if isinstance(e, (FileExistsError, NotADirectoryError)):
+    what = ('is a file, not a folder' if os.path.isfile(logdir) else
+            'is below a file, not a folder')
+    fix = 'pass a new folder or a trainer\'s logdir as --logdir'
+  elif isinstance(e, PermissionError):
+    what = f'cannot be written ({e.strerror})'
+    fix = ('pass a folder you can write to as --logdir, or make it '
+           f'writable (chmod u+w {logdir})')
+  else:
+    what = f'cannot be used ({e.strerror or e})'
+    fix = 'pass another --logdir'
+  return type(e)(f'logdir {logdir} {what}: {fix}')
 
 
 def _ProcessStartTime(pid: int) -> Optional[int]:
@@ -144,7 +161,12 @@ class LogdirLock:
     """
     if self._fd is not None:
       return
-    os.makedirs(self._logdir, exist_ok=True)
+    try:
+      os.makedirs(self._logdir, exist_ok=True)
+      probe = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise _Unusable(self._logdir, e) from None
+    os.close(probe)
     for _ in range(10):
       fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
       try:
@@ -266,8 +288,17 @@ def ParamsDiff(old_text: str, new_text: str,
       continue
     a, b = old.get(key, '(absent)'), new.get(key, '(absent)')
     if a != b:
-      lines.append(f'  {key}: {a} -> {b}')
+      lines.append(f'  {key}: {_Short(a)} -> {_Short(b)}')
   return '\n'.join(lines)
+
+
+def _Short(value: str, limit: int = 80) -> str:
+  """A value as it reads in a diff line; a long one (a CSV schedule's table)
+  cut, with its length and a digest that tells two tables apart."""
+  if len(value) <= limit:
+    return value
+  digest = hashlib.sha256(value.encode('utf-8')).hexdigest()[:8]
+  return f'{value[:40]}... ({len(value)} characters, sha256 {digest})'
 
 
 def _AtomicWrite(path: str, text: str) -> None:

@@ -28,16 +28,18 @@ into T micro-batches of N/T):
                   the partition's input for all T micro-batches
                   + the outputs of all its layers for ALL T micro-batches
 
-With the 1F1B schedule (one forward, one backward; schedules.py) partition k
-holds at most n_k = min(K - k, T) micro-batches between their forward and
-backward passes instead of GPipe's T, so the "all T" above become n_k:
+With the 1F1B schedule (one forward, one backward) partition k holds n_k
+micro-batches between their forward and backward passes instead of GPipe's
+T, n_k read off the `1f1b` table's boundary slots (`Schedule.NumSlots`, as
+`schedule_plan` reads every table: min(K - k, T)), so the "all T" above
+become n_k:
 
   1F1B, recompute     n_k x (input of one micro-batch) + its layer outputs
                       for one micro-batch
   1F1B, no recompute  n_k x (input + layer outputs of one micro-batch)
 
-(simulator.ActivationPeak; TensorPipe's 1F1B loop runs with recompute only,
-the other figure says what a non-recomputing 1F1B would hold).
+(simulator.ActivationPeak; with recompute TensorPipe runs 1F1B in the
+engine's loops, without it unrolls the table in the graph).
 
 Activation sizes are the layers' output shapes (layer granularity: tensors
 that live only inside a layer, e.g. attention probabilities, are not counted,
@@ -62,7 +64,7 @@ from tensorpipe import base_layer
 from tensorpipe import checks
 from tensorpipe import grad_sum
 from tensorpipe import partitioning
-from tensorpipe import schedules
+from tensorpipe import schedule_builders
 from tensorpipe import simulator
 from tensorpipe.nested_map import NestedMap
 
@@ -249,9 +251,9 @@ class Report:
 
   @property
   def bubble_fraction(self) -> float:
-    """Idle fraction of the pipeline schedule: (K - 1) / (T + K - 1)."""
-    k, t = self.num_partitions, self.num_micro_batches
-    return (k - 1) / (t + k - 1)
+    """Idle fraction of the gpipe table: (K - 1) / (T + K - 1)."""
+    return schedule_builders.Build('gpipe', self.num_partitions,
+                                   self.num_micro_batches).BubbleFraction()
 
   def ToText(self, max_layer_rows: Optional[int] = None) -> str:
     """Tables: per layer, then the partition plan and memory per partition.
@@ -334,11 +336,9 @@ class Report:
              _Bytes(r.activation_bytes_1f1b_no_recompute)]
             for r in self.partitions]
     lines += _Table(header, rows, right=set(range(len(header))))
-    lines.append('1F1B holds min(K-k, T) micro-batches on partition k: with '
-                 'recompute their inputs, without all their layer outputs. '
-                 "TensorPipe's 1F1B loop recomputes (schedule='1f1b' needs "
-                 'recompute=True); the no-recompute column is for '
-                 'comparison.')
+    lines.append('1F1B holds min(K-k, T) micro-batches on partition k (the '
+                 "1f1b table's boundary slots): with recompute their inputs, "
+                 'without all their layer outputs.')
     return lines
 
 
@@ -510,6 +510,8 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
   input_elements = [NumElements(shapes)] + [
       NumElements(m.out_shapes) for m in metas]
   t = num_micro_batches
+  in_flight_1f1b = schedule_builders.Build('1f1b', num_partitions,
+                                           t).NumSlots()
   partitions = []
   for k, (start, end) in enumerate(plan.boundaries):
     part = rows[start:end]
@@ -518,7 +520,7 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
     internal_all = sum(r.activation_bytes for r in part)
     internal_one = int(math.ceil(internal_all / t))
     boundary_one = int(math.ceil(boundary / t))
-    in_flight = schedules.OneFOneBMaxInFlight(k, num_partitions, t)
+    in_flight = in_flight_1f1b[k]
     ofob_rc, ofob_norc = (
         int(simulator.ActivationPeak([in_flight], [boundary_one],
                                      [internal_one], rc)[0])
@@ -693,9 +695,10 @@ def PlanScaleOut(report: Report, num_replicas: Sequence[int],
   # What is all-reduced: one gradient per weight (a pairwise sum's extra
   # buffers are collapsed first).
   grads = [p.param_bytes for p in report.partitions]
+  table = schedule_builders.Build('gpipe', len(fwd), t)
   results = tuple(
       (r, simulator.SimulateDataParallel(
-          fwd, bwd, t, grads, r, assumptions.link_bytes_per_s,
+          table, fwd, bwd, grads, r, assumptions.link_bytes_per_s,
           latency_s=assumptions.link_latency_s,
           shared_link=assumptions.shared_link,
           recompute=assumptions.recompute)) for r in rs)

@@ -161,12 +161,28 @@ def GetClass(key: str) -> type:
     _ImportFor(key)
   key = _aliases.get(key, key)
   if key not in _registry:
-    keys = ListKeys()
-    close = difflib.get_close_matches(key, keys, n=5, cutoff=0.5)
-    hint = (f' Did you mean {" or ".join(map(repr, close))}?' if close else
-            f' Known keys: {keys}.')
-    raise UnknownModelError(f'no experiment registered as {key!r}.{hint}')
+    raise UnknownModelError(f'no experiment registered as {key!r}'
+                            f'{_Suggestion(key)}')
   return _registry[key]
+
+
+def _Suggestion(key: str) -> str:
+  """'. Did you mean ...?' for an unknown key: the keys and aliases (the
+  names users know, e.g. the README's) that match it without surrounding
+  spaces or by class name alone, then close ones; else the known keys."""
+  keys = ListKeys()
+  names = keys + sorted(Aliases())
+  bare = key.strip()
+  cls = bare.rpartition('.')[2].lower()
+  same = [n for n in names if n == bare or n.rpartition('.')[2].lower() ==
+          cls]
+  close = difflib.get_close_matches(bare, names, n=5, cutoff=0.5)
+  found = list(dict.fromkeys(same + close))[:5]
+  space = (' (it has spaces around it; drop them)' if bare != key and
+           bare else '')
+  if not found:
+    return f'{space}. Known keys: {keys}.'
+  return f'{space}. Did you mean {" or ".join(map(repr, found))}?'
 
 
 def GetExperiment(key: str) -> Any:

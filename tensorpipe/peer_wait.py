@@ -9,28 +9,58 @@ starts, so a worker whose peer never comes up sat there silently for
 
 `WaitForPeers` does the waiting first, in Python, where signals work:
 
-  listen on this worker's own port      (a port in use is named at once;
-                                         no connection is ever accepted)
-  every poll_s: try a TCP connection to every peer that has not answered
-  every interval_s: log the peers that do not accept connections yet
-  after timeout_s: PeersMissingError naming each missing worker and address
+  listen on this worker's own port      (a port in use is named at once)
+  answer every connection with BANNER   (a thread, until the wait ends)
+  every poll_s: probe every peer that has not answered as a worker
+  every interval_s: log the peers that do not answer yet
+  after timeout_s: PeersMissingError naming each missing worker, its
+                   address and what it did (refused / answered otherwise)
   close the listener; the caller then starts TF's server on that port
+
+A TCP connection alone does not tell a worker from another program holding
+its port (a stale process, another service): TF's registration would then
+wait its whole timeout, holding the GIL and with SIGTERM taken by TF's
+preemption notifier. So `Probe` sends HTTP/2's client preface and reads
+the answer:
+
+  peer                                  answer              Probe
+  a worker in its WaitForPeers          BANNER              WORKER
+  a worker whose TF server is up        HTTP/2 SETTINGS     WORKER
+  nothing listening                     (refused)           REFUSED
+  another program (a bare listener,     silence, other      OTHER
+  a web server, ...)                    bytes, or closed
 
 Every worker listens on its own port while it waits, so each finds the
 others whichever starts first; a peer that has already moved on to TF's
-server accepts there. TF's own registration timeout (the same flag) bounds
-what is left: a peer that dies between the two waits.
+server answers there. TF's own registration timeout (the same flag) bounds
+what is left: a peer that dies between the two waits, or a TF server of
+another run (the trainer names them: `RegistrationError` in cluster.py).
 
 Pure Python: importing it does no TF work.
 """
 
 import errno
 import socket
+import threading
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
-# How long one connection attempt to a peer may take.
+# How long one connection attempt to a peer, and the wait for its answer,
+# may take.
 _CONNECT_TIMEOUT_S = 1.0
+
+# What a waiting worker's listener writes to every connection.
+BANNER = b'tensorpipe peer_wait\n'
+# HTTP/2's client connection preface and an empty SETTINGS frame: a gRPC
+# server (TF's) answers with its own SETTINGS frame.
+_HTTP2_PREFACE = (b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' +
+                  b'\x00\x00\x00\x04\x00\x00\x00\x00\x00')
+_SETTINGS = 4  # HTTP/2 frame type
+
+# Probe results.
+REFUSED = 'refused'   # no connection
+WORKER = 'worker'     # a waiting worker, or a gRPC (TF) server
+OTHER = 'other'       # accepts connections, answers neither way
 
 
 class PeersMissingError(RuntimeError):
@@ -81,12 +111,98 @@ def Accepts(address: str, timeout_s: float = _CONNECT_TIMEOUT_S) -> bool:
     return False
 
 
+def _Enough(data: bytes) -> bool:
+  """Whether `data` decides a probe: all of BANNER, or 9 other bytes (an
+  HTTP/2 frame header)."""
+  if BANNER.startswith(data):
+    return len(data) == len(BANNER)
+  return len(data) >= 9
+
+
+def Probe(address: str, timeout_s: float = _CONNECT_TIMEOUT_S) -> str:
+  """What answers at `address`: REFUSED, WORKER or OTHER (module docstring)."""
+  try:
+    host, port = SplitAddress(address)
+    sock = socket.create_connection((host, port), timeout=timeout_s)
+  except (OSError, ValueError):
+    return REFUSED
+  data = b''
+  with sock:
+    try:
+      sock.sendall(_HTTP2_PREFACE)
+      deadline = time.monotonic() + timeout_s
+      while not _Enough(data):
+        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+        chunk = sock.recv(len(BANNER) - len(data))
+        if not chunk:
+          break
+        data += chunk
+    except OSError:
+      pass  # silence (timeout) or a reset: judged on what came
+  if data.startswith(BANNER):
+    return WORKER
+  if len(data) >= 9 and data[3] == _SETTINGS and data[5:9] == bytes(4):
+    return WORKER
+  return OTHER
+
+
+class _Answerer:
+  """Answers every connection to `listener` with BANNER, in a thread."""
+
+  def __init__(self, listener: socket.socket):
+    self._listener = listener
+    self._stop = threading.Event()
+    listener.settimeout(0.05)
+    self._thread = threading.Thread(target=self._Run, daemon=True,
+                                    name='peer_wait_answer')
+    self._thread.start()
+
+  def _Run(self) -> None:
+    while not self._stop.is_set():
+      try:
+        conn, _ = self._listener.accept()
+      except socket.timeout:
+        continue
+      except OSError:
+        return  # closed
+      with conn:
+        try:
+          conn.settimeout(_CONNECT_TIMEOUT_S)
+          conn.sendall(BANNER)
+        except OSError:
+          pass
+
+  def Close(self) -> None:
+    self._stop.set()
+    self._thread.join()
+    self._listener.close()
+
+
+def _Describe(found: Sequence[Tuple[str, str, str]], timeout_s: float,
+              flag: str) -> str:
+  refused = ', '.join(f'{n} at {a}' for n, a, r in found if r == REFUSED)
+  other = ', '.join(f'{n} at {a}' for n, a, r in found if r == OTHER)
+  parts = []
+  if refused:
+    parts.append(f'{refused} did not start within {timeout_s:g} s (no '
+                 'connection accepted): start every worker with the same '
+                 f'cluster, or wait longer with {flag}')
+  if other:
+    parts.append(f'{other} accepts connections but did not answer as a '
+                 f'TensorPipe worker within {timeout_s:g} s: is another '
+                 'program using that port? Stop it, or give that worker '
+                 'another port in every worker\'s cluster')
+  return '; '.join(parts)
+
+
 def WaitForPeers(own: Tuple[str, str], peers: Sequence[Tuple[str, str]],
                  timeout_s: float, log_fn: Callable[[str], None],
                  interval_s: float = 10.0, poll_s: float = 0.2,
                  flag: str = '--peer_wait_s',
-                 accepts: Optional[Callable[[str], bool]] = None) -> float:
-  """Waits until every peer accepts a TCP connection; returns the seconds.
+                 probe: Optional[Callable[[str], str]] = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> float:
+  """Waits until every peer answers as a worker; returns the seconds.
 
   Args:
     own: (name, 'host:port') of this worker, e.g. ('worker 0', ...).
@@ -94,38 +210,40 @@ def WaitForPeers(own: Tuple[str, str], peers: Sequence[Tuple[str, str]],
     timeout_s: give up after this long.
     log_fn: gets a progress line about every `interval_s`.
     interval_s: seconds between progress lines.
-    poll_s: seconds between rounds of connection attempts.
+    poll_s: seconds between rounds of probes.
     flag: the setting that changes `timeout_s`, for the messages.
-    accepts: the probe (tests); default a TCP connect.
+    probe: address -> REFUSED / WORKER / OTHER (tests); default `Probe`.
+    clock, sleep: time (tests).
 
   Raises:
     PortInUseError: this worker's own port is taken.
     PeersMissingError: peers still missing after `timeout_s`.
   """
-  accepts = accepts or Accepts
-  listener = Listen(own[1], own[0])
-  start = time.monotonic()
+  probe = probe or Probe
+  answerer = _Answerer(Listen(own[1], own[0]))
+  start = clock()
   next_line = start + interval_s
   missing: List[Tuple[str, str]] = list(peers)
   try:
     while True:
-      missing = [(n, a) for n, a in missing if not accepts(a)]
-      elapsed = time.monotonic() - start
+      found = [(n, a, probe(a)) for n, a in missing]
+      found = [f for f in found if f[2] != WORKER]
+      missing = [(n, a) for n, a, _ in found]
+      elapsed = clock() - start
       if not missing:
         return elapsed
-      names = ', '.join(f'{n} at {a}' for n, a in missing)
       if elapsed >= timeout_s:
-        raise PeersMissingError(
-            f'{names} did not start within {timeout_s:g} s (no connection '
-            'accepted): start every worker with the same cluster, or wait '
-            f'longer with {flag}')
-      if time.monotonic() >= next_line:
-        log_fn(f'{own[0]}: waiting for {names} (not accepting connections '
+        raise PeersMissingError(_Describe(found, timeout_s, flag))
+      if clock() >= next_line:
+        names = ', '.join(f'{n} at {a}' + (
+            '' if r == REFUSED else ' (accepts connections, no answer)')
+                          for n, a, r in found)
+        log_fn(f'{own[0]}: waiting for {names} (not answering as a worker '
                f'yet; {elapsed:.0f} of {timeout_s:g} s, {flag})')
         next_line += interval_s
-      time.sleep(poll_s)
+      sleep(poll_s)
   finally:
-    listener.close()
+    answerer.Close()
 
 
 def WaitForExit(peers: Sequence[Tuple[str, str]], timeout_s: float,

@@ -5,8 +5,8 @@ partitions placed on K devices, splits the mini-batch of N examples into T
 micro-batches and pipelines them: at clock tick c partition k works on
 micro-batch t = c - k, so the K devices work at the same time on different
 micro-batches. The backward pass runs the mirrored schedule. Both passes
-are the `gpipe` table (`schedules.Build`: its F ticks, then its B ticks),
-run by the one schedule engine that runs every schedule
+are the `gpipe` table (`schedule_builders.Build`: its F ticks, then its B
+ticks), run by the one schedule engine that runs every schedule
 (`schedule_engine.Run`). Each pass runs as up to three tf.while_loops
 (`schedule_program.Loops`): K - 1 ramp-up ticks, the ticks where every
 partition is busy (no tf.cond: the cond was most of a tick's fixed cost;
@@ -86,6 +86,7 @@ from tensorpipe import partitioning
 from tensorpipe import pipeline_1f1b
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
+from tensorpipe import schedule_builders
 from tensorpipe import schedule_engine
 from tensorpipe import schedule_program
 from tensorpipe import schedules
@@ -168,9 +169,9 @@ class TensorPipeLayer(base_layer.BaseLayer):
              'each partition keeps at most min(K - k, T) micro-batches in '
              "flight) or 'interleaved_1f1b' (1F1B over num_stages_per_device "
              'stages per device, round-robin: the bubble divided by v); any '
-             'name registered with schedules.Register runs too. All but '
-             "'gpipe' train through FPropLoss / FPropLossAndGrads (FProp is "
-             'then for inference) on the schedule engine '
+             'name registered with schedule_builders.Register runs too. All '
+             "but 'gpipe' train through FPropLoss / FPropLossAndGrads (FProp "
+             'is then for inference) on the schedule engine '
              '(schedule_engine.py). With recompute=False their table is '
              'unrolled in the graph (2 S T stage calls).')
     p.Define('num_stages_per_device', 1, 'v: the layers are cut into K v '
@@ -506,7 +507,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
       raise ValueError('TensorPipeLayer.FProp needs at least one input')
     if p.schedule != 'gpipe' and py_utils.IsTraining():
       raise ValueError(
-          f'TensorPipeLayer {p.name!r} has schedule={p.schedule!r}, which '
+          f'TensorPipeLayer {p.name!r} has schedule='
+          f'{schedules.Label(p.schedule)!r}, which '
           'trains with the loss inside the pipeline: call FPropLoss / '
           'FPropLossAndGrads (tasks do), run FProp in eval mode '
           "(py_utils.EvalMode()), or use schedule='gpipe'")
@@ -604,8 +606,9 @@ class TensorPipeLayer(base_layer.BaseLayer):
     the schedule engine with one tick in flight."""
     kk, num_s = len(self._devices), len(self._stages)
     if num_s == kk:
-      table = schedules.Build('gpipe', kk, num_mb)
-      span = schedules.NumClockTicks(kk, num_mb)
+      # GPipe's table: F ticks [0, span), then B ticks [span, 2 span).
+      table = schedule_builders.Build('gpipe', kk, num_mb)
+      span = table.num_ticks // 2
     else:
       # v stages per device (inference of an interleaved pipeline): each
       # device runs its stages' forward cells in GPipe's order (micro-batch

@@ -12,11 +12,12 @@ per-micro-batch loss function to its outputs, and one step returns (loss,
 metrics, gradients) rather than outputs (`TensorPipeLayer.FPropLossAndGrads`).
 
 This module is their front end: it splits the mini-batch, traces the loss
-function once, builds the schedule's table (`schedules.Build`), and runs it
-on the one engine (`schedule_program.Compile`, `schedule_engine.Run`; the
-pseudo-code is there). Every schedule relabels micro-batches so that its
-backward cells run GPipe's order (`schedule_program.Labels`), which makes the weight
-gradients equal GPipe's bit for bit.
+function once, builds the schedule's table (`schedule_builders.FromParam`),
+and runs it on the one engine (`schedule_program.Compile`,
+`schedule_engine.Run`; the pseudo-code is there). Every schedule relabels
+micro-batches so that its backward cells run GPipe's order
+(`schedule_program.Labels`), which makes the weight gradients equal
+GPipe's bit for bit.
 
 The loop (recompute) is traced once for all ticks and, like GPipe's loops,
 is never differentiated: the step computes the gradients itself.
@@ -44,6 +45,7 @@ from tensorpipe import grad_sum
 from tensorpipe import microbatch
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
+from tensorpipe import schedule_builders
 from tensorpipe import schedule_engine
 from tensorpipe import schedule_program
 from tensorpipe import schedule_unrolled
@@ -161,8 +163,8 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
       (`schedule_unrolled.Run`), keeping each cell's activations until
       its backward.
     grad_sum_mode: grad_sum.MODES ('pairwise' needs recompute).
-    schedule: a registered schedule name (`schedules.Build`), a CSV path
-      or `schedules.CsvParam` text (`schedules.FromParam`).
+    schedule: a registered schedule name (`schedule_builders.Build`), a CSV
+      path or `schedules.CsvParam` text (`schedule_builders.FromParam`).
     devices: the K devices (default: one per stage, the stages' own).
     num_stages_per_device: v.
 
@@ -170,13 +172,13 @@ def Run(stages: Sequence[pipeline_stage.Stage], thetas: List[List[Any]],
     A `LossAndGrads`.
   """
   devices = list(devices or [stage.device for stage in stages])
-  table = schedules.FromParam(schedule, len(devices), num_mb,
+  table = schedule_builders.FromParam(schedule, len(devices), num_mb,
                              num_stages_per_device)
   for s, stage in enumerate(stages):
     want = devices[table.StageDevice()[s]]
     if stage.device != want:
       raise AssertionError(f'stage {s} is on {stage.device}, but schedule '
-                           f'{schedule!r} places it on {want}')
+                           f'{schedules.Label(schedule)!r} places it on {want}')
   batch = microbatch.BatchSize(inputs, batch_dim)
   mb_size = batch // num_mb
   stacked = microbatch.Split(inputs, num_mb, batch_dim)
@@ -291,9 +293,9 @@ def FPropLoss(layer, theta: NestedMap, inputs: Tuple[Any, ...], targets: Any,
               loss_fn: LossFn, normalizer: Any) -> NestedMap:
   """`TensorPipeLayer.FPropLoss` (see there): a loss a tape differentiates.
 
-  The 1F1B loop runs in the forward pass of a tf.custom_gradient over the
-  flat weights; its gradient function returns upstream x the gradients the
-  loop computed. So `tape.gradient(f(loss), variables)` equals the GPipe
+  The schedule's step runs in the forward pass of a tf.custom_gradient over
+  the flat weights; its gradient function returns upstream x the gradients
+  the step computed. So `tape.gradient(f(loss), variables)` equals the GPipe
   pipeline's for any scalar f that is linear in the loss (the trainer's
   loss * weight / total_weight + regulariser is), without a second pass.
   Metrics get no gradient.
@@ -328,26 +330,27 @@ def FPropLoss(layer, theta: NestedMap, inputs: Tuple[Any, ...], targets: Any,
 def CheckScheduleParams(p, num_devices: int) -> None:
   """ValueError for a TensorPipeLayer `schedule` its settings cannot run.
 
-  'gpipe' runs on pipeline.py's loops; any registered table of F and B
-  cells ('1f1b', 'interleaved_1f1b', one registered by the user) runs on
-  the engine with the loss inside the pipeline.
+  'gpipe' runs with the loss outside the pipeline (pipeline.py); every
+  other registered table ('1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v', one
+  registered by the user) and every CSV table runs on the engine with the
+  loss inside.
   """
   v = p.num_stages_per_device
   if isinstance(v, bool) or not isinstance(v, int) or v < 1:
     raise ValueError(f'TensorPipeLayer {p.name!r}: num_stages_per_device='
                      f'{v!r} must be an int >= 1 (stages per device: 2 or '
                      "more for schedule='interleaved_1f1b')")
-  is_csv = isinstance(p.schedule, str) and (
-      p.schedule.startswith(schedules.CSV_PREFIX) or
-      p.schedule.endswith('.csv'))
-  if not is_csv and (not isinstance(p.schedule, str) or
-                     p.schedule not in schedules.Names()):
-    raise ValueError(f'TensorPipeLayer {p.name!r}: schedule={p.schedule!r} '
-                     f'is not one of {schedules.Names()}; use '
+  if not schedules.IsCsvParam(p.schedule) and (
+      not isinstance(p.schedule, str) or
+      p.schedule not in schedule_builders.Names()):
+    raise ValueError(f'TensorPipeLayer {p.name!r}: schedule='
+                     f'{schedules.Label(p.schedule)!r} is not one of '
+                     f'{schedule_builders.Names()}; use '
                      "schedule='gpipe' (default), '1f1b' or "
                      "'interleaved_1f1b', a CSV table (a path ending in "
                      "'.csv', or schedules.CsvParam(path)), or register a "
-                     'table builder with schedules.Register(name, builder)')
+                     'table builder with schedule_builders.Register(name, '
+                     'builder)')
   if p.schedule == 'gpipe':
     if v != 1:
       raise ValueError(
@@ -356,30 +359,31 @@ def CheckScheduleParams(p, num_devices: int) -> None:
           "schedule='interleaved_1f1b' for several stages per device, or "
           'num_stages_per_device=1')
     return
-  # The placement and the ops do not depend on T: build it for T = 2K
-  # (interleaved 1F1B needs a multiple of K, ZB-V at least 2K - 1).
-  # (A CSV table has its own T.)
+  # At the step's T when it is set; else (micro_batch_size) the placement
+  # and the ops, which do not depend on T, from a table for T = 2K
+  # (interleaved 1F1B needs a multiple of K, ZB-V at least 2K - 1) or a
+  # CSV table's own T.
+  tt = p.num_micro_batches
+  tt = tt if isinstance(tt, int) and not isinstance(tt, bool) and tt > 0 else (
+      None)
   try:
-    table = schedules.FromParam(p.schedule, num_devices, None, v)
+    table = schedule_builders.FromParam(p.schedule, num_devices, tt, v)
   except ValueError as e:
     raise ValueError(f'TensorPipeLayer {p.name!r}: {e}') from None
   split = [a for row in table.grid for a in row if a and a.op in 'IW']
   if split and p.grad_sum != 'sequential':
     raise ValueError(
-        f'TensorPipeLayer {p.name!r}: schedule={p.schedule!r} splits the '
-        'backward pass into input- and weight-gradient cells (I, W), which '
+        f'TensorPipeLayer {p.name!r}: schedule='
+        f'{schedules.Label(p.schedule)!r} splits the backward pass into '
+        'input- and weight-gradient cells (I, W), which '
         f"add weight gradients as they come; grad_sum={p.grad_sum!r} needs "
         "whole backward cells: use grad_sum='sequential' or "
         "schedule='1f1b'")
-  if isinstance(p.num_micro_batches, int) and p.num_micro_batches > 0:
-    try:
-      schedules.FromParam(p.schedule, num_devices, p.num_micro_batches, v)
-    except ValueError as e:
-      raise ValueError(f'TensorPipeLayer {p.name!r}: {e}') from None
   if p.recompute_impl != 'explicit':
     raise ValueError(
-        f'TensorPipeLayer {p.name!r}: schedule={p.schedule!r} recomputes in '
-        f'its own loop, so recompute_impl={p.recompute_impl!r} does not '
+        f'TensorPipeLayer {p.name!r}: schedule='
+        f'{schedules.Label(p.schedule)!r} recomputes in its own loop, so '
+        f'recompute_impl={p.recompute_impl!r} does not '
         "apply; leave recompute_impl='explicit'")
 
 
@@ -387,7 +391,7 @@ def StageDevices(p, num_devices: int) -> List[int]:
   """Per stage, the index of its device under `p.schedule` (S = K v)."""
   if p.schedule == 'gpipe':
     return list(range(num_devices))
-  table = schedules.FromParam(p.schedule, num_devices, None,
+  table = schedule_builders.FromParam(p.schedule, num_devices, None,
                              p.num_stages_per_device)
   place = table.StageDevice()
   return [place[s] for s in range(table.num_stages)]

@@ -12,6 +12,8 @@ that the training loop (trainer_lib.Trainer) polls between steps:
                                                  (no eval results), then save
   signal during a save                           the save finishes first
   a second signal                                exit at once, no save
+  signal during a cluster's registration         exit when TF's call
+    (`Hold` ... `Release`)                       returns (cluster.py)
 
 In a multi-worker run the workers must stop after the same step, or one of
 them waits forever in the next all-reduce. Every step all-reduces the loss
@@ -96,10 +98,18 @@ class StopSignals:
   with one line; so does a second signal after a first one was recorded.
   """
 
+  # What the line of a signal before `Arm()` says after "stopped by SIGTERM".
+  BEFORE_FIRST_STEP = ('before the first step: nothing new to save; run the '
+                       'same command to resume')
+
   def __init__(self, signals: Sequence[int] = STOP_SIGNALS,
                prog: str = 'trainer', out: Optional[IO[str]] = None,
-               exit_fn: Callable[[int], None] = os._exit):
+               exit_fn: Callable[[int], None] = os._exit,
+               unarmed: str = BEFORE_FIRST_STEP):
+    """unarmed: the rest of the line of a signal before `Arm()`, e.g. for
+    a run that only evaluates."""
     self._signals = tuple(signals)
+    self._unarmed = unarmed
     self._prog = prog
     self._out = out
     self._exit = exit_fn
@@ -127,6 +137,22 @@ class StopSignals:
       self._old.setdefault(s, old)
     return self
 
+  def Hold(self) -> None:
+    """Blocks the signals in this thread until `Release`.
+
+    A signal that comes meanwhile waits (pending), and every thread started
+    meanwhile inherits the mask and never takes it: for a start-up whose
+    C++ calls hold the GIL with TensorFlow's preemption notifier on SIGTERM
+    (a cluster's registration, cluster.py). Call in the main thread before
+    TensorFlow starts its threads.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, self._signals)
+
+  def Release(self) -> None:
+    """Unblocks the signals in this thread: a pending one is handled now by
+    the handler installed (`Install` first, to take SIGTERM back from TF)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, self._signals)
+
   def Uninstall(self) -> None:
     for s, old in self._old.items():
       signal.signal(s, old if old is not None else signal.SIG_DFL)
@@ -152,8 +178,7 @@ class StopSignals:
       self._exit(ExitCode(signum))
       return
     if not self._armed:
-      self._Print(f'stopped by {name} before the first step: nothing new to '
-                  'save; run the same command to resume')
+      self._Print(f'stopped by {name} {self._unarmed}')
       self._exit(ExitCode(signum))
       return
     self._signum = signum

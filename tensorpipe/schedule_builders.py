@@ -1,12 +1,15 @@
-"""The built-in schedule builders: one function per schedule, each a table.
+"""The built-in schedule builders and the registry that names them.
 
 Each builder takes (K devices, T micro-batches, v stages per device) and
-returns a `schedules.Schedule`; `schedules.Build(name, K, T, v)` looks them up
-in `BUILDERS` and validates the result. A combination a builder does not
-support is refused in one line that names the value and the fix.
+returns a `schedules.Schedule`; `Build(name, K, T, v)` looks it up (the
+built-ins in `BUILDERS`, the user's added with `Register`), checks that the
+table is a Schedule of the asked sizes and validates it. `FromParam` turns a
+`TensorPipeLayer.schedule` value (a name or a CSV table) into its table. A
+combination a builder does not support is refused in one line that names
+the value and the fix.
 
-- `gpipe`, `1f1b`: today's tables, from `clock_cycles`' generators (the
-  engines' index functions), with the boundary slots those engines use.
+- `gpipe`, `1f1b`: written cell by cell from their closed forms, with the
+  boundary slots the engine uses.
 - `interleaved_1f1b`: v >= 2 stages per device, stage s on device s mod K
   (Megatron-LM's round-robin placement and order; Narayanan et al. 2021).
 - `zb_h1`: 1F1B with B split into I and W, W delayed to fill the bubble at
@@ -20,12 +23,20 @@ with unit-time cells. Their orders are those of torch.distributed.pipelining's
 `ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble` (one stage per
 rank) and `ScheduleZBVZeroBubble` (tests/testdata/torch_schedules/README.md
 names the commit; the tests compare against tables transcribed from it).
+
+Adding a schedule: one builder here (or `Register(name, builder)` from user
+code) and one literal grid test in tests/schedule_table_test.py.
 """
 
-from typing import Dict, List
+import numbers
+from typing import Callable, Dict, List, Optional
 
-from tensorpipe import clock_cycles
-from tensorpipe.schedules import Action, Builder, FromOrders, Schedule
+from tensorpipe import schedules
+from tensorpipe.schedules import Action, FromOrders, Schedule
+
+# A builder: (num_devices K, num_micro_batches T, num_stages_per_device v)
+# -> Schedule, refusing what it does not support with a one-line ValueError.
+Builder = Callable[[int, int, int], Schedule]
 
 
 def _OneStagePerDevice(name: str, v: int) -> None:
@@ -38,49 +49,58 @@ def _OneStagePerDevice(name: str, v: int) -> None:
 
 def GPipe(num_devices: int, num_micro_batches: int,
           num_stages_per_device: int = 1) -> Schedule:
-  """All forwards (micro-batch t on device k at tick t + k), then backwards.
+  """All forwards, then all backwards (Huang et al. 2018, figure 2c).
 
-  The backward pass is the forward's mirror (the last micro-batch first) on
-  ticks T + K - 1 onward; each stage keeps all T inputs (slot m).
+  Forward: stage k runs micro-batch t on tick t + k, so the pass takes
+  span = T + K - 1 ticks, K - 1 of them idle on each device (the bubble,
+  (K - 1) / (T + K - 1) of each device's time). Backward: the mirror, on
+  ticks span + (T - 1 - t) + (K - 1 - k): the last stage starts on the last
+  micro-batch. Each stage keeps all T inputs (slot m).
 
     K=2, T=3:  tick  0   1   2   3   4   5   6   7
-               dev 0 0F0 0F1 0F2         0B2 0B1 0B0
-               dev 1     1F0 1F1 1F2 1B2 1B1 1B0
+               dev 0 0F0 0F1 0F2 .   .   0B2 0B1 0B0
+               dev 1 .   1F0 1F1 1F2 1B2 1B1 1B0 .
   """
   kk, tt = num_devices, num_micro_batches
   _OneStagePerDevice('gpipe', num_stages_per_device)
-  span = clock_cycles.NumClockTicks(kk, tt)
+  span = tt + kk - 1
   grid = [[None] * (2 * span) for _ in range(kk)]
-  for c, cells in enumerate(clock_cycles.GPipeClockCycles(kk, tt)):
-    for t, k in cells:
-      grid[k][c] = Action('F', t, k)
-  for c, cells in enumerate(clock_cycles.GPipeBackwardClockCycles(kk, tt)):
-    for t, k in cells:
-      grid[k][span + c] = Action('B', t, k)
+  for k in range(kk):
+    for t in range(tt):
+      grid[k][t + k] = Action('F', t, k)
+      grid[k][span + (tt - 1 - t) + (kk - 1 - k)] = Action('B', t, k)
   slots = {(k, t): t for k in range(kk) for t in range(tt)}
   return Schedule(grid, tt, kk, name='gpipe', slots=slots)
 
 
 def OneFOneB(num_devices: int, num_micro_batches: int,
              num_stages_per_device: int = 1) -> Schedule:
-  """1F1B (PipeDream-flush), loss inside: `clock_cycles.OneFOneBCell`.
+  """1F1B (PipeDream-flush; Narayanan et al. 2019), loss inside.
 
-  Device k keeps min(K - k, T) inputs, micro-batch m in slot m mod that (as
-  pipeline_1f1b's engine indexes them).
+  With unit cells, stage k runs micro-batch t's forward on tick f(t, k) and
+  its backward on b(t, k):
+
+    f(t, k) = t + k            for t < K - k   (warm-up, as GPipe)
+    f(t, k) = 2 t + k          for t >= K - k  (steady state)
+    b(t, k) = 2 K - 1 - k + 2 t
+
+  so B(t) on the last stage follows its F at once, and from tick 2K-1-k
+  device k alternates B(t), F(t + K - k). The step takes 2 (T + K - 1)
+  ticks, GPipe's. Device k keeps min(K - k, T) inputs, micro-batch m in
+  slot m mod that (where GPipe keeps T).
 
     K=2, T=3:  tick  0   1   2   3   4   5   6   7
-               dev 0 0F0 0F1         0B0 0F2 0B1     0B2
-               dev 1     1F0 1B0 1F1 1B1 1F2 1B2
+               dev 0 0F0 0F1 .   0B0 0F2 0B1 .   0B2
+               dev 1 .   1F0 1B0 1F1 1B1 1F2 1B2 .
   """
   kk, tt = num_devices, num_micro_batches
   _OneStagePerDevice('1f1b', num_stages_per_device)
-  grid = [[None] * clock_cycles.OneFOneBNumClockTicks(kk, tt)
-          for _ in range(kk)]
-  for c, cells in enumerate(clock_cycles.OneFOneBClockCycles(kk, tt)):
-    for op, t, k in cells:
-      grid[k][c] = Action('F' if op == clock_cycles.FORWARD else 'B', t, k)
-  slots = {(k, t): t % clock_cycles.OneFOneBMaxInFlight(k, kk, tt)
-           for k in range(kk) for t in range(tt)}
+  grid = [[None] * (2 * (tt + kk - 1)) for _ in range(kk)]
+  for k in range(kk):
+    for t in range(tt):
+      grid[k][t + k if t < kk - k else 2 * t + k] = Action('F', t, k)
+      grid[k][2 * kk - 1 - k + 2 * t] = Action('B', t, k)
+  slots = {(k, t): t % min(kk - k, tt) for k in range(kk) for t in range(tt)}
   return Schedule(grid, tt, kk, name='1f1b', slots=slots)
 
 
@@ -216,3 +236,112 @@ BUILDERS: Dict[str, Builder] = {
     'zb_h1': ZeroBubbleH1,
     'zb_v': ZeroBubbleV,
 }
+
+
+# -- Registry ---------------------------------------------------------------
+
+_REGISTRY: Dict[str, Builder] = dict(BUILDERS)
+
+
+def Register(name: str, builder: Builder, replace: bool = False) -> None:
+  """Makes `Build(name, ...)` call `builder(K, T, v)`.
+
+  Raises:
+    ValueError: if `name` is taken and not `replace`, or is not a non-empty
+      string.
+  """
+  if not isinstance(name, str) or not name:
+    raise ValueError(f'schedule name must be a non-empty string, got '
+                     f'{name!r}; pass a name such as "my_schedule"')
+  if name in _REGISTRY and not replace:
+    raise ValueError(f'schedule {name!r} is already registered; pick another '
+                     'name or pass replace=True')
+  _REGISTRY[name] = builder
+
+
+def Names() -> List[str]:
+  """Registered schedule names, sorted."""
+  return sorted(_REGISTRY)
+
+
+def Build(name: str, num_devices: int, num_micro_batches: int,
+          num_stages_per_device: int = 1) -> Schedule:
+  """The validated schedule `name` for K devices, T micro-batches, v stages.
+
+    s = schedule_builders.Build('1f1b', num_devices=2, num_micro_batches=3)
+
+  Raises:
+    ValueError: for an unknown name (listing the known ones), bad sizes, a
+      combination the builder does not support, or a builder whose table is
+      not a Schedule of the asked K, K v stages and T.
+    TypeError: a size that is not an int.
+  """
+  if name not in _REGISTRY:
+    raise ValueError(f'unknown schedule {name!r}; use one of {Names()} or '
+                     'register it with schedule_builders.Register(name, '
+                     'builder)')
+  kk = _CheckPositiveInt('num_devices', num_devices)
+  tt = _CheckPositiveInt('num_micro_batches', num_micro_batches)
+  v = _CheckPositiveInt('num_stages_per_device', num_stages_per_device)
+  schedule = _REGISTRY[name](kk, tt, v)
+  _CheckBuilt(schedule, name, kk, tt, v)
+  if not schedule.name:
+    schedule.name = name
+  return schedule.Validate()
+
+
+def _CheckPositiveInt(name: str, value: object) -> int:
+  """Returns `value` as an int, or raises if it is not a positive integer."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(
+        f'{name} must be a positive integer, got {value!r} of type '
+        f'{type(value).__name__}; pass an int such as {name}=4')
+  if value < 1:
+    raise ValueError(
+        f'{name} must be a positive integer, got {name}={value!r}; '
+        f'use {name} >= 1')
+  return int(value)
+
+
+def _CheckBuilt(schedule: object, name: str, kk: int, tt: int, v: int) -> None:
+  """Raises unless builder `name` returned a Schedule of the asked sizes."""
+  head = f'schedule builder {name!r} returned'
+  if not isinstance(schedule, Schedule):
+    shown = repr(schedule)
+    shown = shown if len(shown) < 60 else shown[:57] + '...'
+    raise ValueError(f'{head} {shown} (a {type(schedule).__name__}), not a '
+                     'schedules.Schedule; return a Schedule (see '
+                     'schedule_builders.py)')
+  if schedule.num_devices != kk:
+    raise ValueError(f'{head} a table with {schedule.num_devices} rows '
+                     f'(devices) for num_devices={kk}; make it build one row '
+                     'per device')
+  if schedule.num_stages != kk * v:
+    raise ValueError(
+        f'{head} a table with {schedule.num_stages} stages, but K={kk} '
+        f'devices x num_stages_per_device={v} makes {kk * v}; make it build '
+        f'K v = {kk * v} stages (or refuse v={v} with a ValueError)')
+  if schedule.num_micro_batches != tt:
+    raise ValueError(f'{head} a table with {schedule.num_micro_batches} '
+                     f'micro-batches for num_micro_batches={tt}; make it '
+                     f'build T={tt} micro-batches')
+
+
+def FromParam(value: str, num_devices: int,
+              num_micro_batches: Optional[int] = None,
+              num_stages_per_device: int = 1) -> Schedule:
+  """The validated table a `TensorPipeLayer.schedule` value names.
+
+  A registered name (`Build`, at T = `num_micro_batches`, or 2K when not
+  given: the placement and the ops do not depend on T), or a CSV table: a
+  path ending in '.csv' or `schedules.CsvParam`'s 'csv:' text
+  (`schedules.FromCsvParam`).
+
+  Raises:
+    ValueError: naming the value (`schedules.Label`) and the fix.
+  """
+  if schedules.IsCsvParam(value):
+    return schedules.FromCsvParam(value, num_devices, num_micro_batches,
+                                  num_stages_per_device)
+  return Build(value, num_devices, num_micro_batches or 2 * num_devices,
+               num_stages_per_device)

@@ -24,11 +24,12 @@ from, in pure Python (no TF), so every decision here has a literal test:
   value until then: with depth R the producer's j-th output goes to entry
   j mod R and must be read before output j + R is written. `Ring` finds the
   least R. In GPipe and 1F1B every consumer reads on the very next
-  producer tick (R = 1: one latched tensor, as the engines always had); in
+  producer tick (R = 1: one latched tensor); in
   interleaved 1F1B a device may run forwards of its other stages before the
   next device takes the output, so some edges need R = 2 or more.
 - Loops. Ticks on which every device works and whose branches repeat with
-  a fixed period p (no (op, stage) twice in a period) run as a loop of p ticks per iteration with each device's cell fixed in the graph
+  a fixed period p (no (op, stage) twice in a period) run as a loop of p
+  ticks per iteration with each device's cell fixed in the graph
   (`steady`); the ticks before and after run one tick per iteration and
   switch on `branch` (tf.switch_case). With period p each stage adds to its
   sums at most once per iteration, so Grappler finds no two additions of one
@@ -175,8 +176,8 @@ def SteadyRun(branch: Sequence[Sequence[int]], max_period: int = MAX_PERIOD
 
   On ticks [first, end) (two or more) every device works (no idle cell),
   every device's branch repeats with the period, (end - first) is a
-  multiple of it, and no device runs one (op, stage) twice within a period. Ties go to the
-  earlier run, then the smaller period. In 1F1B this is the ticks
+  multiple of it, and no device runs one (op, stage) twice within a
+  period. Ties go to the earlier run, then the smaller period. In 1F1B this is the ticks
   2K - 1 .. 2T - 2 with period 2 (a forward and a backward cell each).
   """
   kk, num_ticks = len(branch), len(branch[0])

@@ -1,32 +1,24 @@
-"""Pipeline schedules as data: one table per schedule, from one builder each.
+"""Pipeline schedules as data: one table per schedule.
 
 A schedule says, for each device and clock tick, which action the device
 runs: (op, micro-batch, stage), op F (forward), B (full backward), I (input
 gradient only) or W (weight gradient only), stage a virtual stage (a device
 may hold several: round-robin for interleaved 1F1B (Narayanan et al. 2021,
 arXiv 2104.04473), a V for ZB-V (Qi et al. 2023, arXiv 2401.10241)). The
-table is the one definition a schedule has: its builder writes it
-(`schedule_builders.py`, looked up by name with `Build`; `Register` adds
-one), `Validate` checks it, and `ToCsv` / `FromCsv` exchange it with
-torch.distributed.pipelining's compute-only per-rank CSV, so a table made
-there, or by the zero-bubble authors' ILP, reads here.
+table is the one definition a schedule has: a builder writes it
+(`schedule_builders.py`, which also holds the registry: `Build`,
+`Register`, `Names`), `Validate` checks it, the engine compiles it
+(`schedule_program.py`), the simulator and the timeline read it, and
+`ToCsv` / `FromCsv` exchange it with torch.distributed.pipelining's
+compute-only per-rank CSV, so a table made there, or by the zero-bubble
+authors' ILP, reads here (`FromCsvParam`).
 
-GPipe's and 1F1B's index functions and generators (`clock_cycles.py`) are
-re-exported here unchanged for today's engines, timeline and simulator;
-the `gpipe` and `1f1b` tables are built from them.
+Pure data: this module imports no other TensorPipe module.
 """
 
 import csv as _csv
 import io as _io
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
-
-# pylint: disable=unused-import,g-multiple-import
-from tensorpipe.clock_cycles import (
-    BACKWARD, FORWARD, IDLE, BubbleFraction, Cell, Clock,
-    GPipeBackwardClockCycles, GPipeBackwardMicroBatch, GPipeClockCycles,
-    GPipeForwardMicroBatch, NumClockTicks, OneFOneBCell, OneFOneBClockCycles,
-    OneFOneBMaxInFlight, OneFOneBNumClockTicks, OpCell, _CheckPositiveInt)
-# pylint: enable=unused-import,g-multiple-import
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 
 # -- Schedules as data ------------------------------------------------------
@@ -99,7 +91,7 @@ def _Fail(schedule: 'Schedule', device: int, tick: int, what: str,
 class Schedule:
   """A pipeline schedule as a table: grid[device][tick] is an Action or None.
 
-    s = schedules.Build('1f1b', num_devices=2, num_micro_batches=3)
+    s = schedule_builders.Build('1f1b', num_devices=2, num_micro_batches=3)
     s.grid[1][2]          # Action('B', 0, 1), shown as 1B0
     s.Validate()          # raises ValueError naming device and tick
     s.ToCsv()             # torch.distributed.pipelining's compute-only CSV
@@ -162,6 +154,17 @@ class Schedule:
   def Orders(self) -> List[List[Action]]:
     """Per device, its actions in tick order (idle ticks dropped)."""
     return [[a for a in row if a is not None] for row in self.grid]
+
+  def BubbleFraction(self) -> float:
+    """The idle share of the devices' ticks with unit-time cells.
+
+    For GPipe and 1F1B, (K - 1) / (T + K - 1): each device is busy 2 T of
+    the 2 (T + K - 1) ticks, which is why the GPipe paper recommends
+    T >= 4 K.
+    """
+    busy = sum(a is not None for row in self.grid for a in row)
+    cells = self.num_devices * self.num_ticks
+    return (cells - busy) / cells
 
   def Grid(self, mark: Optional[Tuple[int, int]] = None) -> str:
     """The device-by-tick grid as text; `mark` (device, tick) is pointed at."""
@@ -438,12 +441,15 @@ def FromOrders(orders: Sequence[Sequence[Action]],
   return Schedule(grid, num_micro_batches, num_stages, name=name, slots=slots)
 
 
-# -- Registry ---------------------------------------------------------------
+# -- CSV tables as `TensorPipeLayer.schedule` values -------------------------
 
-# A builder: (num_devices K, num_micro_batches T, num_stages_per_device v)
-# -> Schedule, refusing what it does not support with a one-line ValueError.
-Builder = Callable[[int, int, int], Schedule]
 CSV_PREFIX = 'csv:'
+
+
+def IsCsvParam(value: object) -> bool:
+  """Whether a `schedule` value is a CSV table: 'csv:' text or a '.csv' path."""
+  return isinstance(value, str) and (value.startswith(CSV_PREFIX) or
+                                     value.endswith('.csv'))
 
 
 def CsvParam(path: str) -> str:
@@ -470,101 +476,129 @@ def CsvParam(path: str) -> str:
   return CSV_PREFIX + '/'.join(rows)
 
 
-def FromParam(value: str, num_devices: int,
-              num_micro_batches: Optional[int] = None,
-              num_stages_per_device: int = 1) -> Schedule:
-  """The validated table a `schedule` value names.
+def Label(value: str) -> str:
+  """A short name of a `schedule` value for messages: the name or path as
+  given, 'csv table (N rows)' for `CsvParam` text (never the table)."""
+  if isinstance(value, str) and value.startswith(CSV_PREFIX):
+    return f'csv table ({value.count("/") + 1} rows)'
+  return value
 
-  A registered name (`Build`), a path ending in '.csv', or `CsvParam`'s
-  'csv:' text. A CSV table is retimed (`Retimed`: torch's tables are
-  orders) and must have `num_devices` rows and, when given,
-  `num_micro_batches` micro-batches and `num_stages_per_device` x K
-  stages.
+
+def FromCsvParam(value: str, num_devices: int,
+                 num_micro_batches: Optional[int] = None,
+                 num_stages_per_device: int = 1) -> Schedule:
+  """The validated table of a CSV `schedule` value (`IsCsvParam`).
+
+  A path ending in '.csv' or `CsvParam`'s 'csv:' text. The table's cells
+  are checked (`_CheckCells`), then it is retimed (`Retimed`: torch's tables
+  are orders); it must have `num_devices` rows, `num_stages_per_device` x K
+  stages and, when given, `num_micro_batches` micro-batches.
 
   Raises:
-    ValueError: naming the value and the fix.
+    ValueError: naming the value (`Label`), the cell if one is wrong, and
+      the fix.
   """
-  if not (value.startswith(CSV_PREFIX) or value.endswith('.csv')):
-    return Build(value, num_devices, num_micro_batches or 2 * num_devices,
-                 num_stages_per_device)
-  name = value
-  if value.endswith('.csv') and not value.startswith(CSV_PREFIX):
+  label = Label(value)
+  if not value.startswith(CSV_PREFIX):
     value = CsvParam(value)
   text = value[len(CSV_PREFIX):].replace('/', '\n')
-  label = name if len(name) < 60 else name[:57] + '...'
-  table = Schedule.FromCsv(text, name=label).Retimed().Validate()
-  if table.num_devices != num_devices:
+  table = Schedule.FromCsv(text, name=label)
+  kk, v = num_devices, num_stages_per_device
+  if table.num_devices != kk:
     raise ValueError(f'schedule {label!r} has {table.num_devices} rows '
-                     f'(devices) but the pipeline has {num_devices}; give '
+                     f'(devices) but the pipeline has {kk}; give '
                      f'a table with one row per device')
-  if table.num_stages != num_devices * num_stages_per_device:
+  acts = [a for row in table.grid for a in row if a is not None]
+  stages = {a.stage for a in acts}
+  if stages == set(range(len(stages))) and len(stages) != kk * v:
     raise ValueError(
-        f'schedule {label!r} has {table.num_stages} stages, but K='
-        f'{num_devices} devices x num_stages_per_device='
-        f'{num_stages_per_device} makes {num_devices * num_stages_per_device};'
-        f' set num_stages_per_device={table.num_stages // num_devices}')
-  if num_micro_batches and table.num_micro_batches != num_micro_batches:
+        f'schedule {label!r} has {len(stages)} stages, but K={kk} devices x '
+        f'num_stages_per_device={v} makes {kk * v}; set '
+        f'num_stages_per_device={max(1, len(stages) // kk)}')
+  mbs = {a.micro_batch for a in acts}
+  tt = num_micro_batches
+  if tt and mbs == set(range(len(mbs))) and len(mbs) != tt:
     raise ValueError(
-        f'schedule {label!r} has {table.num_micro_batches} micro-batches but '
-        f'the step has {num_micro_batches}; set num_micro_batches='
-        f'{table.num_micro_batches} or give a table for T={num_micro_batches}')
-  return table
+        f'schedule {label!r} has {len(mbs)} micro-batches but '
+        f'the step has {tt}; set num_micro_batches={len(mbs)} or give a '
+        f'table for T={tt}')
+  _CheckCells(table, label, kk, v, tt)
+  return table.Retimed().Validate()
 
 
-_REGISTRY: Dict[str, Builder] = {}
+def _CheckCells(table: Schedule, label: str, kk: int, v: int,
+                tt: Optional[int]) -> None:
+  """Per-cell checks of a table read as orders, before it is retimed.
 
-
-def Register(name: str, builder: Builder, replace: bool = False) -> None:
-  """Makes `Build(name, ...)` call `builder(K, T, v)`.
+  Stage in [0, K v), micro-batch in [0, T) (T: the step's, else the number
+  the table names), each action once, each stage in one row, a W after an
+  I (not a B), not both B and I; then one F and one B (or I and W) per
+  stage and micro-batch. Retiming would report any of these as a deadlock.
 
   Raises:
-    ValueError: if `name` is taken and not `replace`, or is not a non-empty
-      string.
+    ValueError: naming `label`, the row and column of the cell, and the fix.
   """
-  if not isinstance(name, str) or not name:
-    raise ValueError(f'schedule name must be a non-empty string, got '
-                     f'{name!r}; pass a name such as "my_schedule"')
-  _Builtins()
-  if name in _REGISTRY and not replace:
-    raise ValueError(f'schedule {name!r} is already registered; pick another '
-                     'name or pass replace=True')
-  _REGISTRY[name] = builder
+  ss = kk * v
+  seen: Dict[Action, Tuple[int, int]] = {}
+  rows: Dict[int, int] = {}
+  n_mb = tt or len({a.micro_batch for row in table.grid for a in row if a})
 
+  def Fail(d, c, what, fix):
+    raise ValueError(f'schedule {label!r}: row {d} (device {d}), column {c}: '
+                     f'{what}; {fix}')
 
-def Names() -> List[str]:
-  """Registered schedule names, sorted."""
-  _Builtins()
-  return sorted(_REGISTRY)
-
-
-def Build(name: str, num_devices: int, num_micro_batches: int,
-          num_stages_per_device: int = 1) -> Schedule:
-  """The validated schedule `name` for K devices, T micro-batches, v stages.
-
-  Raises:
-    ValueError: for an unknown name (listing the known ones), bad sizes, or
-      a combination the builder does not support.
-  """
-  _Builtins()
-  if name not in _REGISTRY:
-    raise ValueError(f'unknown schedule {name!r}; use one of {Names()} or '
-                     'register it with schedules.Register(name, builder)')
-  kk = _CheckPositiveInt('num_devices', num_devices)
-  tt = _CheckPositiveInt('num_micro_batches', num_micro_batches)
-  v = _CheckPositiveInt('num_stages_per_device', num_stages_per_device)
-  schedule = _REGISTRY[name](kk, tt, v)
-  if not schedule.name:
-    schedule.name = name
-  return schedule.Validate()
-
-
-def _Builtins() -> None:
-  """Registers the built-in builders (schedule_builders.BUILDERS) once."""
-  if not _BUILTINS_LOADED:
-    from tensorpipe import schedule_builders  # pylint: disable=g-import-not-at-top
-    for name, builder in schedule_builders.BUILDERS.items():
-      _REGISTRY.setdefault(name, builder)
-    _BUILTINS_LOADED.append(True)
-
-
-_BUILTINS_LOADED: List[bool] = []
+  for d, row in enumerate(table.grid):
+    for c, a in enumerate(row):
+      if a is None:
+        continue
+      m, s = a.micro_batch, a.stage
+      if not 0 <= s < ss:
+        Fail(d, c, f'{a}: stage {s} is not in [0, {ss}) (K={kk} devices x '
+             f'num_stages_per_device={v})', f'use stages 0 .. {ss - 1}')
+      if not 0 <= m < n_mb:
+        named = '' if tt else f' (the table names {n_mb} micro-batches)'
+        Fail(d, c, f'{a}: micro-batch {m} is not in [0, {n_mb}){named}',
+             f'use micro-batches 0 .. {n_mb - 1}' if tt else
+             f'number them 0 .. {n_mb - 1}')
+      if a in seen:
+        Fail(d, c, f'{a} already appears at row {seen[a][0]}, column '
+             f'{seen[a][1]}', 'run each action once')
+      if rows.setdefault(s, d) != d:
+        Fail(d, c, f'{a}: stage {s} runs in row {rows[s]}',
+             'keep each stage in one row (device)')
+      seen[a] = (d, c)
+  for a, (d, c) in seen.items():
+    b, i = Action('B', a.micro_batch, a.stage), Action('I', a.micro_batch,
+                                                         a.stage)
+    if a.op == 'W' and b in seen:
+      Fail(d, c, f'{a} follows the full backward {b} (row {seen[b][0]}, '
+           f'column {seen[b][1]})', f'a W needs an I: write {i} for {b}, or '
+           f'drop {a}')
+    if a.op == 'W' and i not in seen:
+      Fail(d, c, f'{a} has no {i} in the table', 'a W needs the I of its '
+           f'micro-batch and stage: add {i} before it')
+    if a.op == 'I' and b in seen:
+      first, second = sorted([(seen[b], b), ((d, c), a)])
+      Fail(*second[0], f'{second[1]}: micro-batch {a.micro_batch} of stage '
+           f'{a.stage} already has {first[1]} (row {first[0][0]}, column '
+           f'{first[0][1]})', 'use either one B or one I and one W per '
+           'micro-batch')
+  for s in range(ss):
+    if s not in rows:
+      raise ValueError(f'schedule {label!r}: stage {s} appears in no row; '
+                       f'give it a row and its F and B cells')
+    d = rows[s]
+    for m in range(n_mb):
+      f, b, i, w = (Action(op, m, s) for op in 'FBIW')
+      missing, why = None, ''
+      if f not in seen:
+        missing, why = f, 'runs one F per micro-batch'
+      elif b not in seen and i not in seen:
+        missing, why = b, 'runs one B (or one I and one W) per micro-batch'
+      elif i in seen and w not in seen:
+        missing, why = w, f'runs {i}, so it needs {w} too'
+      if missing:
+        after = f' after {i}' if missing == w else ''
+        raise ValueError(f'schedule {label!r}: {missing} never appears: '
+                         f'stage {s} (row {d}) {why}; add {missing} to row '
+                         f'{d}{after}')

@@ -1,61 +1,50 @@
 """Predicts pipeline step time, bubble, busy time and in-flight micro-batches.
 
-GPipe (Huang et al. 2018, section 2.2) runs partition k on device k. With
-per-partition costs f_k (forward of one micro-batch) and b_k (its backward)
-the step is a dependency graph of cells (phase, t, k):
+Any schedule table (`schedule_builders.Build`, a torch CSV) is simulated by
+one cell builder (`_TableCells`): `SimulateSchedule(table, f_s, b_s)` with
+costs per (virtual) stage. Each action of the table is a cell that waits
+for what it needs (`schedules.Needs`: F(m, s) for F(m, s - 1); B or I for
+its F and the input gradient from stage s + 1; W for its I) and for the
+cell before it on its device:
 
-  forward  (t, k) after (t, k - 1)  (its input)   and (t - 1, k)  (same device)
-  backward (t, k) after (t, k + 1)  (its dy)      and (t + 1, k)  (same device)
-  every backward cell after every forward cell    (the loss needs all outputs)
+  F (m, s)  after F (m, s - 1)            and the cell before it on its device
+  B (m, s)  after F (m, s), B/I (m, s + 1) and the cell before it
+  I (m, s)  as B;  W (m, s) after I (m, s)
 
-A backward cell costs r_k + b_k where r_k = f_k with recompute (the forward is
-rematerialised first) and 0 without. `synchronous_ticks=True` adds the clock
-barrier of TensorPipeLayer's tf.while_loop (parallel_iterations=1): every
-cell of tick c waits for all cells of tick c - 1. `ticks_in_flight=n`
-models parallel_iterations=n: tick c waits for all of tick c - n only. A per-tick overhead (loop
-bookkeeping, op dispatch, copies) delays each tick's start, and a fixed
-overhead (input split, loss, output merge, weight update) is added once.
+A B cell costs r_s + b_s where r_s = f_s with recompute (the forward is
+rematerialised first) and 0 without; with the I/W split an I cell costs
+r_s + (b_s - w_s) and a W cell w_s (w_s = b_s / 2 unless given). For a table
+whose loss is outside the pipeline (GPipe: every backward cell after every
+forward cell) the ticks up to the first backward run as one pass and the rest
+as a second pass. `synchronous_ticks=True` adds the clock barrier of a
+tf.while_loop with parallel_iterations=1: every cell of tick c waits for all
+cells of tick c - 1; `ticks_in_flight=n` models parallel_iterations=n. A
+per-tick overhead (loop bookkeeping, op dispatch, copies) delays each cell's
+start, and a fixed overhead (input split, loss, output merge, weight update)
+is added once.
 
 With `num_cores` < K the devices share the cores (processor sharing: n busy
 devices on C cores each progress at min(1, C / n)), which is how K logical CPU
 devices behave on a machine with fewer cores.
 
 For equal costs and no overhead the idle share of each device is the
-schedule's bubble (K - 1) / (T + K - 1) (schedules.BubbleFraction).
+table's bubble (`Schedule.BubbleFraction`; (K - 1) / (T + K - 1) for GPipe
+and 1F1B). With the clock barrier a 1F1B steady-state tick holds a forward
+and a backward cell, so it lasts max(f, r + b) where GPipe's ticks last f or
+r + b: 1F1B in lock step is only as fast as GPipe when f = r + b, which is
+why the engine runs two ticks in flight. At t_F = t_I = t_W, as dataflow, it
+gives issue 22's ideals over 1F1B (K=2, T=4: interleaved v=2 0.900, ZB-H1
+0.900, ZB-V 0.850).
 
-`schedule='1f1b'` (one forward, one backward; PipeDream-flush) simulates the
-cells of `schedules.OneFOneBClockCycles` instead: forward and backward share
-one clock of 2 (T + K - 1) ticks, and the loss is inside the pipeline, so
-
-  forward  (t, k) after (t, k - 1)  and the cell before it on device k
-  backward (t, k) after (t, k + 1)  (for k = K - 1: after its own forward)
-                  and the cell before it on device k
-
-where "the cell before it on device k" is the schedule's order on that
-partition (warm-up forwards, then backward / forward alternately, then the
-remaining backwards). As dataflow (`synchronous_ticks=False`) with costs equal
-over partitions the step is (T + K - 1)(f + r + b), GPipe's. With the clock
-barrier a steady-state tick holds a forward and a backward cell, so it lasts
-max(f, r + b) where GPipe's ticks last f or r + b: 1F1B in lock step is only
-as fast as GPipe when f = r + b. The 1F1B loop (pipeline_1f1b.py) therefore
-runs two ticks in flight (`ticks_in_flight=2`).
-
-Any schedule table (`schedules.Build`, a torch CSV) runs through the same
-cell builder (`_TableCells`, which `Simulate` uses for GPipe and 1F1B too):
-`SimulateSchedule(table, f_s, b_s)` with costs per (virtual) stage, I and W
-cells for the zero-bubble tables (t_W = b / 2 unless given), as dataflow
-by default. At t_F = t_I = t_W it gives issue 22's ideals over 1F1B (K=2,
-T=4: interleaved v=2 0.900, ZB-H1 0.900, ZB-V 0.850).
-
-Memory: `SimResult.max_in_flight[k]` is the most micro-batches partition k
+Memory: `SimResult.max_in_flight[k]` is the most micro-batches device k
 holds (forward started, backward not finished): T for GPipe, min(K - k, T)
 for 1F1B. `ActivationPeak` turns it into bytes.
 
 Usage:
-  res = Simulate(forward_costs=[1., 1.], backward_costs=[2., 2.],
-                 num_micro_batches=4)
+  table = schedule_builders.Build('1f1b', 2, 4)
+  res = SimulateSchedule(table, forward_costs=[1., 1.],
+                         backward_costs=[2., 2.], synchronous_ticks=True)
   res.step_time, res.bubble_fraction, res.busy, res.cells
-  res = Simulate([1., 1.], [2., 2.], 4, schedule='1f1b')
   res.max_in_flight                               # [2, 1]
 
 Pure Python; no TensorFlow.
@@ -65,8 +54,6 @@ import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tensorpipe import schedules
-
-SCHEDULES = ('gpipe', '1f1b')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,15 +74,15 @@ class SimResult:
 
   Attributes:
     step_time: predicted wall time of one step.
-    forward_time: span of the forward pass (first cell start to last end;
-      for 1F1B, whose passes interleave, the end of the last forward cell).
-    backward_time: span of the backward pass (for 1F1B: from the end of
-      the last forward cell to the end of the last backward cell).
+    forward_time: the end of the last forward cell (for GPipe the forward
+      pass's span).
+    backward_time: from the end of the last forward cell to the end of the
+      last cell.
     busy: per device, time spent in stage calls (wall time).
     bubble_fraction: mean over devices of the idle share of the forward plus
       backward spans.
     cells: every simulated cell, in start order.
-    schedule: 'gpipe' or '1f1b'.
+    schedule: the table's name.
     max_in_flight: per device, the most micro-batches held at once (forward
       started, backward not ended): their boundary inputs (with recompute)
       or all their activations (without) are alive together.
@@ -119,6 +106,21 @@ def _CheckCosts(name: str, costs: Sequence[float]) -> List[float]:
     if isinstance(c, bool) or not isinstance(c, (int, float)) or c < 0:
       raise ValueError(f'{name}={costs!r}: every cost must be a number >= 0')
   return [float(c) for c in costs]
+
+
+def _CheckRun(num_cores, ticks_in_flight, tick_overhead,
+              fixed_overhead) -> None:
+  """Raises on run settings no simulation can use."""
+  if num_cores is not None and num_cores <= 0:
+    raise ValueError(f'num_cores={num_cores!r} must be > 0')
+  if isinstance(ticks_in_flight, bool) or not isinstance(
+      ticks_in_flight, int) or ticks_in_flight < 1:
+    raise ValueError(f'ticks_in_flight={ticks_in_flight!r} must be an int '
+                     '>= 1 (a loop\'s parallel_iterations)')
+  for name, v in (('tick_overhead', tick_overhead),
+                  ('fixed_overhead', fixed_overhead)):
+    if v < 0:
+      raise ValueError(f'{name}={v!r} must be >= 0')
 
 
 def _RunPhase(ticks: List[List[Tuple[int, ...]]], cost: Dict[Tuple[int, ...],
@@ -207,69 +209,6 @@ def _RunPhase(ticks: List[List[Tuple[int, ...]]], cost: Dict[Tuple[int, ...],
   return done
 
 
-def Simulate(forward_costs: Sequence[float], backward_costs: Sequence[float],
-             num_micro_batches: int, recompute: bool = True,
-             tick_overhead: float = 0.0, fixed_overhead: float = 0.0,
-             synchronous_ticks: bool = True,
-             num_cores: Optional[float] = None,
-             schedule: str = 'gpipe', ticks_in_flight: int = 1) -> SimResult:
-  """Simulates one training step of the GPipe or the 1F1B schedule.
-
-  Args:
-    forward_costs: f_k, seconds (or any unit) of partition k's forward on one
-      micro-batch; K = len(forward_costs).
-    backward_costs: b_k, its backward without recompute.
-    num_micro_batches: T.
-    recompute: whether each backward cell first recomputes the forward.
-    tick_overhead: added before every cell (per clock tick).
-    fixed_overhead: added once per step (setup, loss, weight update).
-    synchronous_ticks: clock barrier between ticks (TensorPipeLayer's loop);
-      False gives pure dataflow.
-    num_cores: cores shared by the K devices; None means one per device.
-    schedule: 'gpipe' (all forwards, then all backwards: two passes of
-      T + K - 1 ticks) or '1f1b' (one clock of 2 (T + K - 1) ticks,
-      schedules.OneFOneBClockCycles).
-    ticks_in_flight: with `synchronous_ticks`, tick c waits for all cells of
-      tick c - ticks_in_flight (the loop's parallel_iterations).
-
-  Returns:
-    A SimResult.
-
-  Raises:
-    ValueError: mismatched or negative costs, bad T, num_cores or schedule.
-  """
-  f = _CheckCosts('forward_costs', forward_costs)
-  b = _CheckCosts('backward_costs', backward_costs)
-  if len(f) != len(b):
-    raise ValueError(f'forward_costs has {len(f)} entries but backward_costs '
-                     f'{len(b)}; give one of each per partition')
-  if schedule not in SCHEDULES:
-    raise ValueError(f'schedule={schedule!r} is not one of {SCHEDULES}; use '
-                     "schedule='gpipe' or schedule='1f1b'")
-  kk = len(f)
-  tt = num_micro_batches
-  schedules.NumClockTicks(kk, tt)   # checks T
-  cores = float(kk if num_cores is None else num_cores)
-  if cores <= 0:
-    raise ValueError(f'num_cores={num_cores!r} must be > 0')
-  if isinstance(ticks_in_flight, bool) or not isinstance(
-      ticks_in_flight, int) or ticks_in_flight < 1:
-    raise ValueError(f'ticks_in_flight={ticks_in_flight!r} must be an int '
-                     '>= 1 (a loop\'s parallel_iterations)')
-  for name, v in (('tick_overhead', tick_overhead),
-                  ('fixed_overhead', fixed_overhead)):
-    if v < 0:
-      raise ValueError(f'{name}={v!r} must be >= 0')
-
-  rc = [fk if recompute else 0.0 for fk in f]
-  run = dict(tick_overhead=tick_overhead, synchronous=synchronous_ticks,
-             num_cores=cores, ticks_in_flight=ticks_in_flight)
-  table = schedules.Build(schedule, kk, tt)
-  cells = _TableCells(table, {'F': f, 'B': [r + x for r, x in zip(rc, b)]},
-                      rc, run, loss_outside=schedule == 'gpipe')
-  return _Result(cells, kk, fixed_overhead, schedule)
-
-
 def _Result(cells: List[SimCell], num_devices: int, fixed_overhead: float,
             schedule: str) -> SimResult:
   """The SimResult of simulated cells."""
@@ -299,14 +238,14 @@ def SimulateSchedule(table: schedules.Schedule,
                      synchronous_ticks: bool = False,
                      num_cores: Optional[float] = None,
                      ticks_in_flight: int = 1) -> SimResult:
-  """Simulates one step of any schedule table (`schedules.Build`, a CSV).
+  """Simulates one step of a schedule table (`schedule_builders.Build`, a CSV).
 
   Costs are per stage (the table's S = K v stages). A B cell costs
   r_s + b_s (r_s = f_s with recompute, else 0); with the I/W split an I
   cell costs r_s + (b_s - w_s) and a W cell w_s, where w_s defaults to
   b_s / 2 (the stated assumption t_I = t_W). Cells run as dataflow by
   default (each waits for its inputs and the cell before it on its device);
-  `synchronous_ticks` adds the loop's barrier, as in `Simulate`.
+  `synchronous_ticks` adds the loop's barrier (module docstring).
 
   Args:
     table: the schedule.
@@ -316,8 +255,12 @@ def SimulateSchedule(table: schedules.Schedule,
     weight_grad_costs: w_s per stage (default b_s / 2).
     loss_outside: the loss follows the whole forward pass (GPipe); default:
       True for a table named 'gpipe'.
-    tick_overhead, fixed_overhead, num_cores, ticks_in_flight: as for
-      `Simulate` (num_cores defaults to one per device).
+    tick_overhead: added before every cell (per clock tick).
+    fixed_overhead: added once per step (setup, loss, weight update).
+    synchronous_ticks: the loop's clock barrier; False gives pure dataflow.
+    num_cores: cores shared by the K devices; None means one per device.
+    ticks_in_flight: with `synchronous_ticks`, tick c waits for all cells of
+      tick c - ticks_in_flight (the loop's parallel_iterations).
 
   Returns:
     A SimResult; `max_in_flight` counts each device's boundary inputs held
@@ -325,9 +268,11 @@ def SimulateSchedule(table: schedules.Schedule,
 
   Raises:
     ValueError: cost lists whose length is not the table's number of
-      stages, or negative costs.
+      stages, negative costs or overheads, num_cores <= 0, or
+      ticks_in_flight not an int >= 1.
   """
   ss = table.num_stages
+  _CheckRun(num_cores, ticks_in_flight, tick_overhead, fixed_overhead)
   f = _CheckCosts('forward_costs', forward_costs)
   b = _CheckCosts('backward_costs', backward_costs)
   w = ([x / 2 for x in b] if weight_grad_costs is None else
@@ -595,9 +540,9 @@ def _LinkSchedule(ready: Sequence[float], durations: Sequence[float],
   return starts, ends
 
 
-def SimulateDataParallel(forward_costs: Sequence[float],
+def SimulateDataParallel(table: schedules.Schedule,
+                         forward_costs: Sequence[float],
                          backward_costs: Sequence[float],
-                         num_micro_batches: int,
                          grad_bytes: Sequence[float],
                          num_replicas: int,
                          bytes_per_second: float,
@@ -608,14 +553,14 @@ def SimulateDataParallel(forward_costs: Sequence[float],
                          fixed_overhead: float = 0.0,
                          synchronous_ticks: bool = True,
                          num_cores: Optional[float] = None,
-                         schedule: str = 'gpipe', ticks_in_flight: int = 1
-                         ) -> DataParallelResult:
+                         ticks_in_flight: int = 1) -> DataParallelResult:
   """Simulates one step of R data-parallel replicas of a K-stage pipeline.
 
-  Every replica runs the same pipeline (`Simulate`) on its own devices; then
-  stage k's weight gradients (grad_bytes[k]) are ring all-reduced among the
-  R copies of stage k. By default each stage has its own link (stage k of
-  every replica on its own accelerator with its own NIC), so the K
+  Every replica runs the same pipeline (`SimulateSchedule`) on its own
+  devices; then stage k's weight gradients (grad_bytes[k]) are ring
+  all-reduced among the R copies of stage k. By default each stage has its
+  own link (stage k of every replica on its own accelerator with its own
+  NIC), so the K
   all-reduces run concurrently and the step waits for the slowest;
   `shared_link` puts them on one link per replica instead.
 
@@ -628,15 +573,15 @@ def SimulateDataParallel(forward_costs: Sequence[float],
   K - 1 finishes first: its cell for micro-batch 0 runs K - 1 ticks before
   stage 0's).
 
-    pipe = Simulate(forward_costs, backward_costs, T, ...)
+    pipe = SimulateSchedule(table, forward_costs, backward_costs, ...)
     A_k = RingAllReduceTime(grad_bytes[k], R, bandwidth, latency)
     step = pipe.backward_end + max_k A_k + fixed_overhead  (own links)
          = pipe.backward_end + sum_k A_k + fixed_overhead  (shared link)
 
   Args:
-    forward_costs, backward_costs, num_micro_batches, recompute,
-      tick_overhead, synchronous_ticks, num_cores, schedule,
-      ticks_in_flight: as in `Simulate`, in seconds.
+    table, forward_costs, backward_costs, recompute, tick_overhead,
+      num_cores, ticks_in_flight: as in `SimulateSchedule`, in seconds.
+    synchronous_ticks: as there, but True by default (the loop's barrier).
     grad_bytes: per stage, bytes of its weight gradients.
     num_replicas: R.
     bytes_per_second: each link's bandwidth.
@@ -650,11 +595,12 @@ def SimulateDataParallel(forward_costs: Sequence[float],
   Raises:
     ValueError: grad_bytes not one per stage, or bad values.
   """
-  pipe = Simulate(forward_costs, backward_costs, num_micro_batches,
-                  recompute=recompute, tick_overhead=tick_overhead,
-                  fixed_overhead=0.0, synchronous_ticks=synchronous_ticks,
-                  num_cores=num_cores, schedule=schedule,
-                  ticks_in_flight=ticks_in_flight)
+  pipe = SimulateSchedule(table, forward_costs, backward_costs,
+                          recompute=recompute, tick_overhead=tick_overhead,
+                          fixed_overhead=0.0,
+                          synchronous_ticks=synchronous_ticks,
+                          num_cores=num_cores,
+                          ticks_in_flight=ticks_in_flight)
   gb = _CheckCosts('grad_bytes', grad_bytes)
   if len(gb) != len(pipe.busy):
     raise ValueError(f'grad_bytes has {len(gb)} entries for {len(pipe.busy)} '

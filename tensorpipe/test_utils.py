@@ -298,8 +298,13 @@ def AssertOneFOneBMatchesOracle(test: tf.test.TestCase,
                                 dtype=tf.float64, step_seed: int = 3,
                                 entry_points: Sequence[str] = (
                                     'FPropLossAndGrads', 'FPropLoss'),
+                                schedule: str = '1f1b',
                                 **pipeline_params) -> Any:
-  """Asserts a schedule='1f1b' TensorPipeLayer equals MicroBatchOracle.
+  """Asserts a loss-inside TensorPipeLayer equals MicroBatchOracle.
+
+  The pipeline runs `schedule`: 1F1B, or any table schedule of the engine
+  (interleaved 1F1B, the zero-bubble zb_h1 and zb_v with their split
+  backward; pass num_stages_per_device in `pipeline_params` for v > 1).
 
   `loss_fn(outputs, targets)` returns a loss SUM over the examples it is
   given (or NestedMap(loss=..., metrics=...)), so the oracle's loss is
@@ -329,9 +334,10 @@ def AssertOneFOneBMatchesOracle(test: tf.test.TestCase,
       name='TensorPipe', layers=list(layer_params),
       num_partitions=num_partitions, num_micro_batches=num_micro_batches,
       input_shapes=[tf.nest.map_structure(lambda x: x.shape.as_list(), x)
-                    for x in inputs], schedule='1f1b',
+                    for x in inputs], schedule=schedule,
       **pipeline_params).Instantiate()
-  test.assertLen(pipe.PartitionLayers(), num_partitions)
+  test.assertLen(pipe.PartitionLayers(), num_partitions * pipeline_params.get(
+      'num_stages_per_device', 1))
   variables = pipe.trainable_variables
 
   @tf.function(autograph=False)

@@ -20,17 +20,18 @@ context no timestamp op, no extra loop state and no control dependency is
 built, so instrumentation costs nothing when off. The pipeline builds all of
 it through one object, a `Probe`, whose methods build nothing when recording
 is off. Timestamps are wall-clock seconds (float64); cells whose tick was a
-bubble carry -1 and are dropped. A row's tick is turned into its micro-batch
-by the schedule's table (`schedules.Build`; one decoder, `TableEvents`, for
-every schedule).
+bubble carry -1 and are dropped.
 
-The 1F1B schedule runs forward and backward cells on one clock: its loop
-hands each partition's [2 (T + K - 1), 3] log to `Probe.Add('1f1b', ...)`,
-and row c is decoded from the `1f1b` table (`schedules.OneFOneBCell`): a forward
-row is (start, -, end); a backward row is (start, mid, end), recompute then
-backward, or (start, -1, end) when the cell recomputed nothing; a
+Every log is decoded by the schedule's table (one decoder, `TableEvents`):
+the engine hands each device's [ticks, 3] log of the table it ran to
+`Probe.Add('table', ...)`, and row c is that device's action on tick c: a
+forward row is (start, -, end); a B or I row is (start, mid, end), recompute
+then backward, or (start, -1, end) when the cell recomputed nothing; a
 [ticks, 2] log (start, end) is read the same way without a recompute split.
-`Breakdown` sees that the passes interleave and splits the step accordingly.
+The one-call pipeline (K = T = 1) logs its single forward cell as
+'forward', read as the `gpipe` table's forward ticks. `Breakdown` sees when
+the passes interleave (1F1B and the other loss-inside schedules) and splits
+the step accordingly.
 
 Nothing here runs TensorFlow ops at import.
 """
@@ -42,6 +43,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import tensorflow as tf
 
 from tensorpipe import py_utils
+from tensorpipe import schedule_builders
 from tensorpipe import schedules
 
 PHASES = ('forward', 'recompute', 'backward')
@@ -58,11 +60,10 @@ class Event:
   tick: int = -1   # clock tick of its pass's loop (-1: not recorded)
 
 
-# What a Recorder entry's log holds: the cells of a GPipe forward loop, of a
-# GPipe backward loop, of a 1F1B loop (forward and backward on one clock),
-# or of any schedule table the engine ran (schedule_engine: 'table', with
-# the table it ran).
-DIRECTIONS = ('forward', 'backward', '1f1b', 'table')
+# What a Recorder entry's log holds: the forward ticks of the gpipe table (the
+# one-call pipeline's single cell), or the ticks of any schedule table the
+# engine ran (schedule_engine: 'table', with the table it ran).
+DIRECTIONS = ('forward', 'table')
 
 
 @dataclasses.dataclass
@@ -86,7 +87,7 @@ class Recorder:
   def Add(self, direction: str, k: int, num_partitions: int,
           num_micro_batches: int, tensor: tf.Tensor, table: Any = None,
           first: int = 0) -> None:
-    """Registers a [ticks, 2] (forward) or [ticks, 3] (others) log.
+    """Registers a [ticks, 2] or [ticks, 3] log.
 
     Raises:
       ValueError: `direction` is not one of DIRECTIONS, or a 'table' log
@@ -94,9 +95,9 @@ class Recorder:
     """
     if direction not in DIRECTIONS:
       raise ValueError(f'timeline log direction {direction!r} is not one of '
-                       f'{DIRECTIONS}; use \'forward\' / \'backward\' for '
-                       "GPipe's loops, '1f1b' for the 1F1B loop and 'table' "
-                       'for a schedule table')
+                       f"{DIRECTIONS}; use 'table' (with table=) for a "
+                       "schedule table, 'forward' for the gpipe table's "
+                       'forward ticks')
     if direction == 'table' and table is None:
       raise ValueError("a 'table' timeline log needs table=the "
                        'schedules.Schedule it ran')
@@ -129,52 +130,20 @@ class Recorder:
     for i, e in enumerate(self._entries):
       rows = values[f'cells_{i}']
       rows = rows.numpy() if hasattr(rows, 'numpy') else rows
-      kk, tt = e.num_partitions, e.num_micro_batches
-      if e.direction == '1f1b':
-        events.extend(OneFOneBEvents(rows, e.k, kk, tt))
-        continue
       if e.direction == 'table':
         events.extend(TableEvents(rows, e.table, e.k, first=e.first,
                                   ticks=len(rows)))
         continue
-      # GPipe's loops log its table's forward ticks, then its backward ticks.
-      span = schedules.NumClockTicks(kk, tt)
-      events.extend(TableEvents(
-          rows, schedules.Build('gpipe', kk, tt), e.k,
-          first=0 if e.direction == 'forward' else span, ticks=span))
+      # The gpipe table's forward ticks: the first half of its ticks.
+      table = schedule_builders.Build('gpipe', e.num_partitions,
+                                      e.num_micro_batches)
+      events.extend(TableEvents(rows, table, e.k, first=0,
+                                ticks=table.num_ticks // 2))
     events.sort(key=lambda ev: (ev.start, ev.k))
     return events
 
 
-def OneFOneBEvents(rows: Any, k: int, num_partitions: int,
-                   num_micro_batches: int) -> List[Event]:
-  """Decodes partition k's 1F1B log: row c is 1F1B tick c.
-
-  What ran on tick c is `schedules.OneFOneBCell(c, k, K, T)`, as in the
-  loop. Rows whose first stamp is < 0 did not run (idle ticks).
-
-  Args:
-    rows: [2 (T + K - 1), 3] (start, mid, end) or [.., 2] (start, end)
-      stamps, seconds.
-    k: the partition.
-    num_partitions: K.
-    num_micro_batches: T.
-
-  Returns:
-    The events, in tick order: 'forward' for forward rows; 'recompute'
-    [start, mid] and 'backward' [mid, end] for backward rows with mid >= 0,
-    else one 'backward' [start, end].
-
-  Raises:
-    ValueError: a row ran on a tick where the schedule idles, or the log
-      has another number of rows than the schedule has ticks (a log of
-      another schedule or of another K, T).
-  """
-  return TableEvents(rows, schedules.Build('1f1b', num_partitions,
-                                           num_micro_batches), k)
-
-
-def TableEvents(rows: Any, table: 'schedules.Schedule', k: int,
+def TableEvents(rows: Any, table: schedules.Schedule, k: int,
                 first: int = 0, ticks: Optional[int] = None) -> List[Event]:
   """Decodes device k's log of table ticks [first, first + ticks).
 
@@ -191,10 +160,13 @@ def TableEvents(rows: Any, table: 'schedules.Schedule', k: int,
   """
   ticks = table.num_ticks - first if ticks is None else ticks
   kk, tt = table.num_devices, table.num_micro_batches
-  if len(rows) != ticks:
+  if len(rows) != ticks or first + ticks > table.num_ticks:
+    have = min(ticks, table.num_ticks - first)
+    since = f' from tick {first}' if first else ''
     raise ValueError(
         f'{table.name} log of partition {k} has {len(rows)} rows, but K={kk}, '
-        f'T={tt} has {ticks} ticks; record one row per tick of its loop')
+        f'T={tt} has {have} ticks{since}; record one row per tick of its '
+        'loop')
   events = []
   for c, row in enumerate(rows):
     if row[0] < 0:
@@ -284,7 +256,8 @@ class Probe:
       out = Stage(inputs)
     log = probe.Log(log, clock, start + probe.Stamp(out))
     ...                                     # after the loop:
-    probe.Add('forward', k, num_partitions, num_micro_batches, log)
+    probe.Add('table', k, num_partitions, num_micro_batches, log,
+              table=table)
   """
 
   def __init__(self, recorder: Optional[Recorder]):
@@ -316,8 +289,8 @@ class Probe:
 
   def SwitchCase(self, branch_index: tf.Tensor,
                  branch_fns: Sequence[Callable[[], Any]]) -> Any:
-    """tf.switch_case; when recording, one left unordered (the 1F1B loop's
-    idle / forward / backward cell of a partition)."""
+    """tf.switch_case; when recording, one left unordered (the engine's
+    choice of a device's cell on a tick)."""
     if not self._rec:
       return tf.switch_case(branch_index, branch_fns)
     return Unordered(lambda: tf.switch_case(branch_index, branch_fns))

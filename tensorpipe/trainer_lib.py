@@ -37,7 +37,7 @@ of an uninterrupted run.
 import itertools
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
 import numpy as np
@@ -56,6 +56,7 @@ from tensorpipe import overrides
 from tensorpipe import precise_bn
 from tensorpipe import preemption
 from tensorpipe import py_utils
+from tensorpipe import schedules
 from tensorpipe import summaries
 from tensorpipe import tasks
 from tensorpipe.layers import normalization
@@ -86,6 +87,58 @@ def EnableDeterminism(seed: int) -> None:
 ParseOverrides = overrides.ParseOverrides
 ApplyOverrides = overrides.ApplyOverrides
 WriteScalar = summaries.WriteScalar
+
+
+def StopAgreed(votes: float, requested: bool, num_replicas: int,
+               num_local_replicas: int) -> bool:
+  """The stop vote after a step: whether this process stops now.
+
+  Args:
+    votes: the step's STOP_VOTES, every replica's stop flag summed in the
+      step's all-reduce (distribute.TrainStep).
+    requested: whether this process has a stop request (preemption.py).
+    num_replicas, num_local_replicas: R in all and in this process.
+
+  With other processes only the votes count, the same number on every
+  worker: a worker that was not signalled stops with the one that was
+  (else it would wait in the next all-reduce forever), and a request that
+  came after the step's vote waits for the next step's. In one process the
+  request itself counts (also one made during an evaluation).
+  """
+  if num_replicas > num_local_replicas:
+    return votes > 0
+  return requested
+
+
+def RecordCsvSchedules(p: hyperparams.Params,
+                       resolve: Callable[[str], str] = os.path.abspath
+                       ) -> List[str]:
+  """Puts the table of every CSV schedule given as a path into the Params.
+
+  A pipeline's `schedule` of 'path/z.csv' becomes `schedules.CsvParam`'s
+  'csv:...' text (in place), so params.txt records the table itself: the
+  run exports and evaluates anywhere once the file is gone, and a resume
+  whose file changed logs the change like any other hyper-parameter.
+
+  Args:
+    p: the experiment's Params (mutable), overrides applied.
+    resolve: maps a path as given to the one to read (the trainer resolves
+      relative paths against the user's directory, paths.UserPath).
+
+  Returns:
+    The paths read, in the order of the pipelines.
+
+  Raises:
+    ValueError: a file cannot be read, naming it.
+  """
+  read = []
+  for mp in distribute.PipelineParamsIn(p):
+    value = mp.schedule
+    if (isinstance(value, str) and value.endswith('.csv') and
+        not value.startswith(schedules.CSV_PREFIX)):
+      mp.schedule = schedules.CsvParam(resolve(value))
+      read.append(value)
+  return read
 
 
 def _Scalars(metrics: Dict[str, Any]) -> Dict[str, float]:
@@ -477,9 +530,8 @@ class Trainer:
     """Whether to stop after this step: every process decides alike."""
     if self._stop is None:
       return False
-    if self.topology.num_replicas > self.topology.num_local_replicas:
-      return votes > 0  # other processes: the all-reduced flags only
-    return self._stop.requested
+    return StopAgreed(votes, self._stop.requested, self.topology.num_replicas,
+                      self.topology.num_local_replicas)
 
   def _NextBatch(self, iterator, inp, name: str, step: int):
     """next(iterator), with the input's one-line diagnosis of read errors."""

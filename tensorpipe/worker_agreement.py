@@ -20,7 +20,7 @@ key-value store (`CoordinationExchange`), which every multi-worker run has.
 
 import hashlib
 import json
-from typing import Callable, Dict, List, Mapping, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Sequence
 
 # The trainer flags that change which steps run and what they compute.
 STEP_FLAGS = ('--seed', '--deterministic', '--mode', '--eval_steps',
@@ -53,6 +53,11 @@ def DifferingKeys(every: Sequence[Mapping[str, str]]) -> List[str]:
   """Keys whose digest is not the same on every worker (or missing)."""
   keys = sorted(set().union(*[set(d) for d in every]))
   return [k for k in keys if len({d.get(k) for d in every}) > 1]
+
+
+def StepFlagValues(flag_values: Any) -> Dict[str, str]:
+  """{'--seed': '1234', ...}: the STEP_FLAGS of absl's FLAGS as text."""
+  return {f: str(flag_values[f.lstrip('-')].value) for f in STEP_FLAGS}
 
 
 def CheckAgreement(worker_index: int, num_workers: int,

@@ -107,6 +107,38 @@ class CheckpointsTest(tf.test.TestCase):
     self.assertIn(os.path.join(self.dir, 'ckpt-2.index'), self.log[1])
     self.assertIn('restored', self.log[2])
 
+  def testCorruptedNewestFallsBackToThePreviousOneNamingTheFile(self):
+    """Files of the right name and size whose bytes are damaged: a newest
+    index cut in half (TF cannot read its table), or a newest data file
+    with every byte flipped (same length: only the per-tensor checksums
+    in the index tell). Each time ckpt-2 is restored, all of it, and the
+    log names the damaged file, then the checkpoint restored."""
+    index = os.path.join(self.dir, 'ckpt-3.index')
+    data = os.path.join(self.dir, 'ckpt-3.data-00000-of-00001')
+    for damaged, how in ((index, 'is damaged'), (data, 'failed')):
+      with self.subTest(damaged=os.path.basename(damaged)):
+        shutil.rmtree(self.dir)
+        os.makedirs(self.dir)
+        del self.log[:]
+        self._SaveThree()
+        with open(damaged, 'rb') as f:
+          content = f.read()
+        with open(damaged, 'wb') as f:
+          if damaged == index:
+            f.write(content[:len(content) // 2])
+          else:
+            f.write(bytes(b ^ 0xFF for b in content))
+        path, model, step = self._Restore()
+        self.assertEqual((os.path.basename(path), step), ('ckpt-2', 2))
+        self.assertAllEqual(model.bias, [2., 2.])
+        self.assertAllEqual(model.layers['dense.1'].w, tf.fill([3, 2], 2.))
+        self.assertLen(self.log, 2, self.log)
+        self.assertIn(damaged, self.log[0])
+        self.assertIn(how, self.log[0])
+        self.assertIn('restored ' + os.path.join(self.dir, 'ckpt-2'),
+                      self.log[1])
+        self.assertIn('ckpt-3', self.log[1])
+
   def testNoUsableCheckpointRaisesAndNoCheckpointIsNone(self):
     self.assertIsNone(self._Restore()[0])
     self._SaveThree()

@@ -29,6 +29,46 @@ def _Config(workers=('h0:2222', 'h1:2222'), task_type='worker', index=0,
   return json.dumps(cfg)
 
 
+# What TF 2.21 raises when the registration does not complete (measured on
+# 127.0.0.1 with worker 1's port held by a program that answers HTTP/2 and
+# never registers): on the leader, its barrier's error...
+_LEADER_ERROR = (
+    'Barrier timed out. Id: [Init]Wait_for_all_tasks_to_register::0. This '
+    'usually happens because a task triggered the barrier too early or too '
+    'slowly. Please look at the task logs (both timed out and first task) '
+    'to debug further.\n# of tasks that reached the barrier: 1/3.\nThe first '
+    'task at the barrier: /job:worker/replica:0/task:0. Some timed out task '
+    'names:\n/job:worker/replica:0/task:2\n\nAdditional GRPC error '
+    'information from remote target /job:worker/replica:0/task:0 while '
+    'calling /tensorflow.CoordinationService/RegisterTask:\n')
+# ... and on a task whose leader does not answer.
+_TASK_ERROR = (
+    'Deadline Exceeded\nAdditional GRPC error information from remote '
+    'target /job:worker/replica:0/task:0 while calling '
+    '/tensorflow.CoordinationService/RegisterTask:\n:UNKNOWN:Error received '
+    'from peer  {grpc_message:"Deadline Exceeded", grpc_status:4}')
+
+
+class RegistrationErrorTest(unittest.TestCase):
+
+  def testNamesTheTasksTfReportsElseEveryPeer(self):
+    hosts = 'h0:2222,h1:2222,h2:2222'
+    end = (' connections but did not register within 5 s: is another program '
+           'using that port (a worker of another run, a stale process)? Stop '
+           'it or give the workers other ports and start every worker again, '
+           'or wait longer with --peer_wait_s')
+    leader = cluster.FromFlags(hosts, 0)
+    self.assertEqual(cluster.RegistrationError(leader, _LEADER_ERROR, 5),
+                     'worker[2] at h2:2222 accepts' + end)
+    self.assertEqual(
+        cluster.RegistrationError(cluster.FromFlags(hosts, 1), _TASK_ERROR,
+                                  5), 'worker[0] at h0:2222 accepts' + end)
+    self.assertEqual(
+        cluster.RegistrationError(leader, 'Deadline Exceeded', 5),
+        'worker[1] at h1:2222, worker[2] at h2:2222 accept' + end.replace(
+            ' within 5 s:', ' within 5 s (TF named no task):'))
+
+
 class ParseTfConfigTest(unittest.TestCase):
 
   def testWorkersOnlyWorkerZeroIsChief(self):

@@ -261,6 +261,60 @@ class ExportTest(tf.test.TestCase):
     self.assertGreater(np.max(np.abs(plain.numpy() -
                                      self._TrainerLogits(images))), 1e-3)
 
+  def _CsvRun(self, name, schedule):
+    """A logdir of the trained run whose params.txt has `schedule`."""
+    logdir = os.path.join(self.tmp, name)
+    shutil.copytree(os.path.join(self.logdir, 'checkpoints'),
+                    os.path.join(logdir, 'checkpoints'))
+    p = Tiny().ModelParams()
+    trainer_lib.ApplyOverrides(p, _OVERRIDE)
+    p.task.model.schedule = schedule
+    with open(os.path.join(logdir, 'params.txt'), 'w') as f:
+      f.write(p.ToText())
+    return logdir
+
+  def testCsvScheduleRunsExportWithoutTheFile(self):
+    """A run trained with schedule='z.csv' records the table itself
+    (trainer_lib.RecordCsvSchedules): it exports once the file is gone. A
+    run of before, whose params.txt names the path, fails naming the key
+    and the fix, then exports with the override naming a copy."""
+    table = '0F0,0F1,,,0B0,,0B1\r\n,1F0,1F1,1B0,,1B1\r\n'
+    path = os.path.join(self.tmp, 'z.csv')
+    with open(path, 'w', newline='') as f:
+      f.write(table)
+    p = Tiny().ModelParams()
+    p.task.model.schedule = path
+    self.assertEqual(trainer_lib.RecordCsvSchedules(p), [path])
+    recorded = p.task.model.schedule
+    self.assertEqual(recorded, 'csv:0F0,0F1,,,0B0,,0B1/,1F0,1F1,1B0,,1B1')
+    new_run = self._CsvRun('csv_new', recorded)
+    old_run = self._CsvRun('csv_old', path)
+    copy = os.path.join(self.tmp, 'copy_of_z.csv')
+    os.replace(path, copy)
+    quiet = lambda _: None  # pylint: disable=unnecessary-lambda-assignment
+    for logdir in (new_run, old_run):  # one device: no table needed
+      export.ExportRun(Tiny().ModelParams(), _KEY, logdir,
+                       os.path.join(logdir, 'one'), log_fn=quiet)
+    # Pipelined: the stages are placed as the table says.
+    export.ExportRun(Tiny().ModelParams(), _KEY, new_run,
+                     os.path.join(new_run, 'pipe'), log_fn=quiet,
+                     pipelined=True)
+    with self.assertRaisesRegex(
+        export.ExportError,
+        r"task.model.schedule='.*z.csv' \(.*params.txt\) cannot be read: "
+        r'.*--model_params_override="task.model.schedule=\'/path/to/'):
+      export.ExportRun(Tiny().ModelParams(), _KEY, old_run,
+                       os.path.join(old_run, 'pipe'), pipelined=True)
+    result = export.ExportRun(
+        Tiny().ModelParams(), _KEY, old_run, os.path.join(old_run, 'pipe'),
+        log_fn=quiet, pipelined=True,
+        params_override=f"task.model.schedule='{copy}'")
+    self.assertEqual((result.step, result.mode), (2, 'pipelined'))
+    with self.assertRaisesRegex(ValueError, 'model_params_override.*'
+                                'shedule'):
+      export.RunParams(Tiny().ModelParams(), old_run, _KEY,
+                       params_override="task.model.shedule='x.csv'")
+
   def testNonEmptyExportDirIsRefusedUnlessOverwrite(self):
     export_dir = os.path.join(self.tmp, 'taken')
     os.makedirs(export_dir)

@@ -4,7 +4,10 @@ MobileNetV2, ResNet50 and DenseNet121 (weights=None, 32x32x3, 10 classes),
 in float64, cut into K = 2 and 4 partitions with T = 4 micro-batches. The
 oracle is the same Keras model run by Keras on the same micro-batches in
 training mode (batch norm normalises each micro-batch with its own
-statistics) and on the whole batch in inference mode.
+statistics) and on the whole batch in inference mode. EfficientNetB0 (its
+Normalization adapted), EfficientNetV2B0 and ConvNeXtTiny with their
+default preprocessing, at K = 2: predict, to_keras and export against
+Keras' predict.
 """
 
 import os
@@ -30,6 +33,17 @@ _MODELS = {
     'ResNet50': lambda: keras.applications.ResNet50(
         weights=None, input_shape=SHAPE, classes=10),
     'DenseNet121': lambda: keras.applications.DenseNet121(
+        weights=None, input_shape=SHAPE, classes=10),
+}
+
+# Models with a Keras Normalization layer (keras.applications' default
+# preprocessing), whose mean and variance the pipeline passes as theta.
+_NORMALIZED = {
+    'EfficientNetB0': lambda: keras.applications.EfficientNetB0(
+        weights=None, input_shape=SHAPE, classes=10),
+    'EfficientNetV2B0': lambda: keras.applications.EfficientNetV2B0(
+        weights=None, input_shape=SHAPE, classes=10),
+    'ConvNeXtTiny': lambda: keras.applications.ConvNeXtTiny(
         weights=None, input_shape=SHAPE, classes=10),
 }
 
@@ -124,6 +138,34 @@ class KerasApplicationsTest(parameterized.TestCase, tf.test.TestCase):
     (key,) = serve.structured_input_signature[1]
     served = serve(**{key: tf.constant(part)})
     self.assertAllClose(list(served.values())[0], got, rtol=RTOL,
+                        atol=1e-12)
+
+  @parameterized.named_parameters(*[(name, name) for name in _NORMALIZED])
+  def testNormalizationStateEqualsKerasInPredictToKerasAndExport(self, name):
+    model = _NORMALIZED[name]()
+    norms = [l for l in model.layers
+             if isinstance(l, keras.layers.Normalization)]
+    self.assertLen(norms, 1)
+    if norms[0].input_mean is None:
+      # EfficientNetB0's Normalization is adapted (ImageNet weights carry
+      # its state); adapt it to data far from mean 0 / variance 1. The
+      # others are given their mean and variance by keras.applications.
+      norms[0].adapt(_Images(16, seed=5) * 0.3 + 0.6)
+    pm = keras_pipeline.TensorPipeModel(model, num_partitions=2,
+                                        num_micro_batches=T, batch_size=BATCH)
+    x = _Images(BATCH, seed=6) * 127.5 + 127.5  # pixels, as the models take
+    want = model.predict(x, batch_size=BATCH, verbose=0)
+    self.assertAllClose(pm.predict(x, batch_size=BATCH, verbose=0), want,
+                        rtol=RTOL, atol=1e-12)
+    self.assertAllClose(pm.to_keras().predict(x, batch_size=BATCH,
+                                              verbose=0), want, rtol=RTOL,
+                        atol=1e-12)
+    export_dir = os.path.join(self.get_temp_dir(), f'{name}_export')
+    pm.export(export_dir)
+    serve = tf.saved_model.load(export_dir).signatures['serving_default']
+    (key,) = serve.structured_input_signature[1]
+    served = serve(**{key: tf.constant(x)})
+    self.assertAllClose(list(served.values())[0], want, rtol=RTOL,
                         atol=1e-12)
 
 

@@ -185,6 +185,37 @@ class GraphReadingTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, 'num_micro_batches=0'):
       keras_pipeline.TensorPipeModel(_Chain(), 2, 0)
 
+  def testOpsReducingOverTheBatchWarnOnceNamingTheNode(self):
+    kw = dict(dtype='float64')
+    x = keras.Input((5,), name='x', **kw)
+    h = keras.layers.Dense(5, 'tanh', kernel_initializer=_Init(1),
+                           name='h', **kw)(x)
+    # Per example (axis -1): no warning. Over the batch: one each.
+    h = h - keras.ops.max(h, axis=-1, keepdims=True)
+    mixed = h - keras.ops.mean(h, axis=0) + keras.ops.sum(h)
+    model = keras.Model(x, keras.layers.Dense(2, name='out', **kw)(mixed))
+    graph = keras_graph.ReadGraph(model.get_config())
+    mixing = keras_graph.BatchMixingOps(graph, keras_graph.Analyse(graph))
+    self.assertEqual([(m.op, m.axis) for m in mixing],
+                     [('Mean', 0), ('Sum', None)])
+    with self.assertLogs('absl', 'WARNING') as logs:
+      pm = keras_pipeline.TensorPipeModel(model, num_partitions=2,
+                                          num_micro_batches=T,
+                                          batch_size=BATCH, cut_after=['h'])
+    self.assertLen(logs.output, 2)
+    self.assertRegex(logs.output[0], f"node '{mixing[0].layer}'.*Mean, "
+                     'axis=0.*per micro-batch')
+    xs = _Inputs(BATCH, width=5, names=('x',))
+    # What it warns of: predictions differ from Keras'.
+    self.assertNotAllClose(pm.predict(xs[0], batch_size=BATCH, verbose=0),
+                           model.predict(xs[0], batch_size=BATCH, verbose=0))
+    with self.assertNoLogs('absl', 'WARNING'):  # once per process
+      keras_pipeline.TensorPipeModel(model, num_partitions=2,
+                                     num_micro_batches=T, batch_size=BATCH,
+                                     cut_after=['h'])
+      keras_pipeline.TensorPipeModel(_Chain(), num_partitions=2,
+                                     num_micro_batches=T, batch_size=BATCH)
+
 
 class ParamsBeforeDevicesTest(tf.test.TestCase):
 
@@ -312,6 +343,65 @@ class GraphPipelineTest(tf.test.TestCase):
     self.assertAllEqual(frozen.moving_mean.numpy(), before['frozen/2'])
     self.assertAllEqual(frozen.moving_variance.numpy(), before['frozen/3'])
     self.assertNotAllClose(bn.moving_mean.numpy(), before['bn/2'])
+
+  def testOutputMadeBeforeTheLastCutIsCarriedAcrossIt(self):
+    kw = dict(dtype='float64')
+    x = keras.Input((5,), name='x', **kw)
+    a = keras.layers.Dense(5, 'tanh', kernel_initializer=_Init(1),
+                           name='a', **kw)(x)
+    early = keras.layers.Dense(2, kernel_initializer=_Init(2), name='early',
+                               **kw)(a)
+    b = keras.layers.Dense(5, 'tanh', kernel_initializer=_Init(3),
+                           name='b', **kw)(a)
+    late = keras.layers.Dense(3, kernel_initializer=_Init(4), name='late',
+                              **kw)(b)
+    model = keras.Model(x, [early, late])
+    pm = keras_pipeline.TensorPipeModel(
+        model, num_partitions=3, num_micro_batches=T, batch_size=BATCH,
+        cut_after=['b', 'early'])
+    plan = pm.graph_pipeline.plan
+    # Node order a, b, early, late (Keras' config lists layers by depth):
+    # 'early' is made in the middle segment and read by no later node; it
+    # crosses the last cut because it is an output.
+    self.assertEqual([n.layer for n in pm.graph_pipeline.graph.nodes],
+                     ['a', 'b', 'early', 'late'])
+    self.assertEqual(plan.boundaries[-1], ('t_b__0_0', 't_early__0_0'))
+    xs = _Inputs(BATCH, width=5, names=('x',))
+    for g, w in zip(pm.predict(xs[0], batch_size=BATCH, verbose=0),
+                    model.predict(xs[0], batch_size=BATCH, verbose=0)):
+      self.assertAllClose(g, w, rtol=RTOL, atol=0)
+
+  def testCallsModeReplacesARecordedTrainingFalseAsInKeras(self):
+    # Keras 3.15: fit and `model(x, training=True)` pass training=True to
+    # every node, replacing a recorded training=False (functional.py,
+    # operation_fn); `model(x)` and predict keep it off. A trainable batch
+    # norm and a dropout recorded with training=False.
+    kw = dict(dtype='float64')
+    x = keras.Input((6,), name='x', **kw)
+    h = keras.layers.Dense(6, kernel_initializer=_Init(1), name='h',
+                           **kw)(x)
+    bn = keras.layers.BatchNormalization(name='bn', **kw)(h, training=False)
+    drop = keras.layers.Dropout(0.5, name='drop', **kw)(bn, training=False)
+    model = keras.Model(x, drop)
+    self.assertTrue(model.get_layer('bn').trainable)
+    xs = _Inputs(BATCH, names=('x',))
+    dropped = model(xs[0], training=True).numpy() == 0
+    self.assertBetween(dropped.mean(), 0.2, 0.8)  # Keras' dropout is on
+    # Keras' batch norm output in training mode (per micro-batch
+    # statistics), before the dropout, whose masks differ from Keras'.
+    normed = _OracleForward(keras.Model(x, bn), xs, T)[0].numpy()
+    pm = keras_pipeline.TensorPipeModel(
+        model, num_partitions=2, num_micro_batches=T, batch_size=BATCH,
+        cut_after=['bn'])
+    # Inference: moving averages, no dropout, in Keras and the pipeline.
+    self.assertAllClose(pm(xs[0]), model(xs[0]), rtol=RTOL, atol=0)
+    self.assertAllClose(pm.predict(xs[0], batch_size=BATCH, verbose=0),
+                        model.predict(xs[0], batch_size=BATCH, verbose=0),
+                        rtol=RTOL, atol=0)
+    got = pm(xs[0], training=True).numpy()  # moves the moving averages
+    kept = got != 0
+    self.assertBetween(kept.mean(), 0.2, 0.8)  # the dropout is on
+    self.assertAllClose(got[kept], 2 * normed[kept], rtol=RTOL, atol=0)
 
   def testCheckpointKeysDoNotDependOnK(self):
     model = _Rich()

@@ -143,9 +143,11 @@ class PartialBatchTest(tf.test.TestCase):
     pipe = _Compile(keras_pipeline.TensorPipeModel(
         model, num_partitions=2, num_micro_batches=T, batch_size=16))
     x, y = keras_testlib.Batch(40, seed=3)
-    pipe.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    history = pipe.fit(x, y, batch_size=16, epochs=1, shuffle=False,
+                       verbose=0).history['loss']
     seeds = keras_testlib.DropoutSeeds(pipe.pipeline)
     ref_model = keras_testlib.MakeSequential()
+    losses, rows = [], []
     # Steps of 16 (pipelined, T micro-batches), 16, and 8 rows (one).
     for step, (start, size, t) in enumerate([(0, 16, T), (16, 16, T),
                                              (32, 8, 1)]):
@@ -153,6 +155,13 @@ class PartialBatchTest(tf.test.TestCase):
           ref_model, x[start:start + size], y[start:start + size], t, step,
           seeds)
       keras_testlib.SgdStep(ref_model, ref.grads, ref.moving, 0.125)
+      losses.append(ref.loss)
+      rows.append(size)
+    # The epoch's loss is the mean over rows, as Keras logs it: each batch's
+    # loss weighted by its rows (the plain mean of the three is 2% off).
+    weighted = float(np.dot(losses, rows) / np.sum(rows))
+    self.assertGreater(abs(np.mean(losses) - weighted), 1e-3 * weighted)
+    test_utils.AssertAllCloseScaled(self, history, [weighted], LOGGED_RTOL)
     theirs = keras_testlib.KerasPath(ref_model)
     for name, var in keras_testlib.PipelineVariables(pipe.pipeline).items():
       _Close(self, var, theirs[name].numpy(), name)

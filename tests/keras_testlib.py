@@ -210,3 +210,60 @@ def Keras2Dense(units: int = 3):
   """A tf_keras (Keras 2) Dense layer."""
   import tf_keras  # pylint: disable=g-import-not-at-top
   return tf_keras.layers.Dense(units)
+
+
+# -- custom layers as keras.io writes them (no build(); sublayers made in
+# __init__ and built by their first call), registered as the README asks --
+
+
+@keras.saving.register_keras_serializable(package='keras_testlib')
+class TokenAndPositionEmbedding(keras.layers.Layer):
+  """keras.io "Text classification with Transformer": token + position."""
+
+  def __init__(self, maxlen, vocab_size, embed_dim, **kwargs):
+    super().__init__(**kwargs)
+    self.maxlen, self.vocab_size, self.embed_dim = maxlen, vocab_size, (
+        embed_dim)
+    self.token_emb = keras.layers.Embedding(vocab_size, embed_dim,
+                                            dtype=self.dtype_policy)
+    self.pos_emb = keras.layers.Embedding(maxlen, embed_dim,
+                                          dtype=self.dtype_policy)
+
+  def call(self, x):
+    positions = self.pos_emb(keras.ops.arange(0, keras.ops.shape(x)[-1]))
+    return self.token_emb(x) + positions
+
+  def get_config(self):
+    return dict(super().get_config(), maxlen=self.maxlen,
+                vocab_size=self.vocab_size, embed_dim=self.embed_dim)
+
+
+@keras.saving.register_keras_serializable(package='keras_testlib')
+class TransformerBlock(keras.layers.Layer):
+  """keras.io "Text classification with Transformer", with a batch norm.
+
+  Its `call` takes no `training`: the mode reaches the Dropout and the
+  BatchNormalization inside through Keras' call context.
+  """
+
+  def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1, **kwargs):
+    super().__init__(**kwargs)
+    self.embed_dim, self.num_heads, self.ff_dim, self.rate = (
+        embed_dim, num_heads, ff_dim, rate)
+    kw = dict(dtype=self.dtype_policy)
+    self.att = keras.layers.MultiHeadAttention(num_heads, embed_dim, **kw)
+    self.ffn = keras.Sequential([
+        keras.layers.Dense(ff_dim, activation='relu', **kw),
+        keras.layers.Dense(embed_dim, **kw)])
+    self.layernorm1 = keras.layers.LayerNormalization(epsilon=1e-6, **kw)
+    self.norm2 = keras.layers.BatchNormalization(momentum=MOMENTUM, **kw)
+    self.dropout1 = keras.layers.Dropout(rate, **kw)
+
+  def call(self, inputs):
+    attn = self.dropout1(self.att(inputs, inputs))
+    out1 = self.layernorm1(inputs + attn)
+    return self.norm2(out1 + self.ffn(out1))
+
+  def get_config(self):
+    return dict(super().get_config(), embed_dim=self.embed_dim,
+                num_heads=self.num_heads, ff_dim=self.ff_dim, rate=self.rate)

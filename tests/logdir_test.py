@@ -94,8 +94,26 @@ class LogdirLockTest(unittest.TestCase):
     a_file = os.path.join(parent, 'a_file')
     with open(a_file, 'w') as f:
       f.write('x')
-    with self.assertRaises(NotADirectoryError):
-      logdir_lib.LogdirLock(os.path.join(a_file, 'logdir')).Acquire()
+    below = os.path.join(a_file, 'logdir')
+    with self.assertRaisesRegex(
+        NotADirectoryError, rf'^logdir {below} is below a file, not a '
+        "folder: pass a new folder or a trainer's logdir as --logdir$"):
+      logdir_lib.LogdirLock(below).Acquire()
+    with self.assertRaisesRegex(
+        FileExistsError, rf'^logdir {a_file} is a file, not a folder: pass '
+        "a new folder or a trainer's logdir as --logdir$"):
+      logdir_lib.LogdirLock(a_file).Acquire()
+
+  def testReadOnlyLogdirIsOneLineWithTheFix(self):
+    os.makedirs(self.logdir)
+    # What open() raises in a read-only folder (root would write anyway).
+    denied = PermissionError(errno.EACCES, 'Permission denied')
+    with mock.patch.object(os, 'open', side_effect=denied), \
+        self.assertRaisesRegex(
+        PermissionError, rf'^logdir {self.logdir} cannot be written '
+        r'\(Permission denied\): pass a folder you can write to as '
+        rf'--logdir, or make it writable \(chmod u\+w {self.logdir}\)$'):
+      logdir_lib.LogdirLock(self.logdir).Acquire()
 
   def testWithoutFlockTheRecordDecides(self):
     no_flock = OSError(errno.ENOLCK, 'No locks available')
@@ -198,6 +216,24 @@ class ParamsHistoryTest(unittest.TestCase):
         'task.max_steps_x : 1\n', 'task.max_steps_x : 2\n',
         ignore_run_length=True))
     self.assertIn('max_steps: 20 -> 40', logdir_lib.ParamsDiff(v1, v2))
+
+  def testChangedCsvScheduleIsLoggedInOneShortLine(self):
+    """A resume whose CSV schedule file changed: the trainer records the
+    table (trainer_lib.RecordCsvSchedules), so the change is logged and the
+    former params kept; the line tells the tables apart without pasting
+    them."""
+    row = ','.join(f'0F{t}' for t in range(40))
+    v1 = f"name : 'Exp'\ntask.model.schedule : 'csv:{row}/{row}'\n"
+    v2 = v1.replace('0F39', '0F38')
+    logdir_lib.WriteParams(self.logdir, v1, 0, self.log.append)
+    diff = logdir_lib.WriteParams(self.logdir, v2, 20, self.log.append)
+    self.assertEqual(self._Files(), ['params.20.txt', 'params.txt'])
+    (line,) = diff.splitlines()
+    self.assertRegex(line, r"^  task.model.schedule: 'csv:0F0,0F1,.*\.\.\. "
+                     r'\(\d+ characters, sha256 (\w{8})\) -> .* sha256 '
+                     r'(?!\1)\w{8}\)$')
+    self.assertLess(len(line), 200)
+    self.assertIn(line, self.log[0])
 
   def testReadExperimentName(self):
     self.assertIsNone(logdir_lib.ReadExperimentName(self.logdir))

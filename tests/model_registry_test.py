@@ -48,6 +48,19 @@ class ModelRegistryTest(unittest.TestCase):
     with self.assertRaisesRegex(ValueError, 'no experiment registered'):
       model_registry.GetClass('nothing.like.this')
 
+  def testKeyWithoutItsModuleOrWithASpaceSuggestsTheReadmesAlias(self):
+    """--model=Consistency16 (the README's name without its module) and a
+    key with a trailing space: the suggestion is the key to type."""
+    for key in ('Consistency16', 'consistency.Consistency16 ',
+                'consistency16'):
+      with self.assertRaisesRegex(
+          ValueError, r"^no experiment registered as '[\w.]+ ?'"
+          r"(?P<space> \(it has spaces around it; drop them\))?\. Did you "
+          "mean 'consistency.Consistency16'"):
+        model_registry.GetClass(key)
+    with self.assertRaisesRegex(ValueError, r"' \(it has spaces around"):
+      model_registry.GetClass('consistency.Consistency16 ')
+
   def testDuplicateKeyRaises(self):
     first = type('Dup', (_Exp,), {'__module__': 'params.fake_mod'})
     self.addCleanup(model_registry._registry.pop, 'fake_mod.Dup', None)  # pylint: disable=protected-access

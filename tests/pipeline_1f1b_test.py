@@ -26,8 +26,8 @@ from tensorpipe import base_layer
 from tensorpipe import pipeline
 from tensorpipe import pipeline_1f1b
 from tensorpipe import py_utils
+from tensorpipe import schedule_builders
 from tensorpipe import schedule_program
-from tensorpipe import schedules
 from tensorpipe import tasks
 from tensorpipe import test_utils
 from tensorpipe import timeline
@@ -285,7 +285,7 @@ class SlotBoundTest(tf.test.TestCase):
     # and keeps nothing. GPipe would keep T (+1) per partition.
     self.assertEqual(_SlotListsByWidth(4, 8), {6: [3], 7: [2], 8: [1]})
     self.assertEqual(_SlotListsByWidth(4, 2), {6: [2], 7: [2], 8: [1]})
-    program = schedule_program.Compile(schedules.Build('1f1b', 4, 8))
+    program = schedule_program.Compile(schedule_builders.Build('1f1b', 4, 8))
     self.assertEqual(program.num_slots, [0, 3, 2, 1])
 
 
@@ -297,9 +297,10 @@ class SteadyLoopTest(tf.test.TestCase):
     for k_total in range(1, 6):
       for t_total in range(1, 10):
         case = (k_total, t_total)
-        ticks = schedules.OneFOneBNumClockTicks(k_total, t_total)
-        program = schedule_program.Compile(
-            schedules.Build('1f1b', k_total, t_total))
+        table = schedule_builders.Build('1f1b', k_total, t_total)
+        ticks = 2 * (t_total + k_total - 1)
+        self.assertEqual(table.num_ticks, ticks, case)
+        program = schedule_program.Compile(table)
         loops = program.loops
         self.assertEqual(loops[0].first, 0, case)
         self.assertEqual(loops[-1].end, ticks, case)
@@ -319,14 +320,13 @@ class SteadyLoopTest(tf.test.TestCase):
         self.assertEqual((end - first) % 2, 0, case)
         for c in range(first, end):
           for k in range(k_total):
-            op, _ = schedules.OneFOneBCell(c, k, k_total, t_total)
-            self.assertNotEqual(op, schedules.IDLE, (case, c, k))
+            action = table.grid[k][c]
+            self.assertIsNotNone(action, (case, c, k))
             cell = program.cells[k][ops[(c - first) % 2][k] - 1]
-            self.assertEqual(cell, ('F' if op == schedules.FORWARD else 'B',
-                                    k), (case, c, k))
+            self.assertEqual(cell, (action.op, k), (case, c, k))
     self.assertEqual(
         [tuple(x) for x in schedule_program.Compile(
-            schedules.Build('1f1b', 2, 8), one_loop=True).loops],
+            schedule_builders.Build('1f1b', 2, 8), one_loop=True).loops],
         [(0, 18, ())])
 
   def testSteadyLoopBodyHasNoSwitch(self):
@@ -548,7 +548,8 @@ class BadInputTest(tf.test.TestCase):
   def testUnknownScheduleRaises(self):
     with self.assertRaisesRegex(ValueError, r"schedule='pipedream' is not "
                                 r"one of \['1f1b', 'gpipe', .*"
-                                r"'interleaved_1f1b'.*schedules.Register"):
+                                r"'interleaved_1f1b'.*"
+                                r'schedule_builders.Register'):
       self._Pipe(schedule='pipedream')
 
   def testSplitBackwardWithPairwiseSumRaises(self):
@@ -593,6 +594,28 @@ class BadInputTest(tf.test.TestCase):
     with py_utils.EvalMode():
       self.assertAllEqual(pipe.FPropDefaultTheta(_Images()),
                           gpipe.FPropDefaultTheta(_Images()))
+
+  def testCsvTableIsNamedByALabelNotPasted(self):
+    zb = 'csv:' + schedule_builders.Build('zb_h1', 2, 4).ToCsv().replace(
+        '\r\n', '/').rstrip('/')
+    with self.assertRaisesRegex(ValueError, r"schedule='csv table \(2 rows\)'"
+                                ' splits the backward pass') as ctx:
+      self._Pipe(schedule=zb, num_micro_batches=4, grad_sum='pairwise',
+                 input_shapes=[[4 * BATCH, 8, 8, 2]])
+    self.assertNotIn('csv:', str(ctx.exception))
+    one = 'csv:' + schedule_builders.Build('1f1b', 2, 2).ToCsv().replace(
+        '\r\n', '/').rstrip('/')
+    pipe = self._Pipe(schedule=one)
+    with self.assertRaisesRegex(ValueError, r"schedule='csv table \(2 rows\)'"
+                                '.*call FPropLoss') as ctx:
+      with py_utils.TrainingMode(True):
+        pipe.FPropDefaultTheta(_Images())
+    self.assertNotIn('csv:', str(ctx.exception))
+    # The layer's T is the range a CSV cell is checked against.
+    with self.assertRaisesRegex(ValueError, r'column 1: 0F99999999: '
+                                r'micro-batch 99999999 is not in \[0, 2\); '
+                                r'use micro-batches 0 \.\. 1$'):
+      self._Pipe(schedule='csv:0F0,0F99999999,0B0,0B1/1F0,1B0,1F1,1B1')
 
   def testFPropLossOnGPipeRaises(self):
     pipe = self._Pipe(schedule='gpipe')

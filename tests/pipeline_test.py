@@ -11,7 +11,7 @@ from tensorflow.python.autograph.impl import api as autograph_api
 import tensorpipe
 from tensorpipe import base_layer
 from tensorpipe import py_utils
-from tensorpipe import schedules
+from tensorpipe import schedule_builders
 from tensorpipe import test_utils
 from tensorpipe import timeline
 from tensorpipe.layers import composite
@@ -304,6 +304,62 @@ class BatchNormStatsTest(tf.test.TestCase):
     self.assertAllClose(bn.vars.moving_variance,
                         0.9 + 0.1 * h.var(axis=0), rtol=1e-5)
 
+  def testMovingStatsEqualTheMicroBatchOracleUnderEveryRecomputeImpl(self):
+    """Both partitions normalise (two batch norms); a step updates each
+    moving average once, from the statistics of the T micro-batches, as
+    the unpipelined layers give them run on each micro-batch and merged
+    (count, sum and sum of squares add). With recompute_impl=
+    'tf_recompute_grad' bubble ticks run a stage on a clamped micro-batch
+    and must add nothing (schedule_engine: masked bubbles); float64, so
+    only the order of the sums differs."""
+    decay = 0.9
+    fc = linear.FCLayer.Params
+    bn = normalization.BatchNormLayer.Params
+    layer_ps = [fc().Set(name='fc0', input_dim=3, output_dim=4,
+                         activation='NONE'),
+                bn().Set(name='bn0', dim=4, decay=decay),
+                fc().Set(name='fc1', input_dim=4, output_dim=3),
+                bn().Set(name='bn1', dim=3, decay=decay)]
+    layer_ps = [lp.Copy().Set(dtype=tf.float64) for lp in layer_ps]
+    t, size = 4, 4
+    x = tf.random.stateless_normal([t * size, 3], seed=[4, 2],
+                                   dtype=tf.float64) * 3.0 + 1.0
+    ref = Sequential(layer_ps)
+    # The oracle: each micro-batch through the unpipelined layers.
+    merged = {}
+    with py_utils.TrainingMode(True), py_utils.CollectBatchStats() as got:
+      for m in range(t):
+        ref.FPropDefaultTheta(x[m * size:(m + 1) * size])
+    for layer, stats in got:
+      name = layer.params.name
+      merged[name] = stats.Merge(merged[name]) if name in merged else stats
+    self.assertEqual(sorted(merged), ['bn0', 'bn1'])
+    want = {}
+    for name, stats in merged.items():
+      mean, var = (v.numpy() for v in stats.MeanAndVariance())
+      want[name] = ((1 - decay) * mean, decay + (1 - decay) * var)
+    for impl in ('explicit', 'tf_recompute_grad'):
+      with self.subTest(recompute_impl=impl):
+        pipe = Pipe(layers=layer_ps, num_partitions=2, num_micro_batches=t,
+                    input_shapes=[[t * size, 3]], recompute_impl=impl)
+        self.assertEqual([[layer.params.name for layer in part]
+                          for part in pipe.PartitionLayers()],
+                         [['fc0', 'bn0'], ['fc1', 'bn1']])
+        ref_vars = test_utils.VariablesByName(ref)
+        for name, var in test_utils.VariablesByName(pipe).items():
+          var.assign(ref_vars[name])
+        with py_utils.TrainingMode(True):
+          test_utils.LossAndGrads(pipe, MeanLoss, x)
+        for layer in (pipe.PartitionLayers()[0][1],
+                      pipe.PartitionLayers()[1][1]):
+          mean, var = want[layer.params.name]
+          test_utils.AssertAllCloseScaled(
+              self, layer.vars.moving_mean, mean, 1e-12,
+              msg=f'{impl}: {layer.params.name} moving_mean')
+          test_utils.AssertAllCloseScaled(
+              self, layer.vars.moving_variance, var, 1e-12,
+              msg=f'{impl}: {layer.params.name} moving_variance')
+
   def testEvalDoesNotUpdateMovingStats(self):
     pipe = Pipe(layers=[normalization.BatchNormLayer.Params().Set(
         name='bn', dim=2)], num_micro_batches=2)
@@ -492,7 +548,7 @@ class RecordMicroBatchLayer(base_layer.BaseLayer):
 
 
 class ScheduleTest(tf.test.TestCase):
-  """The loops run the cells of schedules.py's generators, tick by tick."""
+  """The loops run the cells of the gpipe table, tick by tick."""
 
   def _CellsRun(self, k, t):
     """{(phase, tick, micro-batch seen, partition)} of an eager step."""
@@ -518,15 +574,15 @@ class ScheduleTest(tf.test.TestCase):
       cells.add((runs[0].phase, runs[0].tick, seen, part))
     return cells
 
-  def testLoopsRunTheGeneratorsCells(self):
+  def testLoopsRunTheGPipeTablesCells(self):
     for k, t in [(1, 3), (2, 1), (2, 4), (3, 2), (4, 5)]:
       with self.subTest(k=k, t=t):
-        want = {('forward', c, tt, kk) for c, ticks in
-                enumerate(schedules.GPipeClockCycles(k, t))
-                for tt, kk in ticks}
-        want |= {('recompute', c, tt, kk) for c, ticks in
-                 enumerate(schedules.GPipeBackwardClockCycles(k, t))
-                 for tt, kk in ticks}
+        # The table's F ticks, then its B ticks (each pass's own tick).
+        table = schedule_builders.Build('gpipe', k, t)
+        span = table.num_ticks // 2
+        want = {('forward' if c < span else 'recompute', c % span,
+                 a.micro_batch, a.stage)
+                for row in table.grid for c, a in enumerate(row) if a}
         self.assertEqual(self._CellsRun(k, t), want)
 
 

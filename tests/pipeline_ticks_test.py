@@ -25,9 +25,9 @@ from tensorpipe import base_experiment
 from tensorpipe import lr_schedules
 from tensorpipe import optimizers
 from tensorpipe import py_utils
+from tensorpipe import schedule_builders
 from tensorpipe import schedule_engine
 from tensorpipe import schedule_program
-from tensorpipe import schedules
 from tensorpipe import synthetic_input
 from tensorpipe import tasks
 from tensorpipe import test_utils
@@ -90,8 +90,9 @@ class TickLoopsTest(tf.test.TestCase):
       for k_total in range(1, 6):
         for t_total in range(1, 10):
           case = (unroll, k_total, t_total)
-          span = schedules.NumClockTicks(k_total, t_total)
-          table = schedules.Build('gpipe', k_total, t_total)
+          table = schedule_builders.Build('gpipe', k_total, t_total)
+          span = table.num_ticks // 2   # F ticks, then as many B ticks
+          self.assertEqual(span, t_total + k_total - 1)
           branch = schedule_program.Compile(table).branch
           for first in (0, span):  # the forward pass, the backward pass
             loops = schedule_program.Loops(branch, first, first + span,
@@ -125,11 +126,11 @@ class TickLoopsTest(tf.test.TestCase):
                                if all_busy >= unroll else all_busy, case)
 
   def testOneLoopWhenAskedOrWhenNoTickIsBusy(self):
-    branch = schedule_program.Compile(schedules.Build('gpipe', 3, 8)).branch
+    branch = schedule_program.Compile(schedule_builders.Build('gpipe', 3, 8)).branch
     self.assertEqual(schedule_program.Loops(branch, 0, 10, one_loop=True,
                                             unroll_ticks=2),
                      [schedule_program.Loop(0, 10, ())])
-    branch = schedule_program.Compile(schedules.Build('gpipe', 4, 2)).branch
+    branch = schedule_program.Compile(schedule_builders.Build('gpipe', 4, 2)).branch
     self.assertEqual(schedule_program.Loops(branch, 0, 5, unroll_ticks=2),
                      [schedule_program.Loop(0, 5, ())])
 
@@ -248,7 +249,7 @@ class TickLoopsTest(tf.test.TestCase):
                    for ops in bodies.values())
     # Each ramp body holds one cond per partition that idles on some of its
     # ticks and works on others; the two steady bodies hold none.
-    branch = schedule_program.Compile(schedules.Build('gpipe', 3, 8)).branch
+    branch = schedule_program.Compile(schedule_builders.Build('gpipe', 3, 8)).branch
     want = []
     for first in (0, 10):
       for loop in schedule_program.Loops(branch, first, first + 10,

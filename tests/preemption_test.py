@@ -3,6 +3,7 @@
 import io
 import os
 import signal
+import threading
 import unittest
 
 from tensorpipe import preemption
@@ -26,6 +27,18 @@ class StopSignalsTest(unittest.TestCase):
     self.assertIn('trainer: stopped by SIGTERM before the first step',
                   self.out.getvalue())
 
+  def testTheUnarmedLineSaysWhatTheRunDoes(self):
+    """--mode=eval never trains: its line must not speak of a first step."""
+    exits, out = [], io.StringIO()
+    stop = preemption.StopSignals(out=out, exit_fn=exits.append,
+                                  unarmed='during --mode=eval: ...')
+    stop.Install()
+    self.addCleanup(stop.Uninstall)
+    os.kill(os.getpid(), signal.SIGINT)
+    self.assertEqual(exits, [130])
+    self.assertEqual(out.getvalue(),
+                     'trainer: stopped by SIGINT during --mode=eval: ...\n')
+
   def testArmedSignalAsksForAStopAndASecondExitsAtOnce(self):
     stop = self._Stop()
     stop.Arm()
@@ -39,6 +52,30 @@ class StopSignalsTest(unittest.TestCase):
     self.assertEqual(self.exits, [143])
     self.assertIn('second signal (SIGTERM): exiting at once',
                   self.out.getvalue())
+
+  def testHeldSignalWaitsForReleaseAndLaterThreadsNeverTakeIt(self):
+    """What the trainer does around a cluster's registration, where TF's
+    C++ call holds the GIL and its preemption notifier replaces the
+    handler: a thread started while held (as TF's are) blocks the signals
+    too, and a signal sent meanwhile acts on Release."""
+    stop = self._Stop()
+    stop.Hold()
+    self.addCleanup(stop.Release)
+    masks = []
+    thread = threading.Thread(target=lambda: masks.append(
+        signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+    thread.start()
+    thread.join()
+    self.assertLessEqual({signal.SIGTERM, signal.SIGINT}, masks[0])
+    # To this thread: pytest's timeout thread would take a signal sent to
+    # the process (in the trainer, every thread is started while held).
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    self.assertEqual(self.exits, [])
+    self.assertIn(signal.SIGTERM, signal.sigpending())
+    stop.Release()
+    self.assertEqual(self.exits, [143])
+    self.assertNotIn(signal.SIGTERM, signal.pthread_sigmask(signal.SIG_BLOCK,
+                                                            []))
 
   def testUninstallRestoresTheHandlers(self):
     before = signal.getsignal(signal.SIGTERM)

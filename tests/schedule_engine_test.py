@@ -3,7 +3,9 @@
 Interleaved 1F1B (v = 2 stages per device, round-robin) and a table the user
 registers run on the engine and train bit for bit what GPipe trains on the
 same stages: the engine relabels micro-batches so that every stage sums its
-weight gradients in GPipe's backward order (schedule_program.Labels).
+weight gradients in GPipe's backward order (schedule_program.Labels). The
+zero-bubble schedules (ZB-H1, ZB-V) are also checked against the float64
+micro-batch oracle, and their I-to-W stash slots against a literal table.
 """
 
 import os
@@ -17,7 +19,9 @@ from tensorpipe import schedule_program
 from tensorpipe import schedules
 from tensorpipe import test_utils
 from tensorpipe import timeline
+from tensorpipe.layers import dropout
 from tensorpipe.layers import linear
+from tensorpipe.layers import normalization
 from tensorpipe.schedules import Action
 
 test_utils.ConfigureTestDevices()
@@ -34,7 +38,7 @@ class CompileTest(tf.test.TestCase):
     #   tick    0   1   2   3   4   5   6   7
     #   dev 0   0F0 0F1 .   0B0 0F2 0B1 .   0B2
     #   dev 1   .   1F0 1B0 1F1 1B1 1F2 1B2 .
-    program = schedule_program.Compile(schedules.Build('1f1b', 2, 3))
+    program = schedule_program.Compile(schedule_builders.Build('1f1b', 2, 3))
     self.assertEqual(program.cells, [[('F', 0), ('B', 0)],
                                      [('F', 1), ('B', 1)]])
     self.assertEqual(program.branch, [[1, 1, 0, 2, 1, 2, 0, 2],
@@ -51,7 +55,7 @@ class CompileTest(tf.test.TestCase):
 
   def testGPipeTableKeepsItsLabels(self):
     # GPipe's backward runs T-1 .. 0 already.
-    program = schedule_program.Compile(schedules.Build('gpipe', 2, 3))
+    program = schedule_program.Compile(schedule_builders.Build('gpipe', 2, 3))
     self.assertEqual(program.real, [0, 1, 2])
     self.assertEqual(program.num_slots, [0, 3])
 
@@ -69,7 +73,7 @@ class CompileTest(tf.test.TestCase):
     self.assertEqual(ring.depth, 2)
 
   def testInterleavedPlanAndRings(self):
-    table = schedules.Build('interleaved_1f1b', 2, 4, 2)
+    table = schedule_builders.Build('interleaved_1f1b', 2, 4, 2)
     program = schedule_program.Compile(table)
     self.assertEqual(program.stage_device, [0, 1, 0, 1])
     self.assertEqual(program.cells[0], [('F', 0), ('F', 2), ('B', 2),
@@ -89,18 +93,29 @@ class CompileTest(tf.test.TestCase):
           self.assertLessEqual(read, f_s[j + ring.depth][0])
         self.assertEqual(ring.write[c], ring.read[read])
 
-  def testZeroBubbleStashSlots(self):
-    # ZB-H1, K=2, T=2: each I keeps its (x, dz) for its W in a stash slot.
-    table = schedules.Build('zb_h1', 2, 2)
+  def testZeroBubbleStashSlotsLiteral(self):
+    # ZB-H1, K=2, T=2 (schedule_builders.Build('zb_h1', 2, 2).Grid()):
+    #   tick    0   1   2   3   4   5   6
+    #   dev 0   0F0 0F1 .   0I0 0W0 0I1 0W1
+    #   dev 1   .   1F0 1I0 1F1 1I1 1W0 1W1
+    # Each I keeps its (x, dz) for its W from the I tick to the W tick:
+    # stage 0 holds 0I0 on ticks 3-4 and 0I1 on ticks 5-6, so slot 0 is
+    # free again for micro-batch 1 (one slot); stage 1 holds 1I0 on ticks
+    # 2-5 while 1I1 writes on tick 4, so micro-batch 1 takes slot 1 (two).
+    table = schedule_builders.Build('zb_h1', 2, 2)
+    # ((stage, micro-batch), slot)
+    self.assertEqual(sorted(table.Stash().items()),
+                     [((0, 0), 0), ((0, 1), 0), ((1, 0), 0), ((1, 1), 1)])
+    self.assertEqual(table.StashSlots(), {0: 1, 1: 2})
     program = schedule_program.Compile(table)
-    self.assertEqual(program.cells[0], [('F', 0), ('I', 0), ('W', 0)])
-    self.assertEqual(program.num_stash, [table.StashSlots()[0],
-                                         table.StashSlots()[1]])
-    for d, row in enumerate(table.grid):
-      for c, a in enumerate(row):
-        if a and a.op in 'IW':
-          self.assertEqual(program.stash[d][c],
-                           table.Stash()[(a.stage, a.micro_batch)])
+    self.assertEqual(program.cells, [[('F', 0), ('I', 0), ('W', 0)],
+                                     [('F', 1), ('I', 1), ('W', 1)]])
+    self.assertEqual(program.branch, [[1, 1, 0, 2, 3, 2, 3],
+                                      [0, 1, 2, 1, 2, 3, 3]])
+    self.assertEqual(program.num_stash, [1, 2])
+    # The slot each I writes and its W reads, per tick (0 elsewhere).
+    self.assertEqual(program.stash, [[0, 0, 0, 0, 0, 0, 0],
+                                     [0, 0, 0, 0, 1, 0, 1]])
 
 
 def _Pipe(schedule, k, v, t, recompute=True, seed=3):
@@ -192,8 +207,8 @@ class EngineEqualsGPipeTest(tf.test.TestCase):
     """A user's table: GPipe's, registered under another name, runs with
     the loss inside the pipeline (the engine, not GPipe's loops)."""
     name = 'gpipe_loss_inside_test'
-    if name not in schedules.Names():
-      schedules.Register(name, schedule_builders.GPipe)
+    if name not in schedule_builders.Names():
+      schedule_builders.Register(name, schedule_builders.GPipe)
     self._AssertBitwise(_Pipe(name, 2, 1, 4))
 
   def testZeroBubbleSchedulesEqualGPipe(self):
@@ -217,10 +232,10 @@ class EngineEqualsGPipeTest(tf.test.TestCase):
     self._AssertBitwise(_Pipe(torch_zbv, 2, 2, 4))
     path = os.path.join(self.get_temp_dir(), 'mine.csv')
     with open(path, 'w') as f:
-      f.write(schedules.Build('1f1b', 2, 4).ToCsv())
+      f.write(schedule_builders.Build('1f1b', 2, 4).ToCsv())
     value = schedules.CsvParam(path)
     self.assertEqual(value, 'csv:' + '/'.join(
-        schedules.Build('1f1b', 2, 4).ToCsv().split('\r\n')[:2]))
+        schedule_builders.Build('1f1b', 2, 4).ToCsv().split('\r\n')[:2]))
     self._AssertBitwise(_Pipe(value, 2, 1, 4))
 
   def testBadCsvTablesAreRefused(self):
@@ -245,6 +260,49 @@ class EngineEqualsGPipeTest(tf.test.TestCase):
     with py_utils.EvalMode():
       self.assertAllEqual(want_pipe.FPropDefaultTheta(x),
                           got_pipe.FPropDefaultTheta(x))
+
+
+def _SquareSinSum(out, unused_targets):
+  # Not a plain mean: dz differs from example to example.
+  return 0.5 * tf.reduce_sum(tf.square(out)) + tf.reduce_sum(tf.sin(out))
+
+
+def _DenseBatchNormModel():
+  """FC, batch norm, FC, dropout, FC, FC: [b, 5] -> [b, 3]."""
+  fc = linear.FCLayer.Params
+  return [
+      fc().Set(name='fc0', input_dim=5, output_dim=6),
+      normalization.BatchNormLayer.Params().Set(name='bn', dim=6),
+      fc().Set(name='fc1', input_dim=6, output_dim=6),
+      dropout.DropoutLayer.Params().Set(name='drop', keep_prob=0.6),
+      fc().Set(name='fc2', input_dim=6, output_dim=6),
+      fc().Set(name='fc3', input_dim=6, output_dim=3, activation='NONE'),
+  ]
+
+
+class ZeroBubbleOracleTest(tf.test.TestCase):
+  """ZB-H1 and ZB-V against the float64 micro-batch oracle (not GPipe).
+
+  The oracle (test_utils.MicroBatchOracle) runs the unpipelined layers on
+  each micro-batch, so a stash slot read by the wrong W, a dz lost for one
+  micro-batch or a weight gradient taken twice shows as a gradient that
+  differs from it. FPropLossAndGrads is checked (FPropLoss wraps the same
+  step in a schedule-independent custom gradient, which the GPipe test
+  above runs), in float64, where the only difference left is the
+  order of sums of a few terms (up to 8 examples, 4 micro-batches), so
+  within a few ulps: rtol 1e-12 of each tensor's scale
+  (test_utils.AssertAllCloseScaled) leaves three orders of margin.
+  """
+
+  def testLossAndEveryGradientEqualTheOracle(self):
+    x = tf.random.stateless_normal([BATCH, 5], seed=[7, 8])
+    for name, k, v in (('zb_h1', 2, 1), ('zb_v', 2, 2)):
+      with self.subTest(schedule=name):
+        test_utils.AssertOneFOneBMatchesOracle(
+            self, _DenseBatchNormModel(), k, 4, [x], None, _SquareSinSum,
+            normalizer=float(BATCH), rtol=1e-12,
+            entry_points=('FPropLossAndGrads',), schedule=name,
+            num_stages_per_device=v)
 
 
 def _DensePipe(schedule, k=2, t=2):
@@ -291,7 +349,7 @@ class EngineTimelineTest(tf.test.TestCase):
   def testCellsFollowTheTable(self):
     for name, v, per_cell in (('interleaved_1f1b', 2, 3), ('zb_v', 2, 4)):
       pipe = _Pipe(name, 2, v, 4)
-      table = schedules.Build(name, 2, 4, v)
+      table = schedule_builders.Build(name, 2, 4, v)
       x = tf.random.stateless_normal([BATCH, 8, 8, 2], seed=[5, 6])
 
       def Step(x, pipe=pipe):

@@ -87,6 +87,14 @@ class ToolTest(tf.test.TestCase):
     for name in ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v'):
       self.assertRegex(text, rf'\n{name} +[12] ')
 
+  def testSaysEveryScheduleRunsInTheLayer(self):
+    text = self._Run('--model=consistency', '--num_partitions=2',
+                     '--num_micro_batches=4', '--batch_size=8',
+                     '--schedules=gpipe,zb_v')
+    self.assertNotIn('Only gpipe and 1f1b run', text)
+    self.assertIn('Every schedule here trains in TensorPipeLayer '
+                  "(schedule='<name>', num_stages_per_device=v)", text)
+
   def testUnknownScheduleIsRefused(self):
     fv = flags.FlagValues()
     model_analysis_tool.DefineFlags(fv)

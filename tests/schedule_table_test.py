@@ -3,6 +3,7 @@
 import os
 import unittest
 
+from tensorpipe import schedule_builders
 from tensorpipe import schedules
 from tensorpipe.schedules import Action, Schedule
 
@@ -38,7 +39,7 @@ class BuilderGridTest(unittest.TestCase):
   """Each builder against a grid written out by hand."""
 
   def testGPipe(self):
-    self.assertEqual(_Rows(schedules.Build('gpipe', 3, 4)), [
+    self.assertEqual(_Rows(schedule_builders.Build('gpipe', 3, 4)), [
         # 0 1   2   3   4   5   6   7   8   9   10  11
         '0F0 0F1 0F2 0F3 .   .   .   .   0B3 0B2 0B1 0B0',
         '.   1F0 1F1 1F2 1F3 .   .   1B3 1B2 1B1 1B0',
@@ -46,7 +47,7 @@ class BuilderGridTest(unittest.TestCase):
     ])
 
   def testOneFOneB(self):
-    self.assertEqual(_Rows(schedules.Build('1f1b', 3, 4)), [
+    self.assertEqual(_Rows(schedule_builders.Build('1f1b', 3, 4)), [
         # 0 1   2   3   4   5   6   7   8   9   10  11
         '0F0 0F1 0F2 .   .   0B0 0F3 0B1 .   0B2 .   0B3',
         '.   1F0 1F1 .   1B0 1F2 1B1 1F3 1B2 .   1B3',
@@ -55,14 +56,14 @@ class BuilderGridTest(unittest.TestCase):
 
   def testInterleavedOneFOneB(self):
     # Stages 0, 2 on device 0; 1, 3 on device 1 (round-robin).
-    self.assertEqual(_Rows(schedules.Build('interleaved_1f1b', 2, 4, 2)), [
+    self.assertEqual(_Rows(schedule_builders.Build('interleaved_1f1b', 2, 4, 2)), [
         # 0 1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17
         '0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 .   2B2 .   2B3 0B2 0B3',
         '.   1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3',
     ])
 
   def testZeroBubbleH1(self):
-    self.assertEqual(_Rows(schedules.Build('zb_h1', 3, 3)), [
+    self.assertEqual(_Rows(schedule_builders.Build('zb_h1', 3, 3)), [
         # 0 1   2   3   4   5   6   7   8   9   10
         '0F0 0F1 0F2 .   .   0I0 0W0 0I1 0W1 0I2 0W2',
         '.   1F0 1F1 .   1I0 1F2 1I1 1W0 1I2 1W1 1W2',
@@ -71,27 +72,11 @@ class BuilderGridTest(unittest.TestCase):
 
   def testZeroBubbleV(self):
     # Device 0 holds stages 0 and 3, device 1 stages 1 and 2 (a V).
-    self.assertEqual(_Rows(schedules.Build('zb_v', 2, 3, 2)), [
+    self.assertEqual(_Rows(schedule_builders.Build('zb_v', 2, 3, 2)), [
         # 0 1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17  18
         '0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0I0 0W0 3F2 3I2 3W2 0I1 0W1 0I2 0W2',
         '.   1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1I1 2I2 1I2 1W1 2W2 1W2',
     ])
-
-  def testGPipeAndOneFOneBAreTheClockCycleGenerators(self):
-    for kk in range(1, 5):
-      for tt in range(1, 7):
-        s = schedules.Build('1f1b', kk, tt)
-        want = [[(op, t, k) for op, t, k in cells]
-                for cells in schedules.OneFOneBClockCycles(kk, tt)]
-        got = [[(schedules.FORWARD if a.op == 'F' else schedules.BACKWARD,
-                 a.micro_batch, a.stage)
-                for a in (s.grid[k][c] for k in range(kk)) if a]
-               for c in range(s.num_ticks)]
-        self.assertEqual(got, want, (kk, tt))
-        g = schedules.Build('gpipe', kk, tt)
-        fwd = [[(a.micro_batch, a.stage) for a in col if a]
-               for col in zip(*g.grid)][:schedules.NumClockTicks(kk, tt)]
-        self.assertEqual(fwd, list(schedules.GPipeClockCycles(kk, tt)))
 
   def testEveryBuilderValidatesAndIsAsEarlyAsItsOrderAllows(self):
     for name, v in [('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2),
@@ -101,22 +86,23 @@ class BuilderGridTest(unittest.TestCase):
           if ((name == 'interleaved_1f1b' and tt % kk) or
               (name == 'zb_v' and tt < 2 * kk - 1)):
             continue
-          s = schedules.Build(name, kk, tt, v)   # validates
+          s = schedule_builders.Build(name, kk, tt, v)   # validates
           self.assertEqual(s.num_stages, kk * v)
           self.assertEqual(s.Retimed().grid, s.grid, (name, kk, tt, v))
 
   def testOneFOneBNeedsFewerSlotsThanGPipe(self):
-    self.assertEqual(schedules.Build('gpipe', 3, 4).SlotsPerDevice(),
+    self.assertEqual(schedule_builders.Build('gpipe', 3, 4).SlotsPerDevice(),
                      [4, 4, 4])
-    self.assertEqual(schedules.Build('1f1b', 3, 4).SlotsPerDevice(),
+    self.assertEqual(schedule_builders.Build('1f1b', 3, 4).SlotsPerDevice(),
                      [3, 2, 1])
-    self.assertEqual(schedules.Build('1f1b', 3, 2).SlotsPerDevice(),
+    self.assertEqual(schedule_builders.Build('1f1b', 3, 2).SlotsPerDevice(),
                      [2, 2, 1])
     # ZB-H1 keeps 1F1B's boundary inputs; its stash holds I-to-W pairs.
-    zb = schedules.Build('zb_h1', 3, 3)
+    zb = schedule_builders.Build('zb_h1', 3, 3)
     self.assertEqual(zb.SlotsPerDevice(), [3, 2, 1])
     self.assertEqual(zb.StashSlots(), {0: 1, 1: 2, 2: 3})
-    self.assertEqual(schedules.Build('interleaved_1f1b', 2, 4, 2).NumSlots(),
+    self.assertEqual(
+        schedule_builders.Build('interleaved_1f1b', 2, 4, 2).NumSlots(),
                      {0: 4, 1: 3, 2: 2, 3: 1})
 
   def testDerivedSlotsEqualTheEnginesSlotRule(self):
@@ -124,7 +110,7 @@ class BuilderGridTest(unittest.TestCase):
     for kk in range(1, 6):
       for tt in range(1, 10):
         for name in ('1f1b', 'gpipe'):
-          s = schedules.Build(name, kk, tt)
+          s = schedule_builders.Build(name, kk, tt)
           bare = Schedule(s.grid, tt, kk)
           self.assertEqual(bare.Slots(), s.slots, (name, kk, tt))
 
@@ -134,7 +120,7 @@ class RefusalTest(unittest.TestCase):
 
   def _Refuses(self, regex, *args):
     with self.assertRaisesRegex(ValueError, regex) as ctx:
-      schedules.Build(*args)
+      schedule_builders.Build(*args)
     self.assertNotIn('\n', str(ctx.exception))
 
   def testRefusals(self):
@@ -243,7 +229,7 @@ class CsvTest(unittest.TestCase):
   """torch.distributed.pipelining's compute-only CSV."""
 
   def testWritesTorchsText(self):
-    s = schedules.Build('zb_h1', 2, 2)
+    s = schedule_builders.Build('zb_h1', 2, 2)
     self.assertEqual(s.ToCsv(), '0F0,0F1,,0I0,0W0,0I1,0W1\r\n'
                                 ',1F0,1I0,1F1,1I1,1W0,1W1\r\n')
 
@@ -251,7 +237,7 @@ class CsvTest(unittest.TestCase):
     for name, kk, tt, v in [('gpipe', 3, 4, 1), ('1f1b', 4, 3, 1),
                             ('interleaved_1f1b', 2, 4, 2), ('zb_h1', 3, 5, 1),
                             ('zb_v', 3, 5, 2)]:
-      s = schedules.Build(name, kk, tt, v)
+      s = schedule_builders.Build(name, kk, tt, v)
       back = Schedule.FromCsv(s.ToCsv(), num_micro_batches=tt,
                               num_stages=kk * v)
       self.assertEqual(back, s, name)
@@ -270,7 +256,7 @@ class CsvTest(unittest.TestCase):
       text = _Fixture(fixture)
       theirs = Schedule.FromCsv(text, name=fixture).Validate()
       self.assertEqual(theirs.ToCsv(), text, fixture)
-      ours = schedules.Build(name, kk, tt, v)
+      ours = schedule_builders.Build(name, kk, tt, v)
       self.assertEqual((theirs.num_devices, theirs.num_stages,
                         theirs.num_micro_batches), (kk, kk * v, tt))
       self.assertEqual(theirs.Orders(), ours.Orders(), fixture)
@@ -307,33 +293,34 @@ class RegistryTest(unittest.TestCase):
 
   def testBuiltins(self):
     for name in ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v'):
-      self.assertIn(name, schedules.Names())
+      self.assertIn(name, schedule_builders.Names())
 
   def testRegisterABuilder(self):
     def Reverse1F1B(kk, tt, v):
-      s = schedules.Build('1f1b', kk, tt, v)
+      s = schedule_builders.Build('1f1b', kk, tt, v)
       return Schedule(s.grid, tt, kk, name='')
 
-    schedules.Register('test_copy_1f1b', Reverse1F1B)
-    s = schedules.Build('test_copy_1f1b', 2, 3)
+    schedule_builders.Register('test_copy_1f1b', Reverse1F1B)
+    s = schedule_builders.Build('test_copy_1f1b', 2, 3)
     self.assertEqual(s.name, 'test_copy_1f1b')
-    self.assertEqual(s.grid, schedules.Build('1f1b', 2, 3).grid)
+    self.assertEqual(s.grid, schedule_builders.Build('1f1b', 2, 3).grid)
     with self.assertRaisesRegex(ValueError, r"'test_copy_1f1b' is already "
                                 r'registered; pick another name or pass '
                                 r'replace=True'):
-      schedules.Register('test_copy_1f1b', Reverse1F1B)
-    schedules.Register('test_copy_1f1b', Reverse1F1B, replace=True)
+      schedule_builders.Register('test_copy_1f1b', Reverse1F1B)
+    schedule_builders.Register('test_copy_1f1b', Reverse1F1B, replace=True)
     with self.assertRaisesRegex(ValueError, r"'gpipe' is already registered"):
-      schedules.Register('gpipe', Reverse1F1B)
+      schedule_builders.Register('gpipe', Reverse1F1B)
     with self.assertRaisesRegex(ValueError, r'non-empty string, got \'\''):
-      schedules.Register('', Reverse1F1B)
+      schedule_builders.Register('', Reverse1F1B)
 
   def testBuildValidatesARegisteredTable(self):
-    schedules.Register('test_broken', lambda kk, tt, v: _Table(['0B0 0F0']),
-                       replace=True)
+    schedule_builders.Register('test_broken',
+                               lambda kk, tt, v: _Table(['0B0 0F0']),
+                               replace=True)
     with self.assertRaisesRegex(ValueError, r"schedule 'test': device 0, "
                                 r'tick 0: 0B0 runs before 0F0'):
-      schedules.Build('test_broken', 1, 1)
+      schedule_builders.Build('test_broken', 1, 1)
 
 
 if __name__ == '__main__':

@@ -1,481 +1,269 @@
-"""Tests for tensorpipe.schedules."""
+"""Tests for tensorpipe.schedules and the registry in schedule_builders:
+GPipe's and 1F1B's tables as literal grids, their bubble, the sizes `Build`
+checks, and the per-cell checks of CSV tables."""
 
-import itertools
+import os
+import tempfile
 import unittest
 
-import tensorflow as tf
-
+from tensorpipe import schedule_builders
 from tensorpipe import schedules
 
-# Sizes (K, T) the property tests sweep over.
-_SIZES = [(k, t) for k in range(1, 7) for t in range(1, 9)]
 
-
-def _Ticks(schedule):
-  """Maps each (t, k) cell of a schedule to the tick it runs on."""
-  ticks = {}
-  for clock, cells in enumerate(schedule):
-    for cell in cells:
-      ticks[cell] = clock
-  return ticks
-
-
-def _IndexTable(index_fn, k_total, t_total):
-  """Per partition, the index_fn value on each tick ('.' where it idles)."""
+def _Rows(schedule):
+  """The grid as one line per device, cells 3 wide, '.' idle (not trailing)."""
   rows = []
-  for k in range(k_total):
-    ts = [index_fn(c, k, k_total, t_total)
-          for c in range(schedules.NumClockTicks(k_total, t_total))]
-    rows.append(' '.join(str(t) if 0 <= t < t_total else '.' for t in ts))
+  for row in schedule.grid:
+    cells = [str(a) if a else '.' for a in row]
+    while cells and cells[-1] == '.':
+      cells.pop()
+    rows.append(' '.join(f'{x:<3}' for x in cells).rstrip())
   return rows
 
 
-class IndexFunctionTest(unittest.TestCase):
-
-  def testForwardIndicesOfThreePartitionsFourMicroBatches(self):
-    self.assertEqual(
-        _IndexTable(schedules.GPipeForwardMicroBatch, 3, 4), [
-            # clock 0 1 2 3 4 5
-            '0 1 2 3 . .',  # k=0
-            '. 0 1 2 3 .',  # k=1
-            '. . 0 1 2 3',  # k=2
-        ])
-
-  def testBackwardIndicesOfThreePartitionsFourMicroBatches(self):
-    self.assertEqual(
-        _IndexTable(schedules.GPipeBackwardMicroBatch, 3, 4), [
-            # clock 0 1 2 3 4 5
-            '. . 3 2 1 0',  # k=0
-            '. 3 2 1 0 .',  # k=1
-            '3 2 1 0 . .',  # k=2
-        ])
-
-  def testTicksOutsideThePassAreIdle(self):
-    for k_total, t_total in _SIZES:
-      ticks = schedules.NumClockTicks(k_total, t_total)
-      for fn in (schedules.GPipeForwardMicroBatch,
-                 schedules.GPipeBackwardMicroBatch):
-        for k in range(k_total):
-          for clock in (-1, ticks):
-            t = fn(clock, k, k_total, t_total)
-            self.assertFalse(0 <= t < t_total, (fn, k_total, t_total, k))
-
-  def testTensorClockGivesTheSameIndices(self):
-    # The pipeline's while-loop bodies call the functions with their clock,
-    # a scalar int32 tensor.
-    for k_total, t_total in [(1, 3), (3, 4), (4, 2)]:
-      for fn in (schedules.GPipeForwardMicroBatch,
-                 schedules.GPipeBackwardMicroBatch):
-        for clock in range(schedules.NumClockTicks(k_total, t_total)):
-          for k in range(k_total):
-            t = fn(tf.constant(clock), k, k_total, t_total)
-            self.assertIsInstance(t, tf.Tensor)
-            self.assertEqual(t.dtype, tf.int32)
-            self.assertEqual(int(t), fn(clock, k, k_total, t_total))
-
-  def testRaisesOnABadPartitionIndex(self):
-    with self.assertRaisesRegex(ValueError, r'k=3 is not in \[0, 3\)'):
-      schedules.GPipeForwardMicroBatch(0, 3, 3, 4)
-    with self.assertRaisesRegex(ValueError, r'k=-1'):
-      schedules.GPipeBackwardMicroBatch(0, -1, 3, 4)
-    with self.assertRaisesRegex(TypeError, r'1\.0.*float'):
-      schedules.GPipeForwardMicroBatch(0, 1.0, 3, 4)
-    with self.assertRaisesRegex(ValueError, r'num_micro_batches=0'):
-      schedules.GPipeBackwardMicroBatch(0, 0, 3, 0)
-
-
-class GPipeClockCyclesTest(unittest.TestCase):
-
-  def testThreePartitionsFourMicroBatches(self):
-    # clock  0      1      2      3      4      5
-    # k=0   (0,0)  (1,0)  (2,0)  (3,0)
-    # k=1          (0,1)  (1,1)  (2,1)  (3,1)
-    # k=2                 (0,2)  (1,2)  (2,2)  (3,2)
-    expected = [
-        [(0, 0)],
-        [(1, 0), (0, 1)],
-        [(2, 0), (1, 1), (0, 2)],
-        [(3, 0), (2, 1), (1, 2)],
-        [(3, 1), (2, 2)],
-        [(3, 2)],
-    ]
-    self.assertEqual(list(schedules.GPipeClockCycles(3, 4)), expected)
+class GPipeAndOneFOneBGridTest(unittest.TestCase):
+  """The two tables at the edges of their closed forms (K=3, T=4 is in
+  schedule_table_test): F(t, k) on tick t + k and GPipe's mirrored
+  backward; 1F1B's warm-up, alternation and cool-down."""
 
   def testOnePartitionRunsMicroBatchesInTurn(self):
-    expected = [
-        [(0, 0)],
-        [(1, 0)],
-        [(2, 0)],
-    ]
-    self.assertEqual(list(schedules.GPipeClockCycles(1, 3)), expected)
+    self.assertEqual(_Rows(schedule_builders.Build('gpipe', 1, 3)), [
+        # 0 1   2   3   4   5
+        '0F0 0F1 0F2 0B2 0B1 0B0'])
+    self.assertEqual(_Rows(schedule_builders.Build('1f1b', 1, 3)), [
+        '0F0 0B0 0F1 0B1 0F2 0B2'])
 
-  def testOneMicroBatchWalksDownThePartitions(self):
-    expected = [
-        [(0, 0)],
-        [(0, 1)],
-        [(0, 2)],
-        [(0, 3)],
-    ]
-    self.assertEqual(list(schedules.GPipeClockCycles(4, 1)), expected)
+  def testOneMicroBatchWalksDownAndBackUp(self):
+    # Both schedules are the same table for T=1.
+    for name in ('gpipe', '1f1b'):
+      self.assertEqual(_Rows(schedule_builders.Build(name, 4, 1)), [
+          # 0 1   2   3   4   5   6   7
+          '0F0 .   .   .   .   .   .   0B0',
+          '.   1F0 .   .   .   .   1B0',
+          '.   .   2F0 .   .   2B0',
+          '.   .   .   3F0 3B0',
+      ], name)
 
-  def testEveryCellRunsExactlyOnce(self):
-    for k_total, t_total in _SIZES:
-      cells = list(
-          itertools.chain.from_iterable(
-              schedules.GPipeClockCycles(k_total, t_total)))
-      expected = {(t, k) for t in range(t_total) for k in range(k_total)}
-      self.assertEqual(len(cells), len(expected), (k_total, t_total))
-      self.assertEqual(set(cells), expected, (k_total, t_total))
+  def testTwoPartitionsThreeMicroBatches(self):
+    self.assertEqual(_Rows(schedule_builders.Build('gpipe', 2, 3)), [
+        # 0 1   2   3   4   5   6   7
+        '0F0 0F1 0F2 .   .   0B2 0B1 0B0',
+        '.   1F0 1F1 1F2 1B2 1B1 1B0',
+    ])
+    self.assertEqual(_Rows(schedule_builders.Build('1f1b', 2, 3)), [
+        '0F0 0F1 .   0B0 0F2 0B1 .   0B2',
+        '.   1F0 1B0 1F1 1B1 1F2 1B2',
+    ])
 
-  def testCellsRunAfterTheirDependencies(self):
-    for k_total, t_total in _SIZES:
-      ticks = _Ticks(schedules.GPipeClockCycles(k_total, t_total))
-      for t in range(t_total):
-        for k in range(k_total):
-          if k > 0:
-            # Partition k needs partition k - 1's output for micro-batch t.
-            self.assertGreater(ticks[(t, k)], ticks[(t, k - 1)])
-          if t > 0:
-            # A partition processes micro-batches in order.
-            self.assertGreater(ticks[(t, k)], ticks[(t - 1, k)])
+  def testOneFOneBWithFewerMicroBatchesThanPartitions(self):
+    self.assertEqual(_Rows(schedule_builders.Build('1f1b', 4, 2)), [
+        # 0 1   2   3   4   5   6   7   8   9
+        '0F0 0F1 .   .   .   .   .   0B0 .   0B1',
+        '.   1F0 1F1 .   .   .   1B0 .   1B1',
+        '.   .   2F0 2F1 .   2B0 .   2B1',
+        '.   .   .   3F0 3B0 3F1 3B1',
+    ])
 
-  def testCellsAreInIncreasingPartitionOrder(self):
-    for k_total, t_total in _SIZES:
-      for cells in schedules.GPipeClockCycles(k_total, t_total):
-        ks = [k for _, k in cells]
-        self.assertEqual(ks, sorted(ks))
-        self.assertEqual(len(set(ks)), len(ks))
-
-  def testNumberOfTicksMatchesNumClockTicks(self):
-    for k_total, t_total in _SIZES:
-      self.assertEqual(
-          len(list(schedules.GPipeClockCycles(k_total, t_total))),
-          schedules.NumClockTicks(k_total, t_total))
-
-
-class GPipeBackwardClockCyclesTest(unittest.TestCase):
-
-  def testThreePartitionsFourMicroBatches(self):
-    # clock  0      1      2      3      4      5
-    # k=2   (3,2)  (2,2)  (1,2)  (0,2)
-    # k=1          (3,1)  (2,1)  (1,1)  (0,1)
-    # k=0                 (3,0)  (2,0)  (1,0)  (0,0)
-    expected = [
-        [(3, 2)],
-        [(2, 2), (3, 1)],
-        [(1, 2), (2, 1), (3, 0)],
-        [(0, 2), (1, 1), (2, 0)],
-        [(0, 1), (1, 0)],
-        [(0, 0)],
-    ]
-    self.assertEqual(list(schedules.GPipeBackwardClockCycles(3, 4)), expected)
-
-  def testOnePartitionRunsMicroBatchesInReverse(self):
-    expected = [
-        [(2, 0)],
-        [(1, 0)],
-        [(0, 0)],
-    ]
-    self.assertEqual(list(schedules.GPipeBackwardClockCycles(1, 3)), expected)
-
-  def testOneMicroBatchWalksUpThePartitions(self):
-    expected = [
-        [(0, 3)],
-        [(0, 2)],
-        [(0, 1)],
-        [(0, 0)],
-    ]
-    self.assertEqual(list(schedules.GPipeBackwardClockCycles(4, 1)), expected)
-
-  def testEveryCellRunsExactlyOnce(self):
-    for k_total, t_total in _SIZES:
-      cells = list(
-          itertools.chain.from_iterable(
-              schedules.GPipeBackwardClockCycles(k_total, t_total)))
-      expected = {(t, k) for t in range(t_total) for k in range(k_total)}
-      self.assertEqual(len(cells), len(expected), (k_total, t_total))
-      self.assertEqual(set(cells), expected, (k_total, t_total))
-
-  def testCellsRunAfterTheirDependencies(self):
-    for k_total, t_total in _SIZES:
-      ticks = _Ticks(schedules.GPipeBackwardClockCycles(k_total, t_total))
-      for t in range(t_total):
-        for k in range(k_total):
-          if k < k_total - 1:
-            # Partition k needs the gradient from partition k + 1.
-            self.assertGreater(ticks[(t, k)], ticks[(t, k + 1)])
-          if t < t_total - 1:
-            # A partition processes micro-batches in reverse order.
-            self.assertGreater(ticks[(t, k)], ticks[(t + 1, k)])
-
-  def testIsTheMirrorOfTheForwardSchedule(self):
-    # Played backwards in time, the forward schedule is the backward one: the
-    # gradient of each cell is computed in the reverse order of its output.
-    for k_total, t_total in _SIZES:
-      forward = list(schedules.GPipeClockCycles(k_total, t_total))
-      backward = list(schedules.GPipeBackwardClockCycles(k_total, t_total))
-      mirrored = [list(reversed(cells)) for cells in reversed(forward)]
-      self.assertEqual(backward, mirrored, (k_total, t_total))
-
-  def testCellsAreInDecreasingPartitionOrder(self):
-    for k_total, t_total in _SIZES:
-      for cells in schedules.GPipeBackwardClockCycles(k_total, t_total):
-        ks = [k for _, k in cells]
-        self.assertEqual(ks, sorted(ks, reverse=True))
+  def testBothTakeTwiceTPlusKMinusOneTicks(self):
+    for kk, tt, ticks in [(3, 4, 12), (1, 5, 10), (4, 1, 8), (2, 8, 18)]:
+      for name in ('gpipe', '1f1b'):
+        self.assertEqual(schedule_builders.Build(name, kk, tt).num_ticks,
+                         ticks, (name, kk, tt))
 
 
 class BubbleTest(unittest.TestCase):
 
-  def testNumClockTicks(self):
-    self.assertEqual(schedules.NumClockTicks(3, 4), 6)
-    self.assertEqual(schedules.NumClockTicks(1, 5), 5)
-    self.assertEqual(schedules.NumClockTicks(4, 1), 4)
-
-  def testBubbleFractionFormula(self):
-    self.assertAlmostEqual(schedules.BubbleFraction(3, 4), 2 / 6)
-    self.assertEqual(schedules.BubbleFraction(1, 8), 0.0)
-    self.assertAlmostEqual(schedules.BubbleFraction(4, 1), 3 / 4)
-    self.assertAlmostEqual(schedules.BubbleFraction(8, 32), 7 / 39)
-
-  def testBubbleFractionMatchesIdleCellsOfTheSchedule(self):
-    for k_total, t_total in _SIZES:
-      ticks = list(schedules.GPipeClockCycles(k_total, t_total))
-      busy = sum(len(cells) for cells in ticks)
-      idle = len(ticks) * k_total - busy
-      self.assertAlmostEqual(
-          schedules.BubbleFraction(k_total, t_total),
-          idle / (len(ticks) * k_total))
+  def testBubbleFractionOfGPipeAndOneFOneB(self):
+    for kk, tt, want in [(3, 4, 2 / 6), (1, 8, 0.0), (4, 1, 3 / 4),
+                         (8, 32, 7 / 39)]:
+      for name in ('gpipe', '1f1b'):
+        self.assertEqual(
+            schedule_builders.Build(name, kk, tt).BubbleFraction(), want)
 
   def testBubbleShrinksWithMoreMicroBatches(self):
-    fractions = [schedules.BubbleFraction(4, t) for t in (1, 4, 16, 64)]
+    fractions = [schedule_builders.Build('gpipe', 4, t).BubbleFraction()
+                 for t in (1, 4, 16, 64)]
     self.assertEqual(fractions, sorted(fractions, reverse=True))
     self.assertLess(fractions[-1], 0.05)
 
-
-def _OpTable(k_total, t_total):
-  """Per partition, 'F<t>' / 'B<t>' on each 1F1B tick ('.' where it idles),
-  from the generator."""
-  ticks = schedules.OneFOneBNumClockTicks(k_total, t_total)
-  rows = [['.'] * ticks for _ in range(k_total)]
-  for clock, cells in enumerate(
-      schedules.OneFOneBClockCycles(k_total, t_total)):
-    for op, t, k in cells:
-      rows[k][clock] = ('F' if op == schedules.FORWARD else 'B') + str(t)
-  return [' '.join(f'{c:2s}' for c in row).rstrip() for row in rows]
+  def testZeroBubbleH1HasLessBubbleThanOneFOneB(self):
+    # Unit cells: ZB-H1's W cells fill 1F1B's cool-down.
+    self.assertLess(schedule_builders.Build('zb_h1', 3, 6).BubbleFraction(),
+                    schedule_builders.Build('1f1b', 3, 6).BubbleFraction())
 
 
-def _OpTicks(k_total, t_total):
-  """Maps each (op, t, k) cell of the 1F1B generator to its tick."""
-  return _Ticks(schedules.OneFOneBClockCycles(k_total, t_total))
+class BuildSizeArgumentsTest(unittest.TestCase):
 
-
-class OneFOneBClockCyclesTest(unittest.TestCase):
-  F, B = schedules.FORWARD, schedules.BACKWARD
-
-  def testThreePartitionsFourMicroBatches(self):
-    # The diagram in clock_cycles.py (re-exported by schedules).
-    self.assertEqual(_OpTable(3, 4), [
-        # 0  1  2  3  4  5  6  7  8  9  10 11
-        'F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3',  # k=0
-        '.  F0 F1 .  B0 F2 B1 F3 B2 .  B3 .',   # k=1
-        '.  .  F0 B0 F1 B1 F2 B2 F3 B3 .  .',   # k=2
-    ])
-    f, b = self.F, self.B
-    self.assertEqual(list(schedules.OneFOneBClockCycles(3, 4)), [
-        [(f, 0, 0)],
-        [(f, 1, 0), (f, 0, 1)],
-        [(f, 2, 0), (f, 1, 1), (f, 0, 2)],
-        [(b, 0, 2)],
-        [(b, 0, 1), (f, 1, 2)],
-        [(b, 0, 0), (f, 2, 1), (b, 1, 2)],
-        [(f, 3, 0), (b, 1, 1), (f, 2, 2)],
-        [(b, 1, 0), (f, 3, 1), (b, 2, 2)],
-        [(b, 2, 1), (f, 3, 2)],
-        [(b, 2, 0), (b, 3, 2)],
-        [(b, 3, 1)],
-        [(b, 3, 0)],
-    ])
-
-  def testOnePartitionAlternatesForwardAndBackward(self):
-    # K=1: the loss is inside the pipeline, so each micro-batch's backward
-    # follows its forward at once.
-    self.assertEqual(_OpTable(1, 3), ['F0 B0 F1 B1 F2 B2'])
-
-  def testOneMicroBatchWalksDownAndBackUp(self):
-    self.assertEqual(_OpTable(3, 1), [
-        # 0  1  2  3  4  5
-        'F0 .  .  .  .  B0',
-        '.  F0 .  .  B0 .',
-        '.  .  F0 B0 .  .',
-    ])
-
-  def testFewerMicroBatchesThanPartitions(self):
-    # T < K: partition k's warm-up is cut at T micro-batches.
-    self.assertEqual(_OpTable(4, 2), [
-        # 0  1  2  3  4  5  6  7  8  9
-        'F0 F1 .  .  .  .  .  B0 .  B1',
-        '.  F0 F1 .  .  .  B0 .  B1 .',
-        '.  .  F0 F1 .  B0 .  B1 .  .',
-        '.  .  .  F0 B0 F1 B1 .  .  .',
-    ])
-
-  def testEveryCellRunsExactlyOnce(self):
-    for k_total, t_total in _SIZES:
-      cells = list(itertools.chain.from_iterable(
-          schedules.OneFOneBClockCycles(k_total, t_total)))
-      expected = {(op, t, k) for op in (self.F, self.B)
-                  for t in range(t_total) for k in range(k_total)}
-      self.assertEqual(len(cells), len(expected), (k_total, t_total))
-      self.assertEqual(set(cells), expected, (k_total, t_total))
-
-  def testOneCellPerPartitionPerTickInPartitionOrder(self):
-    for k_total, t_total in _SIZES:
-      for cells in schedules.OneFOneBClockCycles(k_total, t_total):
-        ks = [k for _, _, k in cells]
-        self.assertEqual(ks, sorted(set(ks)), (k_total, t_total))
-
-  def testCellsRunAfterTheirDependencies(self):
-    f, b = self.F, self.B
-    for k_total, t_total in _SIZES:
-      ticks = _OpTicks(k_total, t_total)
-      last = k_total - 1
-      for t in range(t_total):
-        for k in range(k_total):
-          if k > 0:
-            # f(t, k) > f(t, k - 1): partition k - 1's output.
-            self.assertGreater(ticks[(f, t, k)], ticks[(f, t, k - 1)])
-          if k < last:
-            # b(t, k) > b(t, k + 1): the gradient from partition k + 1.
-            self.assertGreater(ticks[(b, t, k)], ticks[(b, t, k + 1)])
-          if t > 0:
-            # Each partition runs the forwards and the backwards in order.
-            self.assertGreater(ticks[(f, t, k)], ticks[(f, t - 1, k)])
-            self.assertGreater(ticks[(b, t, k)], ticks[(b, t - 1, k)])
-          self.assertGreater(ticks[(b, t, k)], ticks[(f, t, k)])
-        # The loss: the last partition's backward right after its forward.
-        self.assertEqual(ticks[(b, t, last)], ticks[(f, t, last)] + 1)
-
-  def testTicksMatchTheClosedForm(self):
-    # f(t, k) = t + k for t < K - k, else 2 t + k; b(t, k) = 2K - 1 - k + 2t.
-    f, b = self.F, self.B
-    for k_total, t_total in _SIZES:
-      ticks = _OpTicks(k_total, t_total)
-      for t in range(t_total):
-        for k in range(k_total):
-          want_f = t + k if t < k_total - k else 2 * t + k
-          self.assertEqual(ticks[(f, t, k)], want_f, (k_total, t_total, t, k))
-          self.assertEqual(ticks[(b, t, k)], 2 * k_total - 1 - k + 2 * t)
-
-  def testInFlightBound(self):
-    # Micro-batches whose forward ran on partition k and backward not yet:
-    # at most min(K - k, T) (the boundary inputs a recomputing stage keeps),
-    # where GPipe holds all T before its first backward.
-    for k_total, t_total in _SIZES:
-      held = [0] * k_total
-      peak = [0] * k_total
-      for cells in schedules.OneFOneBClockCycles(k_total, t_total):
-        for op, _, k in cells:
-          held[k] += 1 if op == self.F else -1
-          self.assertGreaterEqual(held[k], 0)
-          peak[k] = max(peak[k], held[k])
-      self.assertEqual(held, [0] * k_total)
-      self.assertEqual(
-          peak, [schedules.OneFOneBMaxInFlight(k, k_total, t_total)
-                 for k in range(k_total)], (k_total, t_total))
-      self.assertEqual(peak, [min(k_total - k, t_total)
-                              for k in range(k_total)])
-
-  def testSameTicksAndBubbleAsGPipeForwardPlusBackward(self):
-    for k_total, t_total in _SIZES:
-      ticks = list(schedules.OneFOneBClockCycles(k_total, t_total))
-      self.assertEqual(len(ticks), 2 * schedules.NumClockTicks(
-          k_total, t_total))
-      self.assertEqual(len(ticks), schedules.OneFOneBNumClockTicks(
-          k_total, t_total))
-      busy = sum(len(cells) for cells in ticks)
-      self.assertAlmostEqual(1 - busy / (len(ticks) * k_total),
-                             schedules.BubbleFraction(k_total, t_total))
-
-  def testIndexFunctionIdlesOutsideTheStep(self):
-    for k_total, t_total in _SIZES:
-      ticks = schedules.OneFOneBNumClockTicks(k_total, t_total)
-      for k in range(k_total):
-        for clock in (-2, -1, ticks, ticks + 1):
-          self.assertEqual(
-              schedules.OneFOneBCell(clock, k, k_total, t_total),
-              (schedules.IDLE, 0), (k_total, t_total, k, clock))
-
-  def testTensorClockInsideATfFunctionGivesTheSameCells(self):
-    # The 1F1B loop calls OneFOneBCell with its clock, a scalar int32 tensor
-    # of a tf.while_loop traced once for all ticks.
-    for k_total, t_total in [(1, 3), (3, 4), (4, 2), (2, 5)]:
-      ticks = schedules.OneFOneBNumClockTicks(k_total, t_total)
-
-      @tf.function
-      def Table(k_total=k_total, t_total=t_total, ticks=ticks):
-        def Body(c, ta):
-          row = tf.stack([tf.stack(schedules.OneFOneBCell(
-              c, k, k_total, t_total)) for k in range(k_total)])
-          return c + 1, ta.write(c, row)
-        _, ta = tf.while_loop(
-            lambda c, _: c < ticks, Body,
-            (tf.constant(0), tf.TensorArray(tf.int32, size=ticks)))
-        return ta.stack()
-
-      table = Table().numpy()
-      self.assertEqual(table.shape, (ticks, k_total, 2))
-      for clock in range(ticks):
-        for k in range(k_total):
-          self.assertEqual(
-              tuple(table[clock, k]),
-              schedules.OneFOneBCell(clock, k, k_total, t_total),
-              (k_total, t_total, clock, k))
-
-
-class ValidationTest(unittest.TestCase):
-
-  def testRaisesOnZeroPartitions(self):
-    with self.assertRaisesRegex(ValueError, r'num_partitions=0.*>= 1'):
-      schedules.GPipeClockCycles(0, 4)
-
-  def testRaisesOnNegativeMicroBatches(self):
+  def testRaisesOnSizesBelowOne(self):
+    with self.assertRaisesRegex(ValueError, r'num_devices=0.*>= 1'):
+      schedule_builders.Build('gpipe', 0, 4)
     with self.assertRaisesRegex(ValueError, r'num_micro_batches=-2.*>= 1'):
-      schedules.GPipeBackwardClockCycles(3, -2)
-
-  def testRaisesAtCallTimeNotOnFirstNext(self):
-    # The generators validate eagerly, so a bad config fails where it is made.
-    with self.assertRaises(ValueError):
-      schedules.GPipeClockCycles(2, 0)
+      schedule_builders.Build('1f1b', 3, -2)
+    with self.assertRaisesRegex(ValueError,
+                                r'num_stages_per_device=0.*>= 1'):
+      schedule_builders.Build('1f1b', 3, 2, 0)
 
   def testRaisesOnNonIntegers(self):
     with self.assertRaisesRegex(TypeError, r'2\.5.*float'):
-      schedules.GPipeClockCycles(2.5, 4)
+      schedule_builders.Build('gpipe', 2.5, 4)
     with self.assertRaisesRegex(TypeError, r"'4'.*str"):
-      schedules.NumClockTicks(2, '4')
+      schedule_builders.Build('1f1b', 2, '4')
     with self.assertRaisesRegex(TypeError, r'True.*bool'):
-      schedules.BubbleFraction(True, 4)
+      schedule_builders.Build('gpipe', True, 4)
 
-  def testBubbleFunctionsValidate(self):
-    with self.assertRaisesRegex(ValueError, r'num_partitions=0'):
-      schedules.BubbleFraction(0, 4)
-    with self.assertRaisesRegex(ValueError, r'num_micro_batches=0'):
-      schedules.NumClockTicks(2, 0)
 
-  def testOneFOneBFunctionsValidate(self):
-    with self.assertRaisesRegex(ValueError, r'num_partitions=0.*>= 1'):
-      schedules.OneFOneBClockCycles(0, 4)
-    with self.assertRaisesRegex(ValueError, r'num_micro_batches=-1.*>= 1'):
-      schedules.OneFOneBClockCycles(2, -1)
-    with self.assertRaisesRegex(TypeError, r'2\.5.*float'):
-      schedules.OneFOneBClockCycles(2.5, 4)
-    with self.assertRaisesRegex(TypeError, r"'4'.*str"):
-      schedules.OneFOneBNumClockTicks(2, '4')
-    with self.assertRaisesRegex(ValueError, r'k=2 is not in \[0, 2\)'):
-      schedules.OneFOneBCell(0, 2, 2, 4)
-    with self.assertRaisesRegex(ValueError, r'k=-1'):
-      schedules.OneFOneBMaxInFlight(-1, 2, 4)
-    with self.assertRaisesRegex(TypeError, r'True.*bool'):
-      schedules.OneFOneBMaxInFlight(0, True, 4)
+class BuildChecksTheBuildersTableTest(unittest.TestCase):
+  """`Build` refuses a registered builder's table that is not what was asked."""
+
+  def _Refuses(self, builder, regex, kk=2, tt=4, v=1):
+    schedule_builders.Register('test_bad_builder', builder, replace=True)
+    with self.assertRaisesRegex(ValueError, regex) as ctx:
+      schedule_builders.Build('test_bad_builder', kk, tt, v)
+    self.assertNotIn('\n', str(ctx.exception))
+
+  def testWrongMicroBatches(self):
+    # The issue's repro: trained on 3 of the 4 micro-batches, silently.
+    self._Refuses(
+        lambda kk, tt, v: schedule_builders.Build('1f1b', kk, tt - 1),
+        r"^schedule builder 'test_bad_builder' returned a table with 3 "
+        r'micro-batches for num_micro_batches=4; make it build T=4 '
+        r'micro-batches$')
+
+  def testWrongDevices(self):
+    self._Refuses(
+        lambda kk, tt, v: schedule_builders.Build('1f1b', kk + 1, tt),
+        r"^schedule builder 'test_bad_builder' returned a table with 3 rows "
+        r'\(devices\) for num_devices=2; make it build one row per device$')
+
+  def testWrongStagesPerDevice(self):
+    self._Refuses(
+        lambda kk, tt, v: schedule_builders.Build('1f1b', kk, tt),
+        r"^schedule builder 'test_bad_builder' returned a table with 2 "
+        r'stages, but K=2 devices x num_stages_per_device=2 makes 4; make it '
+        r'build K v = 4 stages \(or refuse v=2 with a ValueError\)$', v=2)
+
+  def testNotASchedule(self):
+    self._Refuses(
+        lambda kk, tt, v: '0F0,0B0',
+        r"^schedule builder 'test_bad_builder' returned '0F0,0B0' \(a str\), "
+        r'not a schedules.Schedule; return a Schedule')
+
+
+# 1F1B at K=2, T=2 as per-row orders (a CSV is retimed, so ticks need not
+# line up); the cases below break one cell of it.
+_CSV_1F1B = 'csv:0F0,0F1,0B0,0B1/1F0,1B0,1F1,1B1'
+
+
+class CsvCellChecksTest(unittest.TestCase):
+  """A CSV table's cells are checked before it is retimed: each error names
+  the row and column of the cell, and a short label of the table."""
+
+  def _Refuses(self, value, regex, kk=2, tt=2, v=1):
+    with self.assertRaisesRegex(ValueError, regex) as ctx:
+      schedule_builders.FromParam(value, kk, tt, v)
+    self.assertNotIn('\n', str(ctx.exception))
+    self.assertNotIn('csv:', str(ctx.exception))
+
+  def testTheUnbrokenTableReads(self):
+    self.assertEqual(schedule_builders.FromParam(_CSV_1F1B, 2, 2).grid,
+                     schedule_builders.Build('1f1b', 2, 2).grid)
+
+  def testStageOutOfRange(self):
+    self._Refuses(
+        'csv:0F0,0B0/1F0,1B0/2F0,2B0/7F0,3B0',
+        r"^schedule 'csv table \(4 rows\)': row 3 \(device 3\), column 0: "
+        r'7F0: stage 7 is not in \[0, 4\) \(K=4 devices x '
+        r'num_stages_per_device=1\); use stages 0 \.\. 3$', kk=4, tt=1)
+
+  def testWeightGradientAfterAFullBackward(self):
+    self._Refuses(
+        'csv:0F0,0F1,0B0,0B1,0W1/1F0,1B0,1F1,1B1',
+        r"^schedule 'csv table \(2 rows\)': row 0 \(device 0\), column 4: "
+        r'0W1 follows the full backward 0B1 \(row 0, column 3\); a W needs '
+        r'an I: write 0I1 for 0B1, or drop 0W1$')
+
+  def testWeightGradientWithoutItsInputGradient(self):
+    self._Refuses(
+        'csv:0F0,0F1,0B0,0W1/1F0,1B0,1F1,1B1',
+        r"row 0 \(device 0\), column 3: 0W1 has no 0I1 in the table; a W "
+        r'needs the I of its micro-batch and stage: add 0I1 before it')
+
+  def testMicroBatchOutOfRange(self):
+    self._Refuses(
+        'csv:0F0,0F99999999,0B0,0B1/1F0,1B0,1F1,1B1',
+        r"^schedule 'csv table \(2 rows\)': row 0 \(device 0\), column 1: "
+        r'0F99999999: micro-batch 99999999 is not in \[0, 2\); use '
+        r'micro-batches 0 \.\. 1$')
+
+  def testMicroBatchOutOfRangeWhenTheStepSizeIsNotGiven(self):
+    # The layer's constructor reads the table before T is known.
+    with self.assertRaisesRegex(
+        ValueError, r"row 0 \(device 0\), column 1: 0F99999999: micro-batch "
+        r'99999999 is not in \[0, 3\) \(the table names 3 micro-batches\); '
+        r'number them 0 \.\. 2$'):
+      schedule_builders.FromParam(
+          'csv:0F0,0F99999999,0B0,0B1/1F0,1B0,1F1,1B1', 2)
+
+  def testActionTwice(self):
+    self._Refuses(
+        'csv:0F0,0F1,0F1,0B0,0B1/1F0,1B0,1F1,1B1',
+        r'row 0 \(device 0\), column 2: 0F1 already appears at row 0, '
+        r'column 1; run each action once$')
+
+  def testFullAndSplitBackwardOfOneMicroBatch(self):
+    self._Refuses(
+        'csv:0F0,0F1,0B0,0I0,0W0,0B1/1F0,1B0,1F1,1B1',
+        r'row 0 \(device 0\), column 3: 0I0: micro-batch 0 of stage 0 '
+        r'already has 0B0 \(row 0, column 2\); use either one B or one I '
+        r'and one W per micro-batch$')
+
+  def testStageInTwoRows(self):
+    self._Refuses(
+        'csv:0F0,0F1,0B0,0B1/1F0,1B0,1F1,1B1,0W0',
+        r'row 1 \(device 1\), column 4: 0W0: stage 0 runs in row 0; keep '
+        r'each stage in one row \(device\)$')
+
+  def testMissingForward(self):
+    self._Refuses(
+        'csv:0F0,0B0,0B1/1F0,1B0,1F1,1B1',
+        r"^schedule 'csv table \(2 rows\)': 0F1 never appears: stage 0 "
+        r'\(row 0\) runs one F per micro-batch; add 0F1 to row 0$')
+
+  def testMissingBackward(self):
+    self._Refuses(
+        'csv:0F0,0F1,0B0/1F0,1B0,1F1,1B1',
+        r'0B1 never appears: stage 0 \(row 0\) runs one B \(or one I and '
+        r'one W\) per micro-batch; add 0B1 to row 0$')
+
+  def testInputGradientWithoutItsWeightGradient(self):
+    self._Refuses(
+        'csv:0F0,0F1,0B0,0I1/1F0,1B0,1F1,1B1',
+        r'0W1 never appears: stage 0 \(row 0\) runs 0I1, so it needs 0W1 '
+        r'too; add 0W1 to row 0 after 0I1$')
+
+  def testTableSizesStillSayWhatToSet(self):
+    # A whole table of another size is named as such, not cell by cell.
+    self._Refuses(_CSV_1F1B, r"^schedule 'csv table \(2 rows\)' has 2 "
+                  r'micro-batches but the step has 4; set num_micro_batches=2',
+                  tt=4)
+    self._Refuses(_CSV_1F1B, r"^schedule 'csv table \(2 rows\)' has 2 "
+                  r'stages, but K=2 devices x num_stages_per_device=2 makes 4',
+                  v=2)
+    self._Refuses(_CSV_1F1B, r"^schedule 'csv table \(2 rows\)' has 2 rows "
+                  r'\(devices\) but the pipeline has 3', kk=3)
+
+  def testAFileIsNamedByItsPath(self):
+    path = os.path.join(tempfile.mkdtemp(), 'mine.csv')
+    with open(path, 'w') as f:
+      f.write('0F0,0F1,0B0\n1F0,1B0,1F1,1B1\n')
+    with self.assertRaisesRegex(ValueError, rf"^schedule '{path}': 0B1 "
+                                'never appears'):
+      schedule_builders.FromParam(path, 2, 2)
+
+  def testLabel(self):
+    self.assertEqual(schedules.Label(_CSV_1F1B), 'csv table (2 rows)')
+    self.assertEqual(schedules.Label('1f1b'), '1f1b')
+    self.assertEqual(schedules.Label('runs/z.csv'), 'runs/z.csv')
 
 
 if __name__ == '__main__':

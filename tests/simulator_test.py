@@ -2,8 +2,23 @@
 
 import unittest
 
-from tensorpipe import schedules
+from tensorpipe import schedule_builders
 from tensorpipe import simulator
+
+
+def _Simulate(forward_costs, backward_costs, num_micro_batches,
+              schedule='gpipe', synchronous_ticks=True, **kwargs):
+  """SimulateSchedule of a built-in table, in the loop's lock step by
+  default (one cost per device)."""
+  table = schedule_builders.Build(schedule, len(forward_costs),
+                                  num_micro_batches)
+  return simulator.SimulateSchedule(table, forward_costs, backward_costs,
+                                    synchronous_ticks=synchronous_ticks,
+                                    **kwargs)
+
+
+def _GPipe(num_devices, num_micro_batches):
+  return schedule_builders.Build('gpipe', num_devices, num_micro_batches)
 
 
 def _Cells(res, phase):
@@ -18,7 +33,7 @@ class SimulateTest(unittest.TestCase):
     #   time   0   1   2   3   4   5   6   7   8   9
     #   k=0    F0  F1          B1......B0......
     #   k=1        F0  F1  B1......B0......
-    res = simulator.Simulate([1, 1], [2, 2], 2, recompute=False)
+    res = _Simulate([1, 1], [2, 2], 2, recompute=False)
     self.assertEqual(_Cells(res, 'forward'), {
         (0, 0): (0, 1), (1, 0): (1, 2), (0, 1): (1, 2), (1, 1): (2, 3)})
     self.assertEqual(_Cells(res, 'backward'), {
@@ -28,8 +43,8 @@ class SimulateTest(unittest.TestCase):
     self.assertAlmostEqual(res.bubble_fraction, 1 / 3)
 
   def testRecomputeAddsForwardToEveryBackwardCell(self):
-    res = simulator.Simulate([1, 1], [2, 2], 2, recompute=True,
-                             fixed_overhead=0.5)
+    res = _Simulate([1, 1], [2, 2], 2, recompute=True,
+                    fixed_overhead=0.5)
     self.assertEqual(_Cells(res, 'backward'), {
         (1, 1): (3, 6), (0, 1): (6, 9), (1, 0): (6, 9), (0, 0): (9, 12)})
     self.assertEqual(res.step_time, 12.5)
@@ -39,9 +54,9 @@ class SimulateTest(unittest.TestCase):
   def testClockBarrierVersusDataflow(self):
     # f = [1, 2], T = 3. With the tick barrier, (2, 0) waits for the end of
     # tick 1 (t=3, when (0, 1) ends); as dataflow it starts at 2.
-    sync = simulator.Simulate([1, 2], [0, 0], 3, recompute=False)
-    flow = simulator.Simulate([1, 2], [0, 0], 3, recompute=False,
-                              synchronous_ticks=False)
+    sync = _Simulate([1, 2], [0, 0], 3, recompute=False)
+    flow = _Simulate([1, 2], [0, 0], 3, recompute=False,
+                     synchronous_ticks=False)
     self.assertEqual(_Cells(sync, 'forward'), {
         (0, 0): (0, 1), (1, 0): (1, 2), (0, 1): (1, 3), (2, 0): (3, 4),
         (1, 1): (3, 5), (2, 1): (5, 7)})
@@ -50,14 +65,14 @@ class SimulateTest(unittest.TestCase):
 
   def testTickOverheadDelaysEveryTick(self):
     # K=1, T=2, f=1, b=1, overhead 0.25 before each of the 4 cells.
-    res = simulator.Simulate([1], [1], 2, recompute=False, tick_overhead=0.25)
+    res = _Simulate([1], [1], 2, recompute=False, tick_overhead=0.25)
     self.assertEqual(_Cells(res, 'forward'), {(0, 0): (0.25, 1.25),
                                               (1, 0): (1.5, 2.5)})
     self.assertEqual(res.step_time, 5.0)
 
   def testSharedCoreSlowsConcurrentCells(self):
     # Two devices on one core: (1, 0) and (0, 1) share it on tick 1.
-    res = simulator.Simulate([1, 1], [1, 1], 2, recompute=False, num_cores=1)
+    res = _Simulate([1, 1], [1, 1], 2, recompute=False, num_cores=1)
     self.assertEqual(_Cells(res, 'forward'), {
         (0, 0): (0, 1), (1, 0): (1, 3), (0, 1): (1, 3), (1, 1): (3, 4)})
     self.assertEqual(res.step_time, 8)  # all 8 units of work, serially
@@ -66,16 +81,16 @@ class SimulateTest(unittest.TestCase):
     for k in (1, 2, 3, 4):
       for t in (1, 2, 4, 8):
         for rc in (True, False):
-          res = simulator.Simulate([1.0] * k, [2.0] * k, t, recompute=rc)
+          res = _Simulate([1.0] * k, [2.0] * k, t, recompute=rc)
           self.assertAlmostEqual(res.bubble_fraction,
-                                 schedules.BubbleFraction(k, t), msg=(k, t))
+                                 (k - 1) / (t + k - 1), msg=(k, t))
           per_cell = 1.0 + (3.0 if rc else 2.0)
           self.assertAlmostEqual(res.step_time, (t + k - 1) * per_cell)
           self.assertEqual(len(res.cells), 2 * k * t)
 
   def testCellsRespectDependencies(self):
-    res = simulator.Simulate([1.0, 3.0, 2.0], [2.0, 1.0, 4.0], 4,
-                             synchronous_ticks=False, num_cores=2)
+    res = _Simulate([1.0, 3.0, 2.0], [2.0, 1.0, 4.0], 4,
+                    synchronous_ticks=False, num_cores=2)
     fwd, bwd = _Cells(res, 'forward'), _Cells(res, 'backward')
     for (t, k), (start, _) in fwd.items():
       for dep in ((t, k - 1), (t - 1, k)):
@@ -89,12 +104,13 @@ class SimulateTest(unittest.TestCase):
           self.assertGreaterEqual(start, bwd[dep][1])
 
   def testRejectsBadCosts(self):
-    with self.assertRaisesRegex(ValueError, 'one of each per partition'):
-      simulator.Simulate([1, 1], [1], 2)
+    with self.assertRaisesRegex(ValueError, "backward_costs has 1 entries "
+                                "but schedule 'gpipe' has 2 stages"):
+      _Simulate([1, 1], [1], 2)
     with self.assertRaisesRegex(ValueError, r'>= 0'):
-      simulator.Simulate([1, -1], [1, 1], 2)
+      _Simulate([1, -1], [1, 1], 2)
     with self.assertRaisesRegex(ValueError, 'num_micro_batches'):
-      simulator.Simulate([1], [1], 0)
+      _Simulate([1], [1], 0)
 
 
 class OneFOneBTest(unittest.TestCase):
@@ -106,8 +122,8 @@ class OneFOneBTest(unittest.TestCase):
     #   time   0   1   2   3   4   5   6   7   8   9
     #   k=0    F0  F1          B0......    B1......
     #   k=1        F0  B0......F1  B1......
-    res = simulator.Simulate([1, 1], [2, 2], 2, recompute=False,
-                             synchronous_ticks=False, schedule='1f1b')
+    res = _Simulate([1, 1], [2, 2], 2, recompute=False,
+                    synchronous_ticks=False, schedule='1f1b')
     self.assertEqual(_Cells(res, 'forward'), {
         (0, 0): (0, 1), (1, 0): (1, 2), (0, 1): (1, 2), (1, 1): (4, 5)})
     self.assertEqual(_Cells(res, 'backward'), {
@@ -124,33 +140,33 @@ class OneFOneBTest(unittest.TestCase):
     #   time   0-1  1-2  2-4   4-6   6-8   8-10
     #   k=0    F0   F1         B0          B1
     #   k=1         F0   B0    F1    B1
-    res = simulator.Simulate([1, 1], [2, 2], 2, recompute=False,
-                             schedule='1f1b')
+    res = _Simulate([1, 1], [2, 2], 2, recompute=False,
+                    schedule='1f1b')
     self.assertEqual(_Cells(res, 'forward'), {
         (0, 0): (0, 1), (1, 0): (1, 2), (0, 1): (1, 2), (1, 1): (4, 5)})
     self.assertEqual(_Cells(res, 'backward'), {
         (0, 1): (2, 4), (0, 0): (4, 6), (1, 1): (6, 8), (1, 0): (8, 10)})
     self.assertEqual(res.step_time, 10)
-    self.assertGreater(res.step_time, simulator.Simulate(
+    self.assertGreater(res.step_time, _Simulate(
         [1, 1], [2, 2], 2, recompute=False).step_time)
 
   def testTwoTicksInFlightLetCellsOverlapTheBarrier(self):
     # parallel_iterations=2: tick c waits only for all of tick c - 2. In the
     # case above tick 4 (B1 on k=1) no longer waits for B0 on k=0 (tick 3):
     # the step takes the dataflow 9 instead of the lock-step 10.
-    res = simulator.Simulate([1, 1], [2, 2], 2, recompute=False,
-                             schedule='1f1b', ticks_in_flight=2)
-    flow = simulator.Simulate([1, 1], [2, 2], 2, recompute=False,
-                              schedule='1f1b', synchronous_ticks=False)
+    res = _Simulate([1, 1], [2, 2], 2, recompute=False,
+                    schedule='1f1b', ticks_in_flight=2)
+    flow = _Simulate([1, 1], [2, 2], 2, recompute=False,
+                     schedule='1f1b', synchronous_ticks=False)
     self.assertEqual(res.step_time, 9)
     self.assertEqual(res.cells, flow.cells)
     # GPipe with one tick in flight is unchanged by the parameter's default.
     self.assertEqual(
-        simulator.Simulate([1, 2], [0, 0], 3, recompute=False).cells,
-        simulator.Simulate([1, 2], [0, 0], 3, recompute=False,
-                           ticks_in_flight=1).cells)
+        _Simulate([1, 2], [0, 0], 3, recompute=False).cells,
+        _Simulate([1, 2], [0, 0], 3, recompute=False,
+                  ticks_in_flight=1).cells)
     with self.assertRaisesRegex(ValueError, 'ticks_in_flight=0'):
-      simulator.Simulate([1], [1], 2, ticks_in_flight=0)
+      _Simulate([1], [1], 2, ticks_in_flight=0)
 
   def testUniformCellCostsGiveGPipeMakespanInTheTickModel(self):
     # Every cell costs the same (f = r + b): both schedules take their
@@ -158,13 +174,13 @@ class OneFOneBTest(unittest.TestCase):
     for k in (1, 2, 3, 4):
       for t in (1, 2, 4, 8):
         for rc, b in ((False, 1.0), (True, 0.0)):
-          gpipe = simulator.Simulate([1.0] * k, [b] * k, t, recompute=rc)
-          ofob = simulator.Simulate([1.0] * k, [b] * k, t, recompute=rc,
-                                    schedule='1f1b')
+          gpipe = _Simulate([1.0] * k, [b] * k, t, recompute=rc)
+          ofob = _Simulate([1.0] * k, [b] * k, t, recompute=rc,
+                           schedule='1f1b')
           self.assertEqual(ofob.step_time, 2 * (t + k - 1), (k, t, rc))
           self.assertEqual(ofob.step_time, gpipe.step_time)
           self.assertAlmostEqual(ofob.bubble_fraction,
-                                 schedules.BubbleFraction(k, t))
+                                 (k - 1) / (t + k - 1))
           self.assertEqual(len(ofob.cells), 2 * k * t)
 
   def testEqualStagesAsDataflowGiveGPipeMakespan(self):
@@ -172,8 +188,8 @@ class OneFOneBTest(unittest.TestCase):
     for k in (1, 2, 3, 4):
       for t in (1, 2, 4, 8):
         for rc in (True, False):
-          ofob = simulator.Simulate([1.0] * k, [2.0] * k, t, recompute=rc,
-                                    synchronous_ticks=False, schedule='1f1b')
+          ofob = _Simulate([1.0] * k, [2.0] * k, t, recompute=rc,
+                           synchronous_ticks=False, schedule='1f1b')
           self.assertEqual(ofob.step_time,
                            (t + k - 1) * (1.0 + (3.0 if rc else 2.0)),
                            (k, t, rc))
@@ -181,23 +197,23 @@ class OneFOneBTest(unittest.TestCase):
   def testOnePartitionCostsItsCellsPlusTickOverheads(self):
     # K=1, T=2: F0 B0 F1 B1, each cell delayed by the tick overhead, as the
     # K=1 GPipe calibration assumes (2 T overheads per step).
-    res = simulator.Simulate([1], [1], 2, recompute=True, tick_overhead=0.25,
-                             fixed_overhead=1.0, schedule='1f1b')
+    res = _Simulate([1], [1], 2, recompute=True, tick_overhead=0.25,
+                    fixed_overhead=1.0, schedule='1f1b')
     self.assertEqual(_Cells(res, 'forward'), {(0, 0): (0.25, 1.25),
                                               (1, 0): (3.75, 4.75)})
     self.assertEqual(_Cells(res, 'backward'), {(0, 0): (1.5, 3.5),
                                                (1, 0): (5.0, 7.0)})
     self.assertEqual(res.step_time, 8.0)
-    self.assertEqual(res.step_time, simulator.Simulate(
+    self.assertEqual(res.step_time, _Simulate(
         [1], [1], 2, recompute=True, tick_overhead=0.25,
         fixed_overhead=1.0).step_time)
     self.assertEqual([c.recompute for c in res.cells
                       if c.phase == 'backward'], [1.0, 1.0])
 
   def testCellsRespectTheScheduleDependencies(self):
-    res = simulator.Simulate([1.0, 3.0, 2.0], [2.0, 1.0, 4.0], 5,
-                             synchronous_ticks=False, num_cores=2,
-                             schedule='1f1b')
+    res = _Simulate([1.0, 3.0, 2.0], [2.0, 1.0, 4.0], 5,
+                    synchronous_ticks=False, num_cores=2,
+                    schedule='1f1b')
     fwd, bwd = _Cells(res, 'forward'), _Cells(res, 'backward')
     self.assertEqual(len(fwd) + len(bwd), 2 * 3 * 5)
     for (t, k), (start, _) in fwd.items():
@@ -206,40 +222,33 @@ class OneFOneBTest(unittest.TestCase):
     for (t, k), (start, _) in bwd.items():
       dep = bwd[(t, k + 1)] if k < 2 else fwd[(t, k)]
       self.assertGreaterEqual(start, dep[1])
-    # Cells of one device never overlap and follow the schedule's order.
-    order = {}
-    for clock, cells in enumerate(schedules.OneFOneBClockCycles(3, 5)):
-      for op, t, k in cells:
-        order[(op, t, k)] = clock
+    # Cells of one device never overlap and follow the table's order.
+    orders = schedule_builders.Build('1f1b', 3, 5).Orders()
     for k in range(3):
       mine = sorted((c for c in res.cells if c.k == k),
                     key=lambda c: c.start)
       for a, b in zip(mine, mine[1:]):
         self.assertGreaterEqual(b.start, a.end)
-      ops = [(schedules.FORWARD if c.phase == 'forward' else
-              schedules.BACKWARD, c.t, k) for c in mine]
-      self.assertEqual(ops, sorted(ops, key=order.get))
+      self.assertEqual([(c.phase[0].upper(), c.t) for c in mine],
+                       [(a.op, a.micro_batch) for a in orders[k]])
 
   def testInFlightMicroBatchesKVersusT(self):
     for k in (1, 2, 3, 4):
       for t in (1, 2, 4, 8):
         for sync in (True, False):
-          gpipe = simulator.Simulate([1.0] * k, [2.0] * k, t,
-                                     synchronous_ticks=sync)
-          ofob = simulator.Simulate([1.0] * k, [2.0] * k, t,
-                                    synchronous_ticks=sync, schedule='1f1b')
+          gpipe = _Simulate([1.0] * k, [2.0] * k, t,
+                            synchronous_ticks=sync)
+          ofob = _Simulate([1.0] * k, [2.0] * k, t,
+                           synchronous_ticks=sync, schedule='1f1b')
           self.assertEqual(gpipe.max_in_flight, [t] * k)
           self.assertEqual(ofob.max_in_flight,
-                           [schedules.OneFOneBMaxInFlight(j, k, t)
-                            for j in range(k)], (k, t, sync))
-          self.assertEqual(ofob.max_in_flight,
-                           [min(k - j, t) for j in range(k)])
+                           [min(k - j, t) for j in range(k)], (k, t, sync))
 
   def testActivationPeakOfKVersusTMicroBatches(self):
     # K=2, T=8; per micro-batch: boundary input 4 B, layer outputs 10 B.
-    gpipe = simulator.Simulate([1, 1], [2, 2], 8).max_in_flight     # [8, 8]
-    ofob = simulator.Simulate([1, 1], [2, 2], 8,
-                              schedule='1f1b').max_in_flight        # [2, 1]
+    gpipe = _Simulate([1, 1], [2, 2], 8).max_in_flight     # [8, 8]
+    ofob = _Simulate([1, 1], [2, 2], 8,
+                     schedule='1f1b').max_in_flight        # [2, 1]
     peak = lambda n, rc: simulator.ActivationPeak(n, [4, 4], [10, 10], rc)
     self.assertEqual(peak(gpipe, True), [8 * 4 + 10, 8 * 4 + 10])
     self.assertEqual(peak(ofob, True), [2 * 4 + 10, 1 * 4 + 10])
@@ -248,10 +257,6 @@ class OneFOneBTest(unittest.TestCase):
     with self.assertRaisesRegex(ValueError, 'one of each per partition'):
       simulator.ActivationPeak([1, 1], [4], [10, 10], True)
 
-  def testRejectsAnUnknownSchedule(self):
-    with self.assertRaisesRegex(ValueError, r"schedule='pipedream'.*'1f1b'"):
-      simulator.Simulate([1], [1], 2, schedule='pipedream')
-
 
 class CalibrateTest(unittest.TestCase):
 
@@ -259,8 +264,8 @@ class CalibrateTest(unittest.TestCase):
     f, b, o, fixed = 2.0, 3.0, 0.5, 7.0
     runs = []
     for t in (2, 4, 8):
-      step = simulator.Simulate([f], [b], t, recompute=True, tick_overhead=o,
-                                fixed_overhead=fixed).step_time
+      step = _Simulate([f], [b], t, recompute=True, tick_overhead=o,
+                       fixed_overhead=fixed).step_time
       runs.append((t, f, b, step))
     cal = simulator.CalibrateFromK1(runs, recompute=True)
     self.assertAlmostEqual(cal.tick_overhead, o)
@@ -294,7 +299,8 @@ class DataParallelTest(unittest.TestCase):
     #   time   0 ............ 9 .. 11 ....... 15
     #   k=0    pipeline       AR0
     #   k=1    pipeline       AR1..............
-    res = simulator.SimulateDataParallel([1, 1], [2, 2], 2, [2, 6], 2, 1.0,
+    res = simulator.SimulateDataParallel(_GPipe(2, 2), [1, 1], [2, 2], [2, 6],
+                                         2, 1.0,
                                          recompute=False, fixed_overhead=0.5)
     self.assertEqual(res.allreduce_times, (2.0, 6.0))
     self.assertEqual(res.allreduce_start, (9.0, 9.0))
@@ -309,7 +315,8 @@ class DataParallelTest(unittest.TestCase):
   def testSharedLinkSerialisesTheStages(self):
     # One link: AR1 (ready first on ties) 9..15, then AR0 15..17;
     # overlapped: AR1 7..13, AR0 13..15.
-    res = simulator.SimulateDataParallel([1, 1], [2, 2], 2, [2, 6], 2, 1.0,
+    res = simulator.SimulateDataParallel(_GPipe(2, 2), [1, 1], [2, 2], [2, 6],
+                                         2, 1.0,
                                          recompute=False, shared_link=True)
     self.assertEqual(res.allreduce_start, (15.0, 9.0))
     self.assertEqual(res.allreduce_end, (17.0, 15.0))
@@ -317,8 +324,8 @@ class DataParallelTest(unittest.TestCase):
     self.assertEqual(res.overlapped_step_time, 15.0)
 
   def testOneReplicaIsThePipeline(self):
-    pipe = simulator.Simulate([1.0, 3.0], [2.0, 1.0], 4, fixed_overhead=2.0)
-    res = simulator.SimulateDataParallel([1.0, 3.0], [2.0, 1.0], 4,
+    pipe = _Simulate([1.0, 3.0], [2.0, 1.0], 4, fixed_overhead=2.0)
+    res = simulator.SimulateDataParallel(_GPipe(2, 4), [1.0, 3.0], [2.0, 1.0],
                                          [1e9, 1e9], 1, 1e3,
                                          fixed_overhead=2.0)
     self.assertEqual(res.step_time, pipe.step_time)
@@ -329,7 +336,8 @@ class DataParallelTest(unittest.TestCase):
     # Equal costs: step = (T + K - 1)(f + r + b) + 2 (R-1)/R x G / bw.
     for k, t, r in ((1, 1, 2), (2, 4, 2), (4, 8, 8), (3, 2, 5)):
       res = simulator.SimulateDataParallel(
-          [1.0] * k, [2.0] * k, t, [100.0] * k, r, 10.0, recompute=True)
+          _GPipe(k, t), [1.0] * k, [2.0] * k, [100.0] * k, r, 10.0,
+          recompute=True)
       self.assertAlmostEqual(
           res.step_time, (t + k - 1) * 4.0 + 2 * (r - 1) / r * 10.0,
           msg=(k, t, r))
@@ -337,9 +345,11 @@ class DataParallelTest(unittest.TestCase):
   def testRejectsGradBytesNotOnePerStage(self):
     with self.assertRaisesRegex(ValueError, 'grad_bytes has 1 entries for 2 '
                                 'stages'):
-      simulator.SimulateDataParallel([1, 1], [1, 1], 2, [5], 2, 1.0)
+      simulator.SimulateDataParallel(_GPipe(2, 2), [1, 1], [1, 1], [5], 2,
+                                     1.0)
     with self.assertRaisesRegex(ValueError, 'grad_bytes'):
-      simulator.SimulateDataParallel([1, 1], [1, 1], 2, [5, -1], 2, 1.0)
+      simulator.SimulateDataParallel(_GPipe(2, 2), [1, 1], [1, 1], [5, -1], 2,
+                                     1.0)
 
 
 if __name__ == '__main__':

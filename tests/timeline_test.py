@@ -5,6 +5,7 @@ import json
 import tensorflow as tf
 
 import tensorpipe
+from tensorpipe import schedule_builders
 from tensorpipe import schedules
 from tensorpipe import simulator
 from tensorpipe import test_utils
@@ -87,11 +88,14 @@ class TimelineTest(tf.test.TestCase):
 
   def testEventTicksFollowTheSchedule(self):
     _, events, _, _ = self._Record()
-    forward = list(schedules.GPipeClockCycles(_K, _T))
-    backward = list(schedules.GPipeBackwardClockCycles(_K, _T))
+    # Each pass logs its own ticks: the gpipe table's F ticks, then its B
+    # ticks from `span` on.
+    table = schedule_builders.Build('gpipe', _K, _T)
+    span = table.num_ticks // 2
     for ev in events:
-      ticks = forward if ev.phase == 'forward' else backward
-      self.assertIn((ev.t, ev.k), ticks[ev.tick], ev)
+      fwd = ev.phase == 'forward'
+      self.assertEqual(table.grid[ev.k][ev.tick + (0 if fwd else span)],
+                       schedules.Action('F' if fwd else 'B', ev.t, ev.k), ev)
     # Row c of a partition's log is its loop's tick c: later ticks start later.
     for phase in timeline.PHASES:
       for k in range(_K):
@@ -203,9 +207,12 @@ _LOGS_1F1B = [
 
 
 def _Decode1F1B(logs, k_total, t_total):
+  """Decodes per-device logs of the 1f1b table's ticks, as the engine's."""
   rec = timeline.Recorder()
+  table = schedule_builders.Build('1f1b', k_total, t_total)
   for k, log in enumerate(logs):
-    rec.Add('1f1b', k, k_total, t_total, tf.constant(log, tf.float64))
+    rec.Add('table', k, k_total, t_total, tf.constant(log, tf.float64),
+            table=table)
   return rec.Events(rec.Tensors())
 
 
@@ -247,19 +254,17 @@ class OneFOneBTimelineTest(tf.test.TestCase):
     # schedule ticks, as the loop does; decoding gives the cells back.
     k_total, t_total = 3, 5
     for rc in (True, False):
-      res = simulator.Simulate([1.0, 3.0, 2.0], [2.0, 1.0, 4.0], t_total,
-                               recompute=rc, schedule='1f1b')
-      tick = {}
-      for clock, cells in enumerate(
-          schedules.OneFOneBClockCycles(k_total, t_total)):
-        for op, t, k in cells:
-          tick[('forward' if op == schedules.FORWARD else 'backward',
-                t, k)] = clock
-      ticks = schedules.OneFOneBNumClockTicks(k_total, t_total)
-      logs = [[[_M] * 3 for _ in range(ticks)] for _ in range(k_total)]
+      table = schedule_builders.Build('1f1b', k_total, t_total)
+      res = simulator.SimulateSchedule(table, [1.0, 3.0, 2.0],
+                                       [2.0, 1.0, 4.0], recompute=rc,
+                                       synchronous_ticks=True)
+      tick = {a: c for a, (_, c) in table.Ticks().items()}
+      logs = [[[_M] * 3 for _ in range(table.num_ticks)]
+              for _ in range(k_total)]
       for c in res.cells:
         mid = c.start + c.recompute if c.recompute else _M
-        logs[c.k][tick[(c.phase, c.t, c.k)]] = [c.start, mid, c.end]
+        action = schedules.Action(c.phase[0].upper(), c.t, c.k)
+        logs[c.k][tick[action]] = [c.start, mid, c.end]
       events = _Decode1F1B(logs, k_total, t_total)
       want = []
       for c in res.cells:
@@ -290,15 +295,16 @@ class OneFOneBTimelineTest(tf.test.TestCase):
         ('forward', 1, 5.0, 7.0), ('backward', 1, 7.0, 9.0)])
 
   def testProbeLogsOfALoopDecode(self):
-    # What the 1F1B loop does: Probe.NewLog / Log per tick, Add('1f1b').
+    # What the engine does: Probe.NewLog / Log per tick, Add('table').
     rec = timeline.Recorder()
     probe = timeline.Probe(rec)
-    log = probe.NewLog(schedules.OneFOneBNumClockTicks(1, 2), 3)
+    table = schedule_builders.Build('1f1b', 1, 2)
+    log = probe.NewLog(table.num_ticks, 3)
     for clock, stamps in ((0, [1.0, _M, 2.0]), (1, [2.0, 3.0, 4.0]),
                           (2, [4.0, _M, 5.0]), (3, [5.0, 6.0, 7.0])):
       log = probe.Log(log, tf.constant(clock),
                       [tf.constant(v, tf.float64) for v in stamps])
-    probe.Add('1f1b', 0, 1, 2, log)
+    probe.Add('table', 0, 1, 2, log, table=table)
     self.assertEqual(
         [(e.phase, e.t, e.start, e.end, e.tick)
          for e in rec.Events(rec.Tensors())],
@@ -335,15 +341,19 @@ class OneFOneBTimelineTest(tf.test.TestCase):
         tf.constant(2), [lambda: 0.0, lambda: 1.0, lambda: 2.0])), 2.0)
 
   def testRejectsLogsThatDoNotFitTheSchedule(self):
-    with self.assertRaisesRegex(ValueError, r'5 rows.*K=2, T=2 has 6 ticks'):
-      _Decode1F1B([_LOGS_1F1B[0][:5], _LOGS_1F1B[1]], 2, 2)
+    # A log covers ticks [first, first + rows) of the table: a longer one is
+    # of another schedule or K, T.
+    with self.assertRaisesRegex(ValueError, r'7 rows.*K=2, T=2 has 6 ticks'):
+      _Decode1F1B([_LOGS_1F1B[0] + [[_M] * 3], _LOGS_1F1B[1]], 2, 2)
     idle_ran = [list(r) for r in _LOGS_1F1B[0]]
     idle_ran[2] = [2.0, _M, 3.0]
     with self.assertRaisesRegex(ValueError, 'tick 2, where the schedule '
                                 'idles'):
       _Decode1F1B([idle_ran, _LOGS_1F1B[1]], 2, 2)
-    with self.assertRaisesRegex(ValueError, r"'pipedream' is not one of"):
-      timeline.Recorder().Add('pipedream', 0, 1, 1, tf.zeros([2, 2]))
+    for gone in ('pipedream', '1f1b', 'backward'):
+      with self.assertRaisesRegex(ValueError, rf"'{gone}' is not one of "
+                                  r"\('forward', 'table'\)"):
+        timeline.Recorder().Add(gone, 0, 1, 1, tf.zeros([2, 2]))
 
 
 class ProbeTest(tf.test.TestCase):

@@ -16,6 +16,7 @@ from tensorflow.python.framework import config as tf_config  # pylint: disable=g
 from tensorpipe import base_experiment
 from tensorpipe import base_layer
 from tensorpipe import checkpoints
+from tensorpipe import distribute
 from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
 from tensorpipe import lr_schedules
@@ -260,6 +261,58 @@ class TrainerLibTest(tf.test.TestCase):
         p, 'task.model.num_micro_batches=4;task.train.lr_schedule.peak=0.1')
     self.assertEqual(p.task.model.num_micro_batches, 4)
     self.assertEqual(p.task.train.lr_schedule.peak, 0.1)
+
+  def testStopVoteStopsEveryWorkerAfterTheSameStep(self):
+    """The multi-worker stop vote: TrainStep sums every replica's stop flag
+    in the step's all-reduce (here 2 replicas in one process), and with
+    other processes only that sum decides."""
+    agreed = trainer_lib.StopAgreed
+    # votes, requested here, R, local R -> stop
+    for votes, requested, r, local, stop in (
+        (1.0, False, 2, 1, True),    # the other worker was signalled
+        (2.0, True, 2, 1, True),     # both
+        (0.0, False, 2, 1, False),   # nobody
+        (0.0, True, 2, 1, False),    # asked after this step's vote: next
+        (0.0, True, 2, 2, True),     # one process: the request itself
+        (0.0, False, 1, 1, False)):
+      self.assertEqual(agreed(votes, requested, r, local), stop,
+                       (votes, requested, r, local))
+    p = _Tiny().ModelParams()  # the smallest replicated step
+    p.task.model.Set(num_partitions=1, layers=[
+        pooling.GlobalPoolingLayer.Params().Set(name='gap'),
+        linear.FCLayer.Params().Set(name='logits', input_dim=1, output_dim=4,
+                                    activation='NONE')])
+    topology = distribute.LocalTopology([['/CPU:0'], ['/CPU:1']])
+    trainer = trainer_lib.Trainer(p, self.get_temp_dir(), topology=topology,
+                                  log_fn=lambda _: None)
+    batch = next(iter(trainer.TrainInput().Dataset()))
+    for flag, votes in ((True, 2.0), (False, 0.0)):
+      values = trainer._RunStep(batch, flag)  # pylint: disable=protected-access
+      self.assertEqual(float(values[distribute.STOP_VOTES]), votes)
+
+  def testCsvSchedulePathsAreRecordedAsTheirTable(self):
+    """The trainer calls RecordCsvSchedules after the overrides: a path
+    (relative ones resolved as the trainer resolves --logdir) becomes the
+    table's text; names and recorded tables stay as they are."""
+    folder = self.get_temp_dir()
+    with open(os.path.join(folder, 'z.csv'), 'w', newline='') as f:
+      f.write('0F0,0F1,,,0B0,,0B1\r\n,1F0,1F1,1B0,,1B1\r\n\r\n')
+    p = _Tiny().ModelParams()
+    trainer_lib.ApplyOverrides(p, "task.model.schedule='runs/z.csv'")
+    read = trainer_lib.RecordCsvSchedules(
+        p, lambda path: os.path.join(folder, os.path.basename(path)))
+    self.assertEqual(read, ['runs/z.csv'])
+    table = 'csv:0F0,0F1,,,0B0,,0B1/,1F0,1F1,1B0,,1B1'
+    self.assertEqual(p.task.model.schedule, table)
+    self.assertIn(f"task.model.schedule : '{table}'", p.ToText())
+    self.assertEqual(trainer_lib.RecordCsvSchedules(p), [])  # recorded
+    p.task.model.schedule = '1f1b'
+    self.assertEqual(trainer_lib.RecordCsvSchedules(p), [])
+    self.assertEqual(p.task.model.schedule, '1f1b')
+    p.task.model.schedule = os.path.join(folder, 'gone.csv')
+    with self.assertRaisesRegex(ValueError, r"schedule CSV '.*gone.csv' "
+                                'cannot be read'):
+      trainer_lib.RecordCsvSchedules(p)
 
   def testOverrideErrorsAreClear(self):
     p = _Tiny().ModelParams()

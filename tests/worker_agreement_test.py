@@ -1,5 +1,6 @@
 """Tests of tensorpipe/worker_agreement.py with an in-memory exchange."""
 
+import types
 import unittest
 
 from tensorpipe import worker_agreement as agree
@@ -20,7 +21,48 @@ def _Text(params, flags):
   return json.dumps(agree.KeyDigests(params, flags))
 
 
+def _Flags(**changed):
+  """absl's FLAGS as StepFlagValues reads them: FLAGS[name].value."""
+  values = dict(seed=1234, deterministic=True, mode='train_and_eval',
+                eval_steps=None, recompute_bn_stats=0, model='x.Exp',
+                logdir='/l')
+  values.update(changed)
+  return {k: types.SimpleNamespace(value=v) for k, v in values.items()}
+
+
 class WorkerAgreementTest(unittest.TestCase):
+
+  def testTheComparedFlagsArePinned(self):
+    """Every flag that changes the steps a run makes: a flag dropped from
+    the list (or added) must be a decision, not an accident."""
+    self.assertEqual(agree.STEP_FLAGS, ('--seed', '--deterministic',
+                                        '--mode', '--eval_steps',
+                                        '--recompute_bn_stats'))
+    self.assertEqual(agree.StepFlagValues(_Flags()), {
+        '--seed': '1234', '--deterministic': 'True',
+        '--mode': 'train_and_eval', '--eval_steps': 'None',
+        '--recompute_bn_stats': '0'})
+
+  def testAnotherWorkersSeedStopsEveryWorker(self):
+    """What tools/trainer compares (its Params and StepFlagValues(FLAGS)),
+    through a fake exchange: worker 1 started with another --seed."""
+    for changed, key in ((dict(seed=1), '--seed'),
+                         (dict(mode='train'), '--mode'),
+                         (dict(deterministic=False), '--deterministic')):
+      mine = agree.StepFlagValues(_Flags())
+      theirs = agree.StepFlagValues(_Flags(**changed))
+      with self.assertRaisesRegex(
+          ValueError, rf'^the 2 workers were started with different '
+          rf'settings: {key} \(here: {mine[key]}\) differ between workers'):
+        agree.CheckAgreement(
+            0, 2, agree.KeyDigests(_PARAMS, mine),
+            _Exchange([_Text(_PARAMS, theirs)]),
+            dict(agree.ParamsValues(_PARAMS), **mine))
+    # Flags that do not change the steps are not compared.
+    agree.CheckAgreement(
+        0, 2, agree.KeyDigests(_PARAMS, agree.StepFlagValues(_Flags())),
+        _Exchange([_Text(_PARAMS, agree.StepFlagValues(
+            _Flags(logdir='/other')))]))
 
   def testSameSettingsPass(self):
     flags = {'--seed': '1', '--mode': 'train'}

@@ -37,10 +37,19 @@ images, for existing clients:
   /GPU:0,/GPU:1    pipelined over these devices
 A loader without those devices places the ops on the ones it has.
 
+--model_params_override changes the run's Params after params.txt, as the
+trainer's flag does. A run trained with a CSV schedule file before the
+trainer recorded the table in params.txt (schedules.CsvParam) names only
+the file; where it is gone, name a copy:
+
+  python -m tools.export ... \
+      --model_params_override="task.model.schedule='/copy/of/z.csv'"
+
 Mistakes end in one line `export: error: ...` on stderr naming the value and
 the fix (exit code 2): a logdir without params.txt or checkpoint, --model
 not the run's experiment, a checkpoint of another model, an export_dir that
-is not empty (pass --overwrite to replace it).
+is not empty (pass --overwrite to replace it), a schedule file that cannot
+be read.
 """
 
 # First, before anything imports TensorFlow: its C++ log lines off (--tf_logs).
@@ -69,6 +78,11 @@ flags.DEFINE_string('devices', None, 'Unset or 1: one device (first GPU, '
 flags.DEFINE_integer('serving_batch_size', None, 'Pipelined serving: rows per '
                      'pipeline call (a multiple of the micro-batch count); '
                      "default: the run's input.batch_size.")
+flags.DEFINE_string('model_params_override', '', "Params overrides applied "
+                    "after the run's params.txt, as the trainer's flag takes "
+                    "them, e.g. \"task.model.schedule='/copy/of/z.csv'\" for "
+                    'a run trained with a CSV schedule file that is not here '
+                    '(runs trained now record the table in params.txt).')
 flags.DEFINE_bool('overwrite', False, 'Replace what --export_dir holds.')
 flags.DEFINE_bool('raw_images', True, "Image experiments: also write the "
                   "'serving_raw' signature, which takes uint8 images [batch, "
@@ -154,7 +168,8 @@ def _Export() -> None:
     # checked before TensorFlow starts.
     export.CheckExportDir(export_dir, FLAGS.overwrite)
     experiment = model_registry.GetExperiment(FLAGS.model).ModelParams()
-    export.RunParams(experiment, logdir, FLAGS.model)
+    export.RunParams(experiment, logdir, FLAGS.model,
+                     FLAGS.model_params_override)
     devices_lib.SetNumLogicalCpuDevices(
         placement.num_partitions if placement.pipelined else 1)
     export.ExportRun(experiment, FLAGS.model, logdir, export_dir,
@@ -163,7 +178,8 @@ def _Export() -> None:
                      num_partitions=placement.num_partitions,
                      serving_batch_size=FLAGS.serving_batch_size,
                      overwrite=FLAGS.overwrite, log_fn=logging.info,
-                     raw_images=FLAGS.raw_images)
+                     raw_images=FLAGS.raw_images,
+                     params_override=FLAGS.model_params_override)
   except setup_errors as e:
     raise _UserError(_OneLine(e)) from None
 

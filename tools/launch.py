@@ -120,6 +120,24 @@ def WorkerTfConfigs(ports: Sequence[int], host: str = _HOST) -> List[str]:
           for r in range(len(ports))]
 
 
+def _HowItEnded(returncode: int) -> str:
+  """'failed with exit code 3', 'stopped by SIGTERM (exit code 143)' (the
+  trainer's exit after a stop signal: 128 + N), 'was killed by SIGKILL'."""
+  if returncode < 0:
+    return f'was killed by {_SignalName(-returncode)}'
+  if returncode - 128 in (signal.SIGTERM, signal.SIGINT):
+    return (f'stopped by {_SignalName(returncode - 128)} (exit code '
+            f'{returncode})')
+  return f'failed with exit code {returncode}'
+
+
+def _SignalName(signum: int) -> str:
+  try:
+    return signal.Signals(signum).name
+  except ValueError:
+    return f'signal {signum}'
+
+
 def ExitCode(returncode: int) -> int:
   """A process's exit status as a shell reports it (signal N -> 128 + N)."""
   return 128 - returncode if returncode < 0 else returncode
@@ -271,8 +289,8 @@ def Launch(worker_args: Sequence[str], num_workers: int, port_base: int = 0,
       if bad:
         failed = bad[0]
         exit_code = ExitCode(codes[failed])
-        reason = (f'worker {failed} (pid {procs[failed].pid}) failed with '
-                  f'exit code {exit_code}')
+        reason = (f'worker {failed} (pid {procs[failed].pid}) '
+                  f'{_HowItEnded(codes[failed])}')
         break
       if all(c == 0 for c in codes):
         break

@@ -123,8 +123,9 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     'forward (TensorPipeLayer default).', flag_values=fv)
   flags.DEFINE_list('schedules', [], "Schedules to predict side by side "
                     "(step, bubble, activation peak): 'all', or names from "
-                    'tensorpipe.schedules.Names() (interleaved_1f1b and zb_v '
-                    'with 2 stages per device); uses --recompute and '
+                    'gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v '
+                    '(schedule_plan.ALL; interleaved_1f1b and zb_v with 2 '
+                    'stages per device); uses --recompute and '
                     '--device_tflops.', flag_values=fv)
 
 

@@ -6,7 +6,8 @@
       --model_params_override='task.train.max_steps=20; input.batch_size=32'
 
 Writes logdir/params.txt (the final Params; a resume with changed Params keeps
-the old file as params.<step>.txt and logs the difference), TensorBoard
+the old file as params.<step>.txt and logs the difference; a CSV schedule
+given as a path is recorded as its table, schedules.CsvParam), TensorBoard
 summaries in logdir/train and logdir/eval, checkpoints in logdir/checkpoints
 (resumed on restart from the newest intact one) and logdir/eval_metrics.json.
 While training it holds logdir/trainer.lock: a second trainer on the same
@@ -29,8 +30,17 @@ input data, a checkpoint that could not be written). The newest checkpoint is
 always finite and intact, so after fixing the cause the same command resumes.
 """
 
-# First, before anything imports TensorFlow: its C++ log lines off (--tf_logs).
-from tools import console  # pylint: disable=g-bad-import-order
+# First of all, before TensorFlow starts any thread (tools/console imports
+# it): SIGTERM and SIGINT blocked in this thread, so that TF's threads
+# inherit the mask and never take them; TF's preemption notifier would
+# swallow SIGTERM during a cluster's registration (tensorpipe/cluster.py).
+# _Main installs the handlers and unblocks them (StopSignals.Release).
+import signal  # pylint: disable=g-bad-import-order
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+# Then, before anything imports TensorFlow: its C++ log lines off
+# (--tf_logs).
+from tools import console  # pylint: disable=g-bad-import-order,g-import-not-at-top
 
 import atexit
 import os
@@ -135,16 +145,33 @@ def _WaitForPeers(cluster) -> None:
                                      logging.info)
   except (peer_wait.PeersMissingError, peer_wait.PortInUseError) as e:
     raise _UserError(f'{type(e).__name__}: {e}') from None
-  logging.info('%s: every worker accepts connections (%.1f s)', own[0],
+  logging.info('%s: every worker answers (%.1f s)', own[0],
                seconds)
+
+
+def _MakeTopology(num_partitions: int, cluster, timeouts):
+  """distribute.MakeTopology; a cluster's failed registration -> _UserError
+  naming the peers (cluster.RegistrationError)."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from tensorpipe import cluster as cluster_lib
+  from tensorpipe import distribute
+  # pylint: enable=g-import-not-at-top
+  try:
+    return distribute.MakeTopology(FLAGS.num_replicas, num_partitions,
+                                   cluster, timeouts)
+  except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
+    if cluster is None:
+      raise
+    raise _UserError(cluster_lib.RegistrationError(
+        cluster, e.message, FLAGS.peer_wait_s)) from None
 
 
 def _CheckWorkersAgree(cluster, p) -> None:
   """Every worker runs the same Params and step flags, or all stop here."""
   from tensorpipe import worker_agreement as agree  # pylint: disable=g-import-not-at-top
   text = p.ToText()
-  flag_values = {f'--{name}': str(FLAGS[name].value) for name in (
-      f.lstrip('-') for f in agree.STEP_FLAGS)}
+  flag_values = agree.StepFlagValues(FLAGS)
   values = dict(agree.ParamsValues(text), **flag_values)
   try:
     agree.CheckAgreement(
@@ -185,6 +212,9 @@ def _Setup(stop: preemption.StopSignals):
       p.task.train.max_steps = FLAGS.max_steps
     if FLAGS.eval_steps is not None:
       p.task.train.eval_steps = FLAGS.eval_steps
+    # A CSV schedule given as a path is recorded as its table: params.txt
+    # then needs no file to export, and a changed file shows on resume.
+    trainer_lib.RecordCsvSchedules(p, paths.UserPath)
   except ValueError as e:
     raise _UserError(str(e)) from None
   if FLAGS.num_cpu_devices is not None and FLAGS.num_cpu_devices < 1:
@@ -233,14 +263,21 @@ def _Setup(stop: preemption.StopSignals):
     # Before any other TF op: a cluster starts this process's server.
     timeouts = None
     if cluster is not None:
-      _WaitForPeers(cluster)
+      stop.Release()  # the peer wait is Python: a signal acts at once
+      try:
+        _WaitForPeers(cluster)
+      finally:
+        stop.Hold()
       timeouts = cluster_lib.FaultTimeouts(
           cluster_register_timeout_s=FLAGS.peer_wait_s)
-    topology = distribute.MakeTopology(FLAGS.num_replicas, num_partitions,
-                                       cluster, timeouts)
-    # Again: a cluster's coordination service gave SIGTERM to TF's
-    # preemption notifier.
-    stop.Install()
+    try:
+      topology = _MakeTopology(num_partitions, cluster, timeouts)
+    finally:
+      # Again: a cluster's coordination service gave SIGTERM to TF's
+      # preemption notifier. Then a signal held during the registration
+      # acts (exit 143 / 130 before the first step).
+      stop.Install()
+      stop.Release()
     if cluster is not None:
       _CheckWorkersAgree(cluster, p)
     if FLAGS.recompute_bn_stats and topology.num_replicas > 1:
@@ -343,7 +380,15 @@ def _Main(argv):
   logging.set_verbosity(logging.INFO)
   # SIGTERM / SIGINT: before the first step exit at once with one line, then
   # finish the step, save and exit 128 + N (tensorpipe/preemption.py).
-  stop = preemption.StopSignals(prog='trainer').Install()
+  stop = preemption.StopSignals(prog='trainer', unarmed=(
+      'during --mode=eval: no eval results written, the checkpoints are as '
+      'they were; run the same command to evaluate again'
+      if FLAGS.mode == 'eval' else
+      preemption.StopSignals.BEFORE_FIRST_STEP)).Install()
+  if not (FLAGS.worker_hosts or os.environ.get('TF_CONFIG', '').strip()):
+    # Held since the imports (top of this file); a cluster's _Setup releases
+    # them where Python can act: around the peer wait, after registering.
+    stop.Release()
   try:
     trainer, cluster = _Setup(stop)
   except _UserError as e:

@@ -31,6 +31,29 @@ control, and their `call` is rebound on the private object:
     Keras' SeedGenerator. The forward and the recompute pass therefore
     draw the same mask, and it does not depend on K or T.
 
+A third kind derives state from its weights outside the call:
+
+  * Normalization: Keras' `finalize_state()` turns the adapted (or loaded)
+    `adapt_mean` / `adapt_variance` weights into the `mean` / `variance`
+    tensors `call` reads, so a call on theta would ignore them (and a
+    traced graph capture Keras' eager tensors). The rebound `call` derives
+    them from the weights in effect, inside the call (DeriveStateInCalls);
+    the Keras objects of the cost model get the same `call`.
+
+The mode of the call (`training`) is passed to every Keras object, as
+Keras' functional call passes it to every layer: Keras drops it from the
+call of a layer whose `call` takes none and keeps it in its call context,
+where the Dropout and BatchNormalization inside a custom layer read it
+(the recompute pass runs outside any Keras call, so nothing else would
+carry it there).
+
+A Keras object that comes back from its config marked built but with
+unbuilt sublayers (a registered custom layer without `build()` whose
+sublayers are built by its first call, as keras.io's examples write them)
+is called once on symbolic inputs of its recorded shape, as Keras'
+functional loader calls every layer; where that call fails, one line names
+the layer and the fix (a `build()` method).
+
 Other random Keras layers (GaussianNoise, GaussianDropout, AlphaDropout,
 random augmentation) keep Keras' code; their SeedGenerator state is set
 from the sublayer seed, step seed and example offset for each call, so the
@@ -186,6 +209,26 @@ def _FromKerasOutputs(out: Any) -> Any:
   return out
 
 
+def _ErrorLine(e: Exception) -> str:
+  """The line of a Keras error that says what went wrong.
+
+  Keras wraps an exception raised in a layer's call: 'Exception
+  encountered when calling X.call().', for a symbolic call 'Could not
+  automatically infer the output shape ...', then the cause, then
+  'Arguments received by ...'.
+  """
+  lines = [re.sub(r'\x1b\[[0-9;]*m', '', line).strip()
+           for line in str(e).splitlines()]
+  lines = [line for line in lines if line]
+  wrappers = ('Exception encountered when', 'Could not automatically infer')
+  for line in lines:
+    if line.startswith('Arguments received by'):
+      break
+    if not line.startswith(wrappers):
+      return line
+  return lines[0] if lines else type(e).__name__
+
+
 def CallArgs(obj) -> set:
   """The parameter names of a Keras object's `call` (e.g. 'training')."""
   return set(inspect.signature(obj.call).parameters)
@@ -303,6 +346,30 @@ def _DropoutCall(layer, seed: int, inputs, training=False):
   uniform = py_utils.StatelessUniform(mask_shape, seed, batch_axis=0)
   scaled = tf.cast(uniform < keep, inputs.dtype) / tf.cast(keep, inputs.dtype)
   return inputs * scaled
+
+
+def _NormalizationCall(layer, inputs):
+  """Keras' Normalization.call on a mean and variance derived in the call."""
+  with keras_utils.DerivedState(layer):
+    return type(layer).call(layer, inputs)
+
+
+def DeriveStateInCalls(obj) -> None:
+  """Makes obj's Normalization sublayers derive their state in each call.
+
+  Keras derives the `mean` / `variance` tensors a Normalization's `call`
+  reads from its weights outside the call (`finalize_state`, after adapt
+  or a load): a call on substituted weights would ignore them, and a
+  traced graph would capture Keras' eager tensors. The rebound `call`
+  derives them from the weights in effect (theta inside the
+  StatelessScope); see keras_utils.DerivedState.
+  """
+  if not isinstance(obj, keras.Layer):
+    return  # a keras.ops Operation
+  for layer in keras_utils.FlattenLayers(obj):
+    if isinstance(layer, keras.layers.Normalization):
+      object.__setattr__(layer, 'call', functools.partial(
+          _NormalizationCall, layer))
 
 
 class KerasLayer(base_layer.BaseLayer):
@@ -429,6 +496,49 @@ class KerasLayer(base_layer.BaseLayer):
     return obj
 
   @classmethod
+  def _BuildSublayers(cls, p, obj, seed: int) -> None:
+    """Calls a built object with unbuilt sublayers once, symbolically.
+
+    A custom layer without `build()` whose sublayers are made in
+    `__init__` and built by its first call comes back from its config
+    marked built (its build_config) without weights. Keras' functional
+    loader calls every layer on symbolic inputs, which builds them; this
+    does the same, on the recorded shapes (input_shape, else the
+    build_config's).
+    """
+    unbuilt = [l.name for l in keras_utils.FlattenLayers(obj) if not l.built]
+    if not unbuilt:
+      return
+    dtype = p.input_dtype or obj.compute_dtype
+    shapes = _PerExampleShape(p)
+    build = (p.keras_config or {}).get('build_config') or {}
+    if shapes is not None:
+      args, kwargs, what = (_SymbolicInputs(shapes, dtype),), {}, shapes
+    elif 'input_shape' in build:
+      what = build['input_shape']
+      args, kwargs = (keras.KerasTensor(what, dtype=dtype),), {}
+    elif 'shapes_dict' in build:
+      what = build['shapes_dict']
+      args, kwargs = (), {k[:-len('_shape')]: keras.KerasTensor(v, dtype=dtype)
+                          for k, v in what.items()}
+    else:
+      args, kwargs, what = None, {}, None
+    try:
+      if args is None:
+        raise ValueError('its config records no input shape')
+      with keras_utils.SeededPythonRandom(seed + 1):
+        obj(*args, **kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      first = _ErrorLine(e)
+      raise ValueError(
+          f'{_Owner(p)}: Keras {type(obj).__name__} {obj.name!r} comes back '
+          f'from its config marked built, but its sublayers {unbuilt} are '
+          f'not, and calling it on symbolic inputs of its recorded shape '
+          f'{what} failed ({first}); give {type(obj).__name__} a build() '
+          'method that builds its sublayers (e.g. self.dense.build('
+          'input_shape))') from None
+
+  @classmethod
   def _BuildKerasObject(cls, p, seed: int):
     """The built Keras object of `p` (on the current device)."""
     obj = cls._NewKerasObject(p, seed)
@@ -442,6 +552,9 @@ class KerasLayer(base_layer.BaseLayer):
       dtype = p.input_dtype or obj.compute_dtype
       with keras_utils.SeededPythonRandom(seed + 1):
         obj(_SymbolicInputs(shapes, dtype))
+    else:
+      cls._BuildSublayers(p, obj, seed)
+    DeriveStateInCalls(obj)
     for layer in keras_utils.FlattenLayers(obj):
       if isinstance(layer, keras.layers.BatchNormalization):
         if layer.renorm or layer.synchronized:
@@ -519,7 +632,6 @@ class KerasLayer(base_layer.BaseLayer):
     object.__setattr__(self, '_seed_gens', gens)
     object.__setattr__(self, '_seeds', seeds)
     object.__setattr__(self, '_bn_reporters', reporters)
-    object.__setattr__(self, '_call_args', CallArgs(obj))
     # Whether the output depends on the mode (py_utils.IsTraining warns
     # once when such a layer trains only for want of a mode block).
     object.__setattr__(self, '_mode_dependent', any(
@@ -561,7 +673,8 @@ class KerasLayer(base_layer.BaseLayer):
       raise ValueError(
           f'KerasLayer {self.layer_name!r}: {keras_obj.name!r} has '
           f'{len(theirs)} weights but this layer has {len(self._weights)}; '
-          'copy from the Keras layer this one was made from')
+          'copy from the Keras layer this one was made from (a custom '
+          'layer that makes weights in call() needs a build() method)')
     for (kv, key), w in zip(self._weights, theirs):
       if list(w.shape) != list(kv.shape):
         raise ValueError(
@@ -604,9 +717,10 @@ class KerasLayer(base_layer.BaseLayer):
 
     The call of one node of a functional Keras graph (keras_graph): `args`
     and `kwargs` are the node's recorded call arguments with tensors filled
-    in. The mode (`py_utils.IsTraining`) is passed where the call takes
-    `training`, replacing a recorded value, as Keras' own functional call
-    does when fit or predict passes `training`.
+    in. The mode (`py_utils.IsTraining`) is passed as `training`,
+    replacing a recorded value, as Keras' own functional call does when fit
+    or predict passes `training` (Keras keeps it in the call context of a
+    layer whose `call` takes none).
 
     Returns:
       The Keras outputs, as Keras returns them (a tensor, list or dict).
@@ -626,13 +740,15 @@ class KerasLayer(base_layer.BaseLayer):
     for gen, seed in self._seed_gens:
       mapping.append((gen.state, self._SeedState(seed, gen.state.dtype)))
     kwargs = dict(kwargs)
-    if 'training' in self._call_args:
-      # Keras 3.15's functional call does the same: the mode of the call
-      # wins over a recorded `training=` (keras/src/models/functional.py,
-      # operation_fn); a frozen layer is one with trainable=False.
-      kwargs['training'] = py_utils.IsTraining(
-          f'KerasLayer {self.path or self.layer_name!r}'
-          if self._mode_dependent else None)
+    # Keras 3.15's functional call does the same: the mode of the call wins
+    # over a recorded `training=` (keras/src/models/functional.py,
+    # operation_fn); a frozen layer is one with trainable=False. It is
+    # passed to every layer: Keras drops it from the call of a layer whose
+    # `call` takes no `training` but keeps it in the call context, where
+    # the Dropout and BatchNormalization inside a custom layer read it.
+    kwargs['training'] = py_utils.IsTraining(
+        f'KerasLayer {self.path or self.layer_name!r}'
+        if self._mode_dependent else None)
     with tf.name_scope(self.layer_name), keras.StatelessScope(
         state_mapping=mapping, collect_losses=True) as scope:
       out = obj(*args, **kwargs)
@@ -690,6 +806,7 @@ class KerasLayer(base_layer.BaseLayer):
     """
     with keras_utils.NoAllocation():
       obj = cls._NewKerasObject(p, 0)
+      DeriveStateInCalls(obj)
       dtype = p.input_dtype or obj.compute_dtype
       declared = tuple(_DeclaredBatchSizes(obj))
       # The symbolic call builds the object on the given shapes (its

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import pipeline
+from tensorpipe import schedule_builders
 from tensorpipe import schedule_engine
 from tensorpipe import simulator
 from tensorpipe import test_utils
@@ -159,12 +160,14 @@ class AnalysisTest(unittest.TestCase):
     analysis.AddPredictions(rs, num_cores=2)
     pred = rs[1].prediction
     # K=1 fit: T (f + r + b) = 8 and one K=1 run: no tick overhead, fixed 1.
-    want = simulator.Simulate([2.0, 1.0], [1.0, 3.0], 4, recompute=True,
-                              fixed_overhead=1.0, schedule='1f1b',
-                              ticks_in_flight=2).step_time
+    want = simulator.SimulateSchedule(
+        schedule_builders.Build('1f1b', 2, 4), [2.0, 1.0], [1.0, 3.0],
+        recompute=True, fixed_overhead=1.0, synchronous_ticks=True,
+        ticks_in_flight=2).step_time
     self.assertEqual(want, 26.0)
-    self.assertEqual(simulator.Simulate([2.0, 1.0], [1.0, 3.0], 4,
-                                        fixed_overhead=1.0).step_time, 29.0)
+    self.assertEqual(simulator.SimulateSchedule(
+        schedule_builders.Build('gpipe', 2, 4), [2.0, 1.0], [1.0, 3.0],
+        fixed_overhead=1.0, synchronous_ticks=True).step_time, 29.0)
     self.assertEqual(pred.source, 'pipeline')
     self.assertAlmostEqual(pred.step_s, want)
     # Compared with the wall time of the recorded steps its cells came from.

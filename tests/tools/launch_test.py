@@ -141,9 +141,21 @@ class LaunchTest(_FakeWorkerTest):
     self.assertNoWorkerLeft(result.pids)
 
   def testWorkerKilledBySignalGives128PlusN(self):
-    result, _, _ = self._Launch('--w0=sleep', '--w1=sigkill')
+    result, lines, _ = self._Launch('--w0=sleep', '--w1=sigkill')
     self.assertEqual((result.exit_code, result.failed_worker),
                      (128 + signal.SIGKILL, 1))
+    self.assertIn('[launch] worker 1 (pid %d) was killed by SIGKILL; exit '
+                  'code 137' % result.pids[1], lines)
+    self.assertNoWorkerLeft(result.pids)
+
+  def testWorkerStoppedBySigtermIsReportedSo(self):
+    """A trainer stopped by a SIGTERM sent to it (saved, exit 143) did not
+    fail."""
+    result, lines, _ = self._Launch('--w0=sleep', '--w1=exit143',
+                                    grace_period_s=5.0)
+    self.assertEqual((result.exit_code, result.failed_worker), (143, 1))
+    self.assertIn('[launch] worker 1 (pid %d) stopped by SIGTERM (exit code '
+                  '143); exit code 143' % result.pids[1], lines)
     self.assertNoWorkerLeft(result.pids)
 
   def testTimeoutEndsEverythingWith124(self):

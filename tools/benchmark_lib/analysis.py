@@ -12,6 +12,7 @@ import itertools
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tensorpipe import schedule_builders
 from tensorpipe import simulator
 from tools.benchmark_lib import results as results_lib
 
@@ -128,9 +129,9 @@ def _Predict(r: Result, calib: Dict[str, simulator.Calibration],
     if c is None:
       # No K=1 run with loops to fit the overheads: predict without them.
       c, uncalibrated = _NO_OVERHEAD, True
-    kwargs = dict(num_micro_batches=t, recompute=s.recompute and not fast,
+    kwargs = dict(recompute=s.recompute and not fast,
                   tick_overhead=0.0 if fast else c.tick_overhead,
-                  fixed_overhead=c.fixed_overhead, schedule=s.schedule,
+                  fixed_overhead=c.fixed_overhead,
                   ticks_in_flight=TICKS_IN_FLIGHT[s.schedule],
                   synchronous_ticks=not (s.schedule == '1f1b' and
                                          not s.recompute))
@@ -139,12 +140,13 @@ def _Predict(r: Result, calib: Dict[str, simulator.Calibration],
       # More devices than cores: the cells' work (their quickest quartile)
       # on `cores` cores, shared by the running cells.
       costs = StageCostsOf(r, source, alone=True)
-    predicted[source] = simulator.Simulate(
-        costs[0], costs[1],
+    table = schedule_builders.Build(s.schedule, k, t)
+    predicted[source] = simulator.SimulateSchedule(
+        table, costs[0], costs[1],
         num_cores=(min(k, cores) if source == 'isolated' or shared
                    else None), **kwargs).step_time
     if source == 'isolated':
-      ideal = simulator.Simulate(costs[0], costs[1], **kwargs)
+      ideal = simulator.SimulateSchedule(table, costs[0], costs[1], **kwargs)
       extra = dict(ideal_step_s=ideal.step_time,
                    bubble_fraction=ideal.bubble_fraction, busy_s=ideal.busy)
   source = next((src for src in _SOURCES if src in predicted), None)

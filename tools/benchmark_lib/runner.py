@@ -378,7 +378,7 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   # recompute twin's (same layers, K and T), whose backward cells (without
   # their recompute part) stand for the autodiff backward. A 1F1B setting
   # records its own loop's cells (forward, recompute, backward on one
-  # clock; timeline.OneFOneBEvents), with or without recompute.
+  # clock; timeline.TableEvents), with or without recompute.
   recorded, rec_events = None, []
   # (Per-partition cells assume one stage per device: not for v > 1.)
   want_cells = (partition_costs and setting.kind == 'pipe' and
