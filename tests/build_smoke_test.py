@@ -5,6 +5,7 @@ project's venv and that `import tensorpipe` finds the package (and not the
 Bazel workspace root, which is also called tensorpipe).
 """
 import os
+import subprocess
 import sys
 import unittest
 
@@ -31,6 +32,30 @@ class BuildSmokeTest(unittest.TestCase):
     self.assertEqual(os.path.basename(package_dir), 'tensorpipe')
     # The package folder holds its BUILD file; the repo root holds WORKSPACE.
     self.assertFalse(os.path.exists(os.path.join(package_dir, 'WORKSPACE')))
+
+  def test_pure_python_modules_import_without_tensorflow(self):
+    # tensorpipe/__init__.py imports its top-level names on first use: the
+    # schedule floor, the simulator, Params and the run's life-cycle modules
+    # start without TensorFlow's ~5 s import (a dozen test targets do).
+    pure = ('tensorpipe.hyperparams', 'tensorpipe.schedules',
+            'tensorpipe.schedule_builders', 'tensorpipe.schedule_program',
+            'tensorpipe.simulator', 'tensorpipe.partitioning',
+            'tensorpipe.peer_wait', 'tensorpipe.preemption',
+            'tensorpipe.worker_agreement', 'tensorpipe.checks')
+    code = ('import sys\n' + ''.join(f'import {m}\n' for m in pure) +
+            'print(sorted(m for m in sys.modules if m == "tensorflow" or '
+            'm.startswith("keras")))')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    self.assertEqual(out.strip(), '[]')
+
+  def test_top_level_names_resolve(self):
+    self.assertIs(tensorpipe.TensorPipeLayer,
+                  tensorpipe.pipeline.TensorPipeLayer)
+    self.assertIs(tensorpipe.Params, tensorpipe.hyperparams.Params)
+    self.assertEqual(tensorpipe.layers.__name__, 'tensorpipe.layers')
+    with self.assertRaisesRegex(AttributeError, "no attribute 'nope'"):
+      tensorpipe.nope  # pylint: disable=pointless-statement
 
 
 if __name__ == '__main__':
