@@ -77,8 +77,9 @@ def _Labels():
 class TransparencyTest(tf.test.TestCase):
 
   def testConvModelWithBatchNormAndDropoutMatchesOracle(self):
-    for k, t, recompute in [(1, 1, True), (2, 4, True), (4, 8, True),
-                            (4, 8, False)]:
+    # K=4 with recompute: pipeline_1f1b_slow_test's AmoebaNet grid (batch
+    # norm and dropout too) at every K, T and recompute setting.
+    for k, t, recompute in [(1, 1, True), (2, 4, True), (4, 8, False)]:
       with self.subTest(k=k, t=t, recompute=recompute):
         test_utils.AssertOneFOneBMatchesOracle(
             self, test_utils.ConvTestModel(), k, t, [_Images()], _Labels(), _XentSum,
@@ -424,6 +425,9 @@ class SequenceTaskTest(tf.test.TestCase):
       pipe = pipeline.TensorPipeLayer.Params().Set(
           name='TensorPipe', layers=layers, num_partitions=2,
           num_micro_batches=4, schedule=schedule,
+          # The task's loss and metrics are the point here; recompute under
+          # both schedules: pipeline_1f1b_slow_test's Transformer grid.
+          recompute=False,
           input_shapes=transformer_models.LmInputShapes(
               transformer_testlib.BATCH, transformer_testlib.TGT_LEN))
       task = tasks.SequenceTask.Params().Set(
@@ -579,6 +583,23 @@ class BadInputTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, 'num_stages_per_device=0 must be '
                                 'an int >= 1'):
       self._Pipe(num_stages_per_device=0)
+
+  def testZeroBubbleVTakesTwoStagesPerDeviceByDefault(self):
+    """ZB-V is defined on two stages per device: num_stages_per_device left
+    at None gives v=2; an explicit other v is refused as before."""
+    pipe = self._Pipe(schedule='zb_v', num_micro_batches=4,
+                      input_shapes=[[4 * BATCH, 8, 8, 2]])
+    self.assertEqual((pipe.num_partitions, pipe.num_stages), (2, 4))
+    self.assertEqual([s.device for s in pipe.stages],
+                     [pipe.devices[d] for d in (0, 1, 1, 0)])
+    self.assertEqual(self._Pipe().num_stages, 2)   # other schedules: v=1
+    for k, v in ((2, 1), (1, 3)):
+      with self.assertRaisesRegex(
+          ValueError, "^TensorPipeLayer 'TensorPipe': zb_v holds exactly 2 "
+          f'stages per device, got num_stages_per_device={v}; use 2$'):
+        self._Pipe(schedule='zb_v', num_partitions=k, num_micro_batches=4,
+                   input_shapes=[[4 * BATCH, 8, 8, 2]],
+                   num_stages_per_device=v)
 
   def testTfRecomputeGradImplRaises(self):
     with self.assertRaisesRegex(ValueError, "recompute_impl="
