@@ -45,6 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import hyperparams
+from tensorpipe import pipeline_1f1b
 from tensorpipe import py_utils
 
 # Key of TrainStep's result with `stop`: the stop flags summed over replicas.
@@ -182,7 +183,7 @@ def ReplicaParams(task_params: hyperparams.Params,
           f'TensorPipeLayer {pipe.name!r} sets devices={pipe.devices!r}; with '
           'data-parallel replicas each replica uses its own device group: '
           'leave devices=None')
-    k = (len(pipe.partitions) // max(1, pipe.num_stages_per_device)
+    k = (len(pipe.partitions) // pipeline_1f1b.NumStagesPerDevice(pipe)
          if pipe.partitions is not None else pipe.num_partitions)
     if k > len(group):
       raise ValueError(f'TensorPipeLayer {pipe.name!r} has {k} partitions but '

@@ -174,11 +174,12 @@ class TensorPipeLayer(base_layer.BaseLayer):
              'is then for inference) on the schedule engine '
              '(schedule_engine.py). With recompute=False their table is '
              'unrolled in the graph (2 S T stage calls).')
-    p.Define('num_stages_per_device', 1, 'v: the layers are cut into K v '
-             'stages and each device runs v of them, placed by the schedule '
-             "(round-robin for 'interleaved_1f1b', which needs v >= 2). "
-             'Checkpoints are keyed by layer, so a run restores under any '
-             'K, v or schedule.')
+    p.Define('num_stages_per_device', None, 'v: the layers are cut into K '
+             'v stages and each device runs v of them, placed by the '
+             "schedule (round-robin for 'interleaved_1f1b', which needs v "
+             ">= 2). None: the schedule's own, 2 for 'zb_v' (defined on two "
+             'stages per device in a V), else 1. Checkpoints are keyed by '
+             'layer, so a run restores under any K, v or schedule.')
     p.Define('grad_sum', 'sequential', "How each partition sums its weight "
              "gradients over micro-batches: 'sequential' (one running sum) "
              "or 'pairwise' (a binary tree, T.bit_length() weight-sized "
@@ -208,7 +209,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     stage_params, plan = self._ResolvePartitions(p)
     self._CheckUniqueLayerNames(stage_params)
     self._devices = devices_lib.ResolveDevices(
-        p.devices, len(stage_params) // self._NumStagesPerDevice(p))
+        p.devices, len(stage_params) // pipeline_1f1b.NumStagesPerDevice(p))
     self._WarnIfDevicesShared()
     if p.recompute_impl not in _RECOMPUTE_IMPLS:
       raise ValueError(f'recompute_impl={p.recompute_impl!r} is not one of '
@@ -245,15 +246,6 @@ class TensorPipeLayer(base_layer.BaseLayer):
 
   # -- construction helpers ------------------------------------------------
 
-  @staticmethod
-  def _NumStagesPerDevice(p) -> int:
-    v = p.num_stages_per_device
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-      raise ValueError(f'TensorPipeLayer {p.name!r}: num_stages_per_device='
-                       f'{v!r} must be an int >= 1 (stages per device: 2 or '
-                       "more for schedule='interleaved_1f1b')")
-    return v
-
   def _ResolvePartitions(
       self, p) -> Tuple[List[List[Any]], Optional[partitioning.PartitionPlan]]:
     """The K lists of layer Params, and the automatic plan (or None)."""
@@ -277,7 +269,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
         if not part:
           raise ValueError(f'TensorPipeLayer {p.name!r}: partition {k} is '
                            'empty; every partition needs at least one layer')
-      v = self._NumStagesPerDevice(p)
+      v = pipeline_1f1b.NumStagesPerDevice(p)
       if len(parts) % v:
         raise ValueError(
             f'TensorPipeLayer {p.name!r}: {len(parts)} partitions (stages) do '
@@ -297,7 +289,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     k = p.num_partitions
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
       raise ValueError(f'num_partitions={k!r} must be a positive int')
-    v = self._NumStagesPerDevice(p)
+    v = pipeline_1f1b.NumStagesPerDevice(p)
     if k * v > len(layers):
       what = (f'num_partitions={k}' if v == 1 else
               f'num_partitions={k} x num_stages_per_device={v} = {k * v} '

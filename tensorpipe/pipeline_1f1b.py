@@ -264,7 +264,7 @@ def _RunLayer(layer, stages, thetas, inputs, targets, loss_fn, normalizer,
   p = layer.params
   return Run(stages, thetas, inputs, targets, loss_fn, normalizer, num_mb,
              p.batch_dim, p.recompute, p.grad_sum, p.schedule, layer.devices,
-             p.num_stages_per_device)
+             NumStagesPerDevice(p))
 
 
 def _CheckLossFn(loss_fn: Any) -> None:
@@ -327,6 +327,30 @@ def FPropLoss(layer, theta: NestedMap, inputs: Tuple[Any, ...], targets: Any,
   return NestedMap(loss=flat_out[0], metrics=metrics)
 
 
+# The stages per device of a schedule defined on more than one, taken when
+# num_stages_per_device is None (the default); every other schedule: 1.
+_OWN_STAGES_PER_DEVICE = {'zb_v': 2}
+
+
+def NumStagesPerDevice(p) -> int:
+  """v of a TensorPipeLayer's Params: num_stages_per_device, or where it is
+  None the schedule's own (2 for 'zb_v', else 1).
+
+  Raises:
+    ValueError: num_stages_per_device is neither None nor an int >= 1.
+  """
+  v = p.num_stages_per_device
+  if v is None:
+    return (_OWN_STAGES_PER_DEVICE.get(p.schedule, 1)
+            if isinstance(p.schedule, str) else 1)
+  if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    raise ValueError(f'TensorPipeLayer {p.name!r}: num_stages_per_device='
+                     f'{v!r} must be an int >= 1 (stages per device: 2 or '
+                     "more for schedule='interleaved_1f1b'), or None for "
+                     "the schedule's own")
+  return v
+
+
 def CheckScheduleParams(p, num_devices: int) -> None:
   """ValueError for a TensorPipeLayer `schedule` its settings cannot run.
 
@@ -335,11 +359,7 @@ def CheckScheduleParams(p, num_devices: int) -> None:
   registered by the user) and every CSV table runs on the engine with the
   loss inside.
   """
-  v = p.num_stages_per_device
-  if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-    raise ValueError(f'TensorPipeLayer {p.name!r}: num_stages_per_device='
-                     f'{v!r} must be an int >= 1 (stages per device: 2 or '
-                     "more for schedule='interleaved_1f1b')")
+  v = NumStagesPerDevice(p)
   if not schedules.IsCsvParam(p.schedule) and (
       not isinstance(p.schedule, str) or
       p.schedule not in schedule_builders.Names()):
@@ -392,6 +412,6 @@ def StageDevices(p, num_devices: int) -> List[int]:
   if p.schedule == 'gpipe':
     return list(range(num_devices))
   table = schedule_builders.FromParam(p.schedule, num_devices, None,
-                             p.num_stages_per_device)
+                                     NumStagesPerDevice(p))
   place = table.StageDevice()
   return [place[s] for s in range(table.num_stages)]

@@ -553,13 +553,17 @@ def WeightOp(fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], x: tf.Tensor,
   gradient of a stage first (I: the gradient to the stage's inputs and to
   each weight op's output z, without any weight gradient) and its weight
   gradients later (W: dw = vjp of fn(x, .) at w with dz, one kernel per
-  op, from the x and dz that I kept). A layer routes its weight ops (the
-  matmul of FCLayer, the convolution of Conv2DLayer) through this; `fn`
+  op, from the x and dz that I kept). A layer routes its weight ops
+  through this (FCLayer's matmul, the four projections of
+  MultiHeadedAttention, the kernels of Conv2DLayer, DepthwiseConv2DLayer
+  and SeparableConv2DLayer, EmbeddingLayer's lookup with x = the ids); `fn`
   must depend on its two arguments and Python values only (the engine
   calls it again in the W cell), and w must be the layer's weight as it
   comes in theta (cast inside fn). Weights used elsewhere (biases, batch
   norm) and layers that do not use this (KerasLayer) get their gradients
-  in I.
+  in I. A weight that goes through a weight op must go through weight ops
+  only: the I cell does not differentiate it, so a use outside its ops
+  would lose its share of the gradient.
   """
   z = fn(x, w)
   collector = getattr(_local, 'weight_ops', None)

@@ -24,6 +24,11 @@ _MASK_LOGIT = -1e9
 _SOFTMAX_FLOPS_PER_LOGIT = 5
 
 
+def _MatMul(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+  """A projection's weight op: x [rows, d] @ w [d, h], w cast to x's dtype."""
+  return tf.matmul(x, tf.cast(w, x.dtype))
+
+
 def CausalMask(length: int, dtype=tf.float32) -> tf.Tensor:
   """[length, length] mask, 1.0 where key j > query i (the future)."""
   return 1.0 - tf.linalg.band_part(tf.ones([length, length], dtype), -1, 0)
@@ -100,10 +105,15 @@ class MultiHeadedAttention(base_layer.BaseLayer):
     self.CreateChild('atten_dropout', dropout.DropoutLayer.Params().Set(
         keep_prob=1.0 - p.atten_dropout_prob))
 
-  def _Project(self, theta, x, w, b):
-    """[b, l, d] @ [d, h] (+ bias) -> [b, l, h] via a 2-D matmul."""
+  def _Project(self, theta, raw, x, w, b):
+    """[b, l, d] @ [d, h] (+ bias) -> [b, l, h] via a 2-D matmul.
+
+    The matmul is a `py_utils.WeightOp` on the uncast weight raw[w] (it
+    casts the weight itself), so the zero-bubble schedules defer its weight
+    gradient to their W cells; the bias comes from the cast theta.
+    """
     shape = x.shape
-    y = tf.matmul(tf.reshape(x, [-1, shape[-1]]), theta[w])
+    y = py_utils.WeightOp(_MatMul, tf.reshape(x, [-1, shape[-1]]), raw[w])
     if self.params.use_bias:
       y += theta[b]
     return tf.reshape(y, tf.concat([tf.shape(x)[:-1], tf.shape(y)[-1:]], 0))
@@ -135,14 +145,15 @@ class MultiHeadedAttention(base_layer.BaseLayer):
     paddings_shape = (None if source_paddings is None else
                       source_paddings.shape)
     self._CheckShapes(p, query.shape, source_shape, paddings_shape)
+    raw = theta
     theta = self.CastTheta(theta)
     dtype = self.fprop_dtype
     query = tf.cast(query, dtype)
     source = query if source is None else tf.cast(source, dtype)
     dh = self._HiddenDim(p) // p.num_heads
-    q = self._SplitHeads(self._Project(theta, query, 'wq', 'bq'))
-    k = self._SplitHeads(self._Project(theta, source, 'wk', 'bk'))
-    v = self._SplitHeads(self._Project(theta, source, 'wv', 'bv'))
+    q = self._SplitHeads(self._Project(theta, raw, query, 'wq', 'bq'))
+    k = self._SplitHeads(self._Project(theta, raw, source, 'wk', 'bk'))
+    v = self._SplitHeads(self._Project(theta, raw, source, 'wv', 'bv'))
     # Logits and softmax in float32 (also for bfloat16 activations), in
     # float64 for a float64 model (py_utils.AccumulationDtype).
     acc = py_utils.AccumulationDtype(dtype)
@@ -162,7 +173,7 @@ class MultiHeadedAttention(base_layer.BaseLayer):
     ctx = tf.transpose(ctx, [0, 2, 1, 3])
     ctx = tf.reshape(ctx, tf.concat([tf.shape(ctx)[:2],
                                      [self._HiddenDim(p)]], 0))
-    out = self._Project(theta, ctx, 'wo', 'bo')
+    out = self._Project(theta, raw, ctx, 'wo', 'bo')
     out.set_shape(query.shape)
     return out
 

@@ -236,6 +236,24 @@ class Conv2DLayer(_ConvBase):
     return py_utils.WeightOp(Conv, x, theta.w)
 
 
+def _DepthwiseFn(p):
+  """The weight op (a, w) -> depthwise convolution of a with w cast to a's
+  dtype, at p's strides, padding and dilation (tf.nn.depthwise_conv2d)."""
+  s = p.filter_stride
+
+  def Depthwise(a, w):
+    return tf.nn.depthwise_conv2d(a, tf.cast(w, a.dtype),
+                                  strides=[1, s[0], s[1], 1],
+                                  padding=p.padding,
+                                  dilations=list(p.dilation_rate))
+  return Depthwise
+
+
+def _Pointwise(a: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+  """The 1x1 step of a separable convolution (tf.nn.separable_conv2d's)."""
+  return tf.nn.conv2d(a, tf.cast(w, a.dtype), [1, 1, 1, 1], padding='VALID')
+
+
 class _EqualStridesMixin:
   """Depthwise kernels need equal height and width strides."""
 
@@ -273,12 +291,7 @@ class DepthwiseConv2DLayer(_EqualStridesMixin, _ConvBase):
     return math.prod(p.filter_shape)
 
   def _Convolve(self, theta, x):
-    p = self.params
-    s = p.filter_stride
-    return tf.nn.depthwise_conv2d(x, tf.cast(theta.w, x.dtype),
-                                  strides=[1, s[0], s[1], 1],
-                                  padding=p.padding,
-                                  dilations=list(p.dilation_rate))
+    return py_utils.WeightOp(_DepthwiseFn(self.params), x, theta.w)
 
 
 class SeparableConv2DLayer(_EqualStridesMixin, _ConvBase):
@@ -330,10 +343,8 @@ class SeparableConv2DLayer(_EqualStridesMixin, _ConvBase):
     return h * w * cin * m + cin * m * cout
 
   def _Convolve(self, theta, x):
-    p = self.params
-    s = p.filter_stride
-    return tf.nn.separable_conv2d(x, tf.cast(theta.depthwise_w, x.dtype),
-                                  tf.cast(theta.pointwise_w, x.dtype),
-                                  strides=[1, s[0], s[1], 1],
-                                  padding=p.padding,
-                                  dilations=list(p.dilation_rate))
+    # tf.nn.separable_conv2d's two ops, one weight op each (so both
+    # kernels' gradients can be deferred): the depthwise convolution, then
+    # the 1x1 convolution with stride 1 and 'VALID' padding.
+    y = py_utils.WeightOp(_DepthwiseFn(self.params), x, theta.depthwise_w)
+    return py_utils.WeightOp(_Pointwise, y, theta.pointwise_w)

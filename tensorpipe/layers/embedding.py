@@ -3,7 +3,10 @@
 `EmbeddingLayer` looks ids up in a [vocab, dim] table (scaled by sqrt(dim) as
 in Vaswani et al. 2017). Its gradient is a dense [vocab, dim] tensor rather
 than `tf.IndexedSlices`: a pipeline partition's weight gradients are summed
-over micro-batches inside a loop, which needs dense tensors.
+over micro-batches inside a loop, which needs dense tensors. The lookup is a
+`py_utils.WeightOp` (x = the ids), so the zero-bubble schedules take that
+scatter-add in their W cells: the I cell keeps the ids and the output
+gradient dz ([b, ..., dim]) and builds no [vocab, dim] tensor.
 
 `TransformerEmbeddingLayer` is layer 0 of the Transformer models in
 models/transformer.py: it turns an input batch (NestedMap of ids and
@@ -18,6 +21,7 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import checks
+from tensorpipe import py_utils
 from tensorpipe.layers import dropout
 from tensorpipe.nested_map import NestedMap
 
@@ -105,8 +109,11 @@ class EmbeddingLayer(base_layer.BaseLayer):
     if not ids.dtype.is_integer:
       raise TypeError(f'EmbeddingLayer {p.name!r}: ids must be integers, got '
                       f'{ids.dtype}')
-    theta = self.CastTheta(theta)
-    y = _GatherDenseGrad(theta.emb, ids)
+    # The lookup is a weight op on the uncast table (it casts the table
+    # itself): the zero-bubble schedules defer its scatter-add to W.
+    dtype = self.fprop_dtype
+    y = py_utils.WeightOp(
+        lambda i, w: _GatherDenseGrad(tf.cast(w, dtype), i), ids, theta.emb)
     if p.scale_sqrt_depth:
       y *= math.sqrt(p.embedding_dim)
     return y

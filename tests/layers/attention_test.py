@@ -6,6 +6,7 @@ import tensorflow as tf
 from tensorpipe import py_utils
 from tensorpipe import test_utils
 from tensorpipe.layers import attention
+from tests import weight_op_testlib
 
 
 NumpyAttention = test_utils.NumpyAttention
@@ -123,6 +124,18 @@ class MultiHeadedAttentionTest(tf.test.TestCase):
         no_dropout = layer.FPropDefaultTheta(q, s, paddings)
     self.assertAllClose(full, tf.concat(halves, 0), rtol=1e-6, atol=1e-6)
     self.assertGreater(float(tf.reduce_max(tf.abs(full - no_dropout))), 1e-3)
+
+  def testProjectionsAreWeightOpsThatSplitBitForBit(self):
+    """The four projections go through py_utils.WeightOp (zero-bubble I/W):
+    each the same 2-D matmul as before; I then W gives the tape's bits."""
+    layer = Layer()
+    RandomBiases(layer)
+    q, s, paddings = map(tf.constant, self._Inputs())
+    calls = weight_op_testlib.AssertWeightOpsSplit(
+        self, layer, [q, s, paddings], ['wq', 'wk', 'wv', 'wo'])
+    for call, x, w in zip(calls, (q, s, s), ('wq', 'wk', 'wv')):
+      self.assertAllEqual(call.z, tf.matmul(tf.reshape(x, [-1, 8]),
+                                            layer.vars[w]))
 
   def testFPropMetaMatchesLayer(self):
     p = attention.MultiHeadedAttention.Params().Set(

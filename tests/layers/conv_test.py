@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from tensorpipe import py_utils
 from tensorpipe.layers import conv
+from tests import weight_op_testlib
 
 
 def _NumVariableElements(layer):
@@ -151,7 +152,8 @@ class DepthwiseAndSeparableConvTest(tf.test.TestCase):
     x = tf.random.stateless_normal([2, 6, 6, 3], [2, 0])
     expected = tf.nn.depthwise_conv2d(x, layer.vars.w, [1, 2, 2, 1], 'SAME')
     out = layer.FPropDefaultTheta(x)
-    self.assertAllClose(expected, out)
+    # The same op (a py_utils.WeightOp): the same bits.
+    self.assertAllEqual(expected, out)
     meta = conv.DepthwiseConv2DLayer.FPropMeta(p, x.shape)
     self.assertEqual(meta.out_shapes[0], out.shape)
     self.assertEqual(2 * 3 * 3 * 3 * 2 * 3 * 3 * 2, meta.flops)
@@ -168,7 +170,8 @@ class DepthwiseAndSeparableConvTest(tf.test.TestCase):
         x, layer.vars.depthwise_w, layer.vars.pointwise_w, [1, 2, 2, 1],
         'SAME') + layer.vars.b)
     out = layer.FPropDefaultTheta(x)
-    self.assertAllClose(expected, out)
+    # tf.nn.separable_conv2d's two ops, as two py_utils.WeightOps: its bits.
+    self.assertAllEqual(expected, out)
     self.assertEqual([3, 3, 3, 2], layer.vars.depthwise_w.shape.as_list())
     self.assertEqual([1, 1, 6, 5], layer.vars.pointwise_w.shape.as_list())
     meta = conv.SeparableConv2DLayer.FPropMeta(p, x.shape)
@@ -177,6 +180,25 @@ class DepthwiseAndSeparableConvTest(tf.test.TestCase):
     positions = 2 * 4 * 4
     macs = 3 * 3 * 3 * 2 + 6 * 5
     self.assertEqual(2 * macs * positions + 2 * positions * 5, meta.flops)
+
+  def testKernelsAreWeightOpsThatSplitBitForBit(self):
+    """Depthwise (1 op) and separable (depthwise then pointwise: 2 ops)
+    kernels go through py_utils.WeightOp; I then W gives the tape's bits
+    (batch norm's and the bias's weights in I)."""
+    x = tf.random.stateless_normal([2, 6, 6, 3], [4, 0])
+    for cls, kw, ops in (
+        (conv.DepthwiseConv2DLayer, dict(filter_shape=(3, 3, 3, 2),
+                                         dilation_rate=(2, 2), bias=True),
+         ['w']),
+        (conv.SeparableConv2DLayer, dict(filter_shape=(3, 3, 3, 5),
+                                         depth_multiplier=2,
+                                         filter_stride=(2, 2),
+                                         batch_norm=True),
+         ['depthwise_w', 'pointwise_w'])):
+      with self.subTest(cls.__name__):
+        layer = cls.Params().Set(name='c', activation='TANH',
+                                 **kw).Instantiate()
+        weight_op_testlib.AssertWeightOpsSplit(self, layer, [x], ops)
 
   def testSeparableRaisesOnChannelMismatch(self):
     p = conv.SeparableConv2DLayer.Params().Set(name='sep',

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from tensorpipe.layers import embedding
 from tensorpipe.nested_map import NestedMap
+from tests import weight_op_testlib
 
 
 def _Positions(length, dim):
@@ -58,6 +59,14 @@ class EmbeddingLayerTest(tf.test.TestCase):
     want = np.zeros([5, 4])
     np.add.at(want, ids.reshape(-1), 2.0 * dy.reshape(-1, 4))
     self.assertAllClose(grad, want, rtol=1e-12, atol=1e-12)
+
+  def testLookupIsAWeightOpThatSplitsBitForBit(self):
+    """The lookup goes through py_utils.WeightOp (x = the ids): the W
+    cell's scatter-add from the dz I kept gives the tape's bits."""
+    ids = tf.constant([[0, 3, 3], [4, 1, 0]])
+    calls = weight_op_testlib.AssertWeightOpsSplit(self, self._Layer(),
+                                                   [ids], ['emb'])
+    self.assertIs(calls[0].x, ids)
 
   def testFloatIdsRaise(self):
     with self.assertRaisesRegex(TypeError, 'ids must be integers'):
@@ -118,6 +127,15 @@ class TransformerEmbeddingLayerTest(tf.test.TestCase):
     self.assertAllClose(out.src_vecs,
                         self._Expected(layer, 'emb', batch.src_ids),
                         rtol=1e-6, atol=1e-6)
+
+  def testEveryLookupIsAWeightOp(self):
+    """Two tables, or one shared table looked up twice (its W cells sum
+    both lookups' scatter-adds)."""
+    for shared, ops in ((False, ['src_emb.emb', 'tgt_emb.emb']),
+                        (True, ['emb.emb', 'emb.emb'])):
+      with self.subTest(shared=shared):
+        weight_op_testlib.AssertWeightOpsSplit(
+            self, self._Layer(shared_embeddings=shared), [self._Batch()], ops)
 
   def testLanguageModelBatch(self):
     layer = self._Layer(mode='lm')

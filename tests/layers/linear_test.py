@@ -4,6 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe.layers import linear
+from tests import weight_op_testlib
 
 
 def _Input(shape):
@@ -37,6 +38,12 @@ class FCLayerTest(tf.test.TestCase):
     self.assertNotIn('b', layer.vars)
     x = _Input([3, 4])
     self.assertAllClose(tf.matmul(x, layer.vars.w), layer.FPropDefaultTheta(x))
+
+  def testMatmulIsAWeightOpThatSplitsBitForBit(self):
+    _, layer = _FC()
+    for shape in ([5, 4], [2, 3, 4]):
+      weight_op_testlib.AssertWeightOpsSplit(self, layer, [_Input(shape)],
+                                             ['w'])
 
   def testFPropMetaCountsFlopsAndParams(self):
     p, layer = _FC(activation='NONE')

@@ -8,6 +8,7 @@ from tensorpipe import test_utils
 from tensorpipe.layers import embedding
 from tensorpipe.layers import transformer
 from tensorpipe.nested_map import NestedMap
+from tests import weight_op_testlib
 
 D, H, A = 8, 16, 2
 
@@ -164,6 +165,18 @@ class EncoderDecoderLayerTest(tf.test.TestCase):
           {k: v.as_list() for k, v in meta.out_shapes[0].items()},
           {k: v.shape.as_list() for k, v in out.items()})
       self.assertGreater(meta.flops, 2 * 3 * 5 * D * H)
+
+  def testEveryWeightMatmulIsAWeightOp(self):
+    """A decoder layer's 10 weight matmuls (self- and cross-attention
+    projections, the feed-forward's two FC layers) go through
+    py_utils.WeightOp; I then W gives the tape's bits (LayerNorm weights and
+    biases in I)."""
+    layer = LayerParams(transformer.TransformerDecoderLayer).Instantiate()
+    self._RandomizeNorms(layer)
+    weight_op_testlib.AssertWeightOpsSplit(
+        self, layer, [Seq2SeqMap(self.rng)],
+        [f'{block}.atten.{w}' for block in ('self_atten', 'cross_atten')
+         for w in ('wq', 'wk', 'wv', 'wo')] + ['ff.fc1.w', 'ff.fc2.w'])
 
   def testMissingKeysRaise(self):
     layer = LayerParams(transformer.TransformerDecoderLayer).Instantiate()

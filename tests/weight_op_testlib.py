@@ -1,0 +1,86 @@
+"""Checks that a layer routes its weights through `py_utils.WeightOp`.
+
+The zero-bubble schedules split a stage's backward pass (schedule_engine.py):
+the I cell differentiates the stage with respect to its inputs, each weight
+op's output z and the weights outside weight ops; the W cell later takes each
+routed weight's gradient as the vjp of fn(x, .) with the dz that I kept.
+`AssertWeightOpsSplit` replays that split on one layer, eagerly, and checks:
+
+- which weights the layer's weight ops take, in call order;
+- the split gradients (I, then W) equal the unsplit tape's bit for bit (the
+  same kernels on the same tensors), for every weight: a weight used outside
+  its ops (a term the W cell cannot see) or a dz lost shows here.
+"""
+
+from typing import Any, Callable, Optional, Sequence
+
+import tensorflow as tf
+
+from tensorpipe import py_utils
+
+
+def AssertWeightOpsSplit(test: tf.test.TestCase, layer: Any,
+                         inputs: Sequence[Any], op_weights: Sequence[str],
+                         fprop: Optional[Callable[..., Any]] = None) -> list:
+  """Asserts the weight ops of `layer.FProp(theta, *inputs)` and their split.
+
+  Args:
+    test: the calling test case.
+    layer: a built layer.
+    inputs: FProp's inputs.
+    op_weights: per weight op in call order, the dotted theta key of its
+      weight (e.g. 'self_atten.atten.wq').
+    fprop: (theta, *inputs) -> outputs; default layer.FProp.
+
+  Returns:
+    The `py_utils.WeightOpCall`s of the forward pass.
+  """
+  fprop = fprop or layer.FProp
+  items = layer.theta.FlattenItems()
+  keys = [k for k, _ in items]
+  flat = [tf.convert_to_tensor(v) for _, v in items]
+  theta = layer.theta.Pack(flat)
+  index = {id(v): i for i, v in enumerate(flat)}
+
+  def Loss(out):
+    # A weighted sum: dz differs from element to element.
+    outs = [o for o in tf.nest.flatten(out) if o.dtype.is_floating]
+    return tf.add_n([tf.cast(tf.reduce_sum(o * tf.random.stateless_normal(
+        tf.shape(o), [i, 7], dtype=o.dtype)), tf.float64)
+                     for i, o in enumerate(outs)])
+
+  with tf.GradientTape() as tape:
+    tape.watch(flat)
+    with py_utils.CollectWeightOps() as calls:
+      loss = Loss(fprop(theta, *inputs))
+  want = tape.gradient(loss, flat)
+  got_keys = [keys[index[id(c.w)]] if id(c.w) in index else '<not theta>'
+              for c in calls]
+  test.assertEqual(list(op_weights), got_keys)
+  # I: the routed weights unwatched, each op's z watched.
+  routed = sorted({index[id(c.w)] for c in calls})
+  others = [i for i in range(len(flat)) if i not in routed]
+  with tf.GradientTape(watch_accessed_variables=False) as tape:
+    tape.watch([flat[i] for i in others])
+    with py_utils.CollectWeightOps(tape) as split_calls:
+      loss = Loss(fprop(theta, *inputs))
+  dzs, dws = tape.gradient(
+      loss, ([c.z for c in split_calls], [flat[i] for i in others]),
+      unconnected_gradients=tf.UnconnectedGradients.ZERO)
+  got = [None] * len(flat)
+  for i, g in zip(others, dws):
+    got[i] = g
+  # W: each op's dw from its (x, dz), summed in call order.
+  for c, dz in zip(split_calls, dzs):
+    i = index[id(c.w)]
+    with tf.GradientTape() as tape:
+      tape.watch(c.w)
+      z = c.fn(c.x, c.w)
+    g = tape.gradient(z, c.w, output_gradients=dz)
+    got[i] = g if got[i] is None else got[i] + g
+  for key, a, b in zip(keys, want, got):
+    if a is None:
+      test.assertAllEqual(tf.zeros_like(b), b, msg=key)
+    else:
+      test.assertAllEqual(a, b, msg=key)
+  return calls
