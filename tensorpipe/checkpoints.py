@@ -35,6 +35,9 @@ import tensorflow as tf
 
 from tensorpipe import errors
 
+# The run's checkpoints live in <logdir>/CHECKPOINT_DIR (the trainer writes
+# them, export and eval read them).
+CHECKPOINT_DIR = 'checkpoints'
 STATE_FILE = 'checkpoint'
 CHECKPOINT_NAME = 'ckpt'  # tf.train.CheckpointManager's default prefix
 

@@ -70,7 +70,6 @@ RAW_SIGNATURE_KEY = 'serving_raw'
 # that TensorFlow does not read): what was exported from where.
 INFO_FILE = os.path.join('assets.extra', 'tensorpipe_export.json')
 PARAMS_COPY = os.path.join('assets.extra', logdir_lib.PARAMS_FILE)
-CHECKPOINT_DIR = 'checkpoints'  # trainer_lib.CHECKPOINT_DIR
 
 OutputsFn = Callable[[Any], Dict[str, tf.Tensor]]
 
@@ -423,7 +422,7 @@ def RunParams(experiment_params: hyperparams.Params, logdir: str,
     with open(path) as f:
       text = f.read()
   except FileNotFoundError:
-    has_ckpt = os.path.isdir(os.path.join(logdir, CHECKPOINT_DIR))
+    has_ckpt = os.path.isdir(os.path.join(logdir, checkpoints.CHECKPOINT_DIR))
     raise ExportError(
         f'{path} does not exist: {logdir} is not a trainer logdir'
         f'{" (it has checkpoints but no params.txt)" if has_ckpt else ""}; '
@@ -589,7 +588,7 @@ class ExportResult(NamedTuple):
 
 
 def _CheckpointsOf(logdir: str, log_fn) -> List[int]:
-  ckpt_dir = os.path.join(logdir, CHECKPOINT_DIR)
+  ckpt_dir = os.path.join(logdir, checkpoints.CHECKPOINT_DIR)
   numbers = checkpoints.Candidates(ckpt_dir, log_fn)
   if not numbers:
     raise checkpoints.NoCheckpointError(
@@ -665,7 +664,7 @@ def ExportRun(experiment_params: hyperparams.Params, model_key: str,
   _CheckScheduleFiles(p, os.path.join(logdir, logdir_lib.PARAMS_FILE))
   task = p.task.Instantiate()
   step = tf.Variable(0, dtype=tf.int64, trainable=False, name='global_step')
-  ckpt_dir = os.path.join(logdir, CHECKPOINT_DIR)
+  ckpt_dir = os.path.join(logdir, checkpoints.CHECKPOINT_DIR)
 
   def RunDescription() -> str:
     return (f'a run of {logdir_lib.ReadExperimentName(logdir) or "another model"}'

@@ -64,7 +64,6 @@ from tensorpipe.nested_map import NestedMap
 
 PARAMS_FILE = logdir_lib.PARAMS_FILE
 EVAL_FILE = summaries.EVAL_FILE
-CHECKPOINT_DIR = 'checkpoints'
 # Key of TrainStep's result: True if every weight and slot is finite.
 WEIGHTS_FINITE = 'weights_finite'
 
@@ -218,7 +217,7 @@ class Trainer:
 
   @property
   def checkpoint_dir(self) -> str:
-    return os.path.join(self._logdir, CHECKPOINT_DIR)
+    return os.path.join(self._logdir, checkpoints.CHECKPOINT_DIR)
 
   @property
   def latest_checkpoint(self) -> Optional[str]:
