@@ -49,6 +49,7 @@ from tensorpipe import base_layer
 from tensorpipe import hyperparams
 from tensorpipe import keras_graph
 from tensorpipe import keras_graph_params
+from tensorpipe import keras_nested
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
 from tensorpipe import py_utils
@@ -91,6 +92,16 @@ def _KerasLayers(model: KerasModelLike) -> List[Any]:
                        'the input shape with input_shape= (or a Sequential '
                        'starting with keras.Input)')
   return layers
+
+
+def _NestedSource(model: Any) -> Optional[keras_nested.Flattened]:
+  """`model` (or the model a stored config describes) flattened, when
+  keras_graph cannot read it as it is (keras_nested); else None."""
+  if isinstance(model, dict):
+    model = keras_nested.FromStored(model)
+  if model is None or not keras_nested.NeedsFlattening(model):
+    return None
+  return keras_nested.Flatten(model)
 
 
 def _InputShape(model: KerasModelLike,
@@ -376,6 +387,11 @@ class TensorPipeModel(keras.Model):
                   devices=list(devices) if devices else None,
                   partition_method=partition_method)
     self._graph = None
+    nested = _NestedSource(layers)
+    if nested is not None:  # a keras_hub model, dict inputs, nested models
+      layers = nested.model
+      if weight_order is None:
+        weight_order = nested.weight_order
     if keras_graph_params.IsGraph(layers):
       built = keras_graph_params.GraphPlan(keras_graph_params.GraphConfig(layers), num_partitions,
                         num_micro_batches, batch_size, cut_after, **common)
@@ -391,6 +407,8 @@ class TensorPipeModel(keras.Model):
       self._out_dtypes = [costs.tensors[k].dtype for k in graph.outputs]
       self._single_output = graph.single_output
       stored, shape = keras_graph_params.GraphConfig(layers), None
+      if nested is not None:  # the model's own config (module docstring)
+        stored = keras.saving.serialize_keras_object(nested.source)
       if weight_order is None and not isinstance(layers, dict):
         weight_order = keras_graph.WeightOrder(layers)
     else:
@@ -414,6 +432,7 @@ class TensorPipeModel(keras.Model):
         weight_order = [[l.name, j] for l in keras_layers
                         for j in range(len(l.weights))]
     self._pipe = pipe
+    self._nested = nested is not None
     self._weight_order = ([list(w) for w in weight_order]
                           if weight_order is not None else None)
     self._tp_config = dict(
@@ -545,7 +564,9 @@ class TensorPipeModel(keras.Model):
     """The plain Keras model with this model's weights (moving statistics
     included): for model.save, TFLite or any other Keras tool."""
     stored = copy.deepcopy(self._tp_config['layers'])
-    if self._graph is not None:
+    if self._nested:
+      model = keras.saving.deserialize_keras_object(stored)
+    elif self._graph is not None:
       model = keras.Model.from_config(stored)
     else:
       shape, dtype = self._input_specs[0]

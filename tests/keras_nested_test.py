@@ -1,0 +1,160 @@
+"""keras_hub models as given, dict inputs and nested functional models.
+
+keras_nested.Flatten rebuilds a model whose config is not its graph as one
+functional graph over the same layers; TensorPipeModel then cuts it like any
+functional model. Checked against plain Keras in float64 (rtol 1e-9: the
+pipeline runs the same ops per row, only the rows are grouped differently).
+"""
+
+import keras
+import keras_hub
+import numpy as np
+import tensorflow as tf
+
+from tensorpipe import keras_nested
+from tensorpipe import keras_pipeline
+from tensorpipe import test_utils
+
+test_utils.ConfigureTestDevices()
+
+_VOCAB, _LEN, _N = 40, 6, 8
+
+
+def _Gpt2(num_layers=2):
+  keras.utils.set_random_seed(1)
+  return keras_hub.models.GPT2Backbone(
+      vocabulary_size=_VOCAB, num_layers=num_layers, num_heads=2,
+      hidden_dim=8, intermediate_dim=16, max_sequence_length=_LEN,
+      dropout=0.0, dtype='float64')
+
+
+def _Batch(rows=_N, seed=0):
+  rng = np.random.default_rng(seed)
+  mask = np.ones((rows, _LEN), 'int32')
+  mask[::3, -2:] = 0  # some padded rows
+  return {'token_ids': rng.integers(0, _VOCAB, (rows, _LEN)).astype('int32'),
+          'padding_mask': mask}
+
+
+class KerasHubBackboneTest(tf.test.TestCase):
+
+  def testGpt2BackboneAsGivenPipelinesAtK2LikeKeras(self):
+    backbone = _Gpt2()
+    self.assertFalse(keras_nested._HasGraphConfig(backbone))  # pylint: disable=protected-access
+    pipe = keras_pipeline.TensorPipeModel(
+        backbone, num_partitions=2, num_micro_batches=2, batch_size=_N)
+    report = pipe.graph_pipeline.Report()
+    self.assertIn('2 segments', report)
+    # The cut falls between the transformer blocks, inside the backbone.
+    self.assertRegex(report, r'segment 1: nodes \d+\.\.\d+ \(transformer_')
+    x = _Batch()
+    want = backbone.predict(x, batch_size=_N, verbose=0)
+    got = pipe.predict(x, batch_size=_N, verbose=0)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    # Dict inputs keyed by name, in any order; a missing key is named.
+    swapped = {'padding_mask': x['padding_mask'], 'token_ids': x['token_ids']}
+    np.testing.assert_array_equal(pipe.predict(swapped, batch_size=_N,
+                                               verbose=0), got)
+    with self.assertRaisesRegex(ValueError, 'padding_mask'):
+      pipe.predict({'token_ids': x['token_ids']}, batch_size=_N, verbose=0)
+
+  def testFitEqualsKerasFitAndWeightsRoundTrip(self):
+    backbone, twin = _Gpt2(), _Gpt2()
+    twin.set_weights(backbone.get_weights())
+    pipe = keras_pipeline.TensorPipeModel(
+        backbone, num_partitions=2, num_micro_batches=2, batch_size=_N)
+    self.assertLen(pipe.get_weights(), len(backbone.get_weights()))
+    for a, b in zip(pipe.get_weights(), backbone.get_weights()):
+      np.testing.assert_array_equal(a, b)
+    x = _Batch()
+    y = np.random.default_rng(1).normal(size=(_N, _LEN, 8))
+    for model in (pipe, twin):
+      model.compile(keras.optimizers.SGD(0.1), 'mse')
+      model.fit(x, y, batch_size=_N, epochs=2, shuffle=False, verbose=0)
+    trained = twin.get_weights()
+    moved = [not np.array_equal(a, b)
+             for a, b in zip(trained, backbone.get_weights())]
+    self.assertGreater(sum(moved), len(moved) // 2)  # training moved them
+    for a, b in zip(pipe.get_weights(), trained):
+      np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    # Keras' own model takes the pipeline's weights, and to_keras is the
+    # keras_hub class again with them.
+    backbone.set_weights(pipe.get_weights())
+    plain = pipe.to_keras()
+    self.assertIsInstance(plain, keras_hub.models.GPT2Backbone)
+    np.testing.assert_allclose(plain.predict(x, batch_size=_N, verbose=0),
+                               twin.predict(x, batch_size=_N, verbose=0),
+                               rtol=1e-9, atol=1e-12)
+
+  def testConfigStoresTheKerasHubClassAndRebuildsTheGraph(self):
+    pipe = keras_pipeline.TensorPipeModel(
+        _Gpt2(), num_partitions=2, num_micro_batches=2, batch_size=_N)
+    config = pipe.get_config()
+    self.assertEqual(config['layers']['class_name'], 'GPT2Backbone')
+    again = keras_pipeline.TensorPipeModel.from_config(config)
+    again.set_weights(pipe.get_weights())
+    x = _Batch()
+    np.testing.assert_array_equal(
+        again.predict(x, batch_size=_N, verbose=0),
+        pipe.predict(x, batch_size=_N, verbose=0))
+    self.assertEqual(again.graph_pipeline.Report(),
+                     pipe.graph_pipeline.Report())
+
+
+class NestedFunctionalTest(tf.test.TestCase):
+
+  def _Nested(self):
+    keras.utils.set_random_seed(2)
+    inner_in = keras.Input((6,), dtype='float64')
+    h = keras.layers.Dense(6, activation='tanh', name='in_a',
+                           dtype='float64')(inner_in)
+    h = keras.layers.Dense(6, activation='tanh', name='in_b',
+                           dtype='float64')(h)
+    inner = keras.Model(inner_in, h, name='inner')
+    x = keras.Input((5,), dtype='float64', name='x')
+    h = keras.layers.Dense(6, name='first', dtype='float64')(x)
+    h = inner(h)
+    out = keras.layers.Dense(3, name='last', dtype='float64')(h)
+    return keras.Model({'x': x}, out, name='outer')  # dict input
+
+  def testNestedModelIsInlinedSoACutFallsInsideIt(self):
+    model = self._Nested()
+    self.assertTrue(keras_nested.NeedsFlattening(model))
+    flat = keras_nested.Flatten(model)
+    self.assertEqual([l.name for l in flat.model.layers],
+                     ['x', 'first', 'in_a', 'in_b', 'last'])
+    for layer in flat.model.layers[1:]:  # the user's objects, not copies
+      self.assertTrue(any(layer is l for l in model.layers +
+                          model.get_layer('inner').layers))
+    pipe = keras_pipeline.TensorPipeModel(
+        model, num_partitions=2, num_micro_batches=2, batch_size=4,
+        cut_after=['in_a'])
+    x = {'x': np.random.default_rng(3).normal(size=(4, 5))}
+    np.testing.assert_allclose(pipe.predict(x, batch_size=4, verbose=0),
+                               model.predict(x, batch_size=4, verbose=0),
+                               rtol=1e-9, atol=1e-12)
+    self.assertLen(pipe.get_weights(), len(model.get_weights()))
+
+  def testLayerNamesThatWouldCollideAreNamed(self):
+    inner_in = keras.Input((4,))
+    inner = keras.Model(inner_in, keras.layers.Dense(4, name='d')(inner_in))
+    x = keras.Input((4,), name='x')
+    model = keras.Model({'x': x}, inner(keras.layers.Dense(4, name='d')(x)))
+    with self.assertRaisesRegex(ValueError, 'share names.*unique names'):
+      keras_nested.Flatten(model)
+
+  def testPlainFunctionalModelNeedsNoFlattening(self):
+    x = keras.Input((4,))
+    model = keras.Model(x, keras.layers.Dense(2)(x))
+    self.assertFalse(keras_nested.NeedsFlattening(model))
+    # A nested functional model in a plain one stays one node
+    # (keras_graph_test.testNestedModelIsOneNodeKeptWhole).
+    self.assertFalse(keras_nested.NeedsFlattening(keras.Model(
+        x, keras.Model(x, keras.layers.Dense(2)(x))(x))))
+    self.assertTrue(keras_nested.NeedsFlattening(_Gpt2(1)))
+    self.assertFalse(keras_nested.NeedsFlattening(keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(2)])))
+
+
+if __name__ == '__main__':
+  tf.test.main()
