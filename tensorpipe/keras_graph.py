@@ -288,9 +288,10 @@ class TensorInfo:
   dtype: str
   batched: bool = True
 
-  def Bytes(self, batch: int) -> int:
-    """Bytes of the tensor for `batch` examples (unknown dims count 1)."""
-    n = int(np.prod([d or 1 for d in self.shape])) if self.shape else 1
+  def Bytes(self, batch: int, unknown: int = 1) -> int:
+    """Bytes of the tensor for `batch` examples (unknown dims, such as a
+    sequence axis of None, count `unknown`)."""
+    n = int(np.prod([d or unknown for d in self.shape])) if self.shape else 1
     return n * batch * tf.as_dtype(self.dtype).size
 
 
@@ -304,16 +305,24 @@ class GraphCosts:
     num_params: per node, the weights its layer holds if this is the
       layer's first call, else 0.
     tensors: tensor key -> TensorInfo.
+    sequence_length: the length FLOPs and bytes count for the model's
+      unknown non-batch dims (a sequence axis of None); None: they were
+      unknown, and FLOPs of ops over them are not counted.
   """
   flops: Tuple[float, ...]
   num_params: Tuple[int, ...]
   tensors: Dict[str, TensorInfo]
+  sequence_length: Optional[int] = None
+
+  def Bytes(self, key: str, batch: int) -> int:
+    return self.tensors[key].Bytes(batch, self.sequence_length or 1)
 
 
 _FLOPS_CACHE: Dict[str, float] = {}
 
 
-def _FlopsKey(entry: Dict[str, Any], args: Any, kwargs: Any) -> str:
+def _FlopsKey(entry: Dict[str, Any], args: Any, kwargs: Any,
+              sequence_length: Optional[int]) -> str:
   config = dict(entry.get('config') or {})
   config.pop('name', None)
   def Spec(t):
@@ -322,15 +331,18 @@ def _FlopsKey(entry: Dict[str, Any], args: Any, kwargs: Any) -> str:
     return t
   leaves = tf.nest.map_structure(Spec, [args, kwargs])
   return json.dumps([entry.get('module'), entry.get('class_name'), config,
-                     leaves], sort_keys=True, default=repr)
+                     leaves, sequence_length], sort_keys=True, default=repr)
 
 
-def _NodeFlops(obj, args: Any, kwargs: Any) -> float:
-  """CountFlops of one inference call of `obj` on one example."""
+def _NodeFlops(obj, args: Any, kwargs: Any,
+               sequence_length: Optional[int]) -> float:
+  """CountFlops of one inference call of `obj` on one example, its unknown
+  non-batch dims taken as `sequence_length` (if given)."""
   flat = tf.nest.flatten([args, kwargs])
   positions = [i for i, t in enumerate(flat)
                if isinstance(t, keras.KerasTensor)]
-  specs = [tf.TensorSpec([1] + list(flat[i].shape[1:]), flat[i].dtype)
+  specs = [tf.TensorSpec([1] + [sequence_length if d is None else d
+                                for d in flat[i].shape[1:]], flat[i].dtype)
            for i in positions]
   variables = list(getattr(obj, 'weights', []))
   var_specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
@@ -357,13 +369,23 @@ def _NodeFlops(obj, args: Any, kwargs: Any) -> float:
   return flops_lib.CountFlops(graph)
 
 
-def Analyse(graph: Graph) -> GraphCosts:
+def Analyse(graph: Graph, sequence_length: Optional[int] = None
+            ) -> GraphCosts:
   """Shapes by Keras' symbolic calls, FLOPs by one traced call per node.
 
   Runs on objects built without allocating weights (keras_utils.
   NoAllocation); FLOPs are cached by layer class, config without the name,
-  and input shapes (keras.applications repeat their blocks).
+  and input shapes (keras.applications repeat their blocks). A sequence
+  model's inputs are often (None, None): `sequence_length` is the length
+  its unknown non-batch dims are counted at (else ops over them count 0
+  FLOPs and the cut cannot balance the blocks).
   """
+  if sequence_length is not None and (
+      isinstance(sequence_length, bool) or
+      not isinstance(sequence_length, int) or sequence_length < 1):
+    raise ValueError(f'keras_graph: sequence_length={sequence_length!r} '
+                     'must be a positive int (the length to count FLOPs '
+                     'at) or None')
   flops, params, tensors = [], [], {}
   with keras_utils.NoAllocation():
     objects = {name: _NewObject(graph.name, name, entry)
@@ -387,11 +409,12 @@ def Analyse(graph: Graph) -> GraphCosts:
                          f'{first}') from None
       for j, t in enumerate(tf.nest.flatten(out)):
         env[node.OutputKey(j)] = t
-      key = _FlopsKey(graph.entries[node.layer], args, kwargs)
+      key = _FlopsKey(graph.entries[node.layer], args, kwargs,
+                      sequence_length)
       if key not in _FLOPS_CACHE:
         if len(_FLOPS_CACHE) > 4096:
           _FLOPS_CACHE.clear()
-        _FLOPS_CACHE[key] = _NodeFlops(obj, args, kwargs)
+        _FLOPS_CACHE[key] = _NodeFlops(obj, args, kwargs, sequence_length)
       flops.append(_FLOPS_CACHE[key])
       first_call = node.layer not in seen
       seen.add(node.layer)
@@ -401,7 +424,7 @@ def Analyse(graph: Graph) -> GraphCosts:
       if isinstance(t, keras.KerasTensor):
         batched = bool(t.shape) and t.shape[0] is None
         tensors[key] = TensorInfo(tuple(t.shape[1:]), str(t.dtype), batched)
-  return GraphCosts(tuple(flops), tuple(params), tensors)
+  return GraphCosts(tuple(flops), tuple(params), tensors, sequence_length)
 
 
 # keras.ops Operations with an `axis` (or `axes`) that can span examples:
@@ -486,8 +509,10 @@ class CutPlan:
     """A table: per segment its layers and FLOPs; per cut the tensors and
     their bytes for a mini-batch of `batch` examples."""
     total = sum(self.flops) or 1.0
+    length = (f', unknown dims counted as {costs.sequence_length}'
+              if costs.sequence_length else '')
     lines = [f'{graph.name}: {len(graph.nodes)} nodes in '
-             f'{self.num_segments} segments (batch {batch})']
+             f'{self.num_segments} segments (batch {batch}{length})']
     for k in range(self.num_segments):
       nodes = self.Nodes(graph, k)
       first, last = graph.nodes[nodes[0]].layer, graph.nodes[nodes[-1]].layer
@@ -496,12 +521,12 @@ class CutPlan:
                    f'({100 * self.flops[k] / total:.1f}%)')
       if k < len(self.boundaries):
         keys = self.boundaries[k]
-        size = sum(costs.tensors[key].Bytes(batch) for key in keys)
+        size = sum(costs.Bytes(key, batch) for key in keys)
         lines.append(f'    cut {k}: {len(keys)} tensor(s), {size} bytes')
         for key in keys:
           info = costs.tensors[key]
           lines.append(f'      {key} {[None] + list(info.shape)} '
-                       f'{info.dtype} ({info.Bytes(batch)} bytes)')
+                       f'{info.dtype} ({costs.Bytes(key, batch)} bytes)')
     return '\n'.join(lines)
 
 

@@ -90,10 +90,12 @@ def WarnBatchMixing(graph: keras_graph.Graph,
 def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
               batch_size: Optional[int] = None,
               cut_after: Optional[Sequence[str]] = None,
-              name: str = 'TensorPipe', **pipeline_params) -> GraphPipeline:
+              name: str = 'TensorPipe', sequence_length: Optional[int] = None,
+              **pipeline_params) -> GraphPipeline:
   """A functional model (or its config) cut into K partitions.
 
-  Args: as PipelineParams.
+  Args: as PipelineParams; sequence_length: the length the cost model counts
+    unknown non-batch dims at (keras_graph.Analyse).
 
   Returns:
     The GraphPipeline; its Report() names what crosses each cut.
@@ -102,7 +104,7 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
   if keras_utils.IsKeras2(model):
     raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
   graph = keras_graph.ReadGraph(GraphConfig(model))
-  costs = keras_graph.Analyse(graph)
+  costs = keras_graph.Analyse(graph, sequence_length)
   WarnBatchMixing(graph, costs)
   plan = keras_graph.PlanCuts(
       graph, costs, num_partitions, cut_after,

@@ -104,6 +104,15 @@ def _NestedSource(model: Any) -> Optional[keras_nested.Flattened]:
   return keras_nested.Flatten(model)
 
 
+def _MaxSequenceLength(model: Any) -> Optional[int]:
+  """A keras_hub backbone's (or its task model's backbone's) length."""
+  for obj in (model, getattr(model, 'backbone', None)):
+    length = getattr(obj, 'max_sequence_length', None)
+    if isinstance(length, int) and not isinstance(length, bool):
+      return length
+  return None
+
+
 def _InputShape(model: KerasModelLike,
                 input_shape: Optional[Sequence[int]]) -> List[int]:
   """One example's input shape, from the argument or the model's Input."""
@@ -359,6 +368,7 @@ class TensorPipeModel(keras.Model):
                partition_method: str = 'min_max', copy_weights: bool = True,
                cut_after: Optional[Sequence[str]] = None,
                weight_order: Optional[Sequence[Sequence[Any]]] = None,
+               sequence_length: Optional[int] = None,
                **kwargs):
     """Builds the pipeline.
 
@@ -374,6 +384,11 @@ class TensorPipeModel(keras.Model):
       copy_weights: start from the Keras layers' weights.
       weight_order: [Keras layer name, weight index] per weight of the
         wrapped model (get_weights order); default: read from `layers`.
+      sequence_length: for a functional model whose inputs have unknown
+        non-batch dims (token ids of shape (None, None)): the length the
+        cost model counts them at, so the cut balances the blocks. None: a
+        keras_hub model's `max_sequence_length` (its backbone's), else
+        unknown dims count no FLOPs.
       **kwargs: keras.Model arguments (name, ...).
     """
     super().__init__(**kwargs)
@@ -392,9 +407,13 @@ class TensorPipeModel(keras.Model):
       layers = nested.model
       if weight_order is None:
         weight_order = nested.weight_order
+      if sequence_length is None:
+        sequence_length = _MaxSequenceLength(nested.source)
     if keras_graph_params.IsGraph(layers):
-      built = keras_graph_params.GraphPlan(keras_graph_params.GraphConfig(layers), num_partitions,
-                        num_micro_batches, batch_size, cut_after, **common)
+      built = keras_graph_params.GraphPlan(
+          keras_graph_params.GraphConfig(layers), num_partitions,
+          num_micro_batches, batch_size, cut_after,
+          sequence_length=sequence_length, **common)
       pipe = built.params.Instantiate()
       if copy_weights:
         CopyKerasWeights(pipe, layers)
@@ -441,7 +460,8 @@ class TensorPipeModel(keras.Model):
         batch_size=batch_size, input_shape=list(shape) if shape else None,
         partition_sizes=list(partition_sizes) if partition_sizes else None,
         cut_after=list(cut_after) if cut_after else None,
-        weight_order=self._weight_order, **common)
+        weight_order=self._weight_order, sequence_length=sequence_length,
+        **common)
     self._batch_size = batch_size
     self._num_micro_batches = num_micro_batches
     # Keras' jit_compile='auto' would XLA-compile the step on a GPU; the

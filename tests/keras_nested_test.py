@@ -11,6 +11,7 @@ import keras_hub
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import keras_graph
 from tensorpipe import keras_nested
 from tensorpipe import keras_pipeline
 from tensorpipe import test_utils
@@ -99,6 +100,35 @@ class KerasHubBackboneTest(tf.test.TestCase):
         pipe.predict(x, batch_size=_N, verbose=0))
     self.assertEqual(again.graph_pipeline.Report(),
                      pipe.graph_pipeline.Report())
+
+
+class SequenceCostTest(tf.test.TestCase):
+
+  def testBlocksNotEmbeddingsCarryTheCostAtTheModelsLength(self):
+    backbone = _Gpt2(num_layers=4)
+    pipe = keras_pipeline.TensorPipeModel(
+        backbone, num_partitions=2, num_micro_batches=2, batch_size=_N)
+    built = pipe.graph_pipeline
+    self.assertEqual(built.costs.sequence_length, _LEN)  # max_sequence_length
+    self.assertIn(f'unknown dims counted as {_LEN}', built.Report())
+    flops = {n.layer: f for n, f in zip(built.graph.nodes, built.costs.flops)}
+    blocks = [flops[f'transformer_layer_{i}'] for i in range(4)]
+    self.assertEqual(len(set(blocks)), 1)  # identical blocks, counted alike
+    self.assertGreater(blocks[0], 10 * flops['token_embedding'])
+    # Two blocks a side: the cut falls at the middle block, not next to the
+    # embeddings.
+    self.assertRegex(built.Report(),
+                     r'segment 1: nodes \d+\.\.\d+ \(transformer_layer_2 ')
+    # Attention is quadratic in the length: twice the length, more than
+    # twice a block's FLOPs; bytes of a cut tensor count the length.
+    graph = built.graph
+    at = {n: keras_graph.Analyse(graph, n) for n in (_LEN, 2 * _LEN)}
+    index = [n.layer for n in graph.nodes].index('transformer_layer_0')
+    self.assertGreater(at[2 * _LEN].flops[index], 2 * at[_LEN].flops[index])
+    key = graph.nodes[index].OutputKey(0)
+    self.assertEqual(at[2 * _LEN].Bytes(key, 1), 2 * at[_LEN].Bytes(key, 1))
+    with self.assertRaisesRegex(ValueError, 'sequence_length=0'):
+      keras_graph.Analyse(graph, 0)
 
 
 class NestedFunctionalTest(tf.test.TestCase):
