@@ -5,7 +5,7 @@ costs and cuts it (tensorpipe/keras_graph.py) and returns the
 TensorPipeLayer Params with one KerasGraphSegment per partition, and the
 cut report; it warns once of each keras.ops node that reduces over the
 batch axis (keras_graph.BatchMixingOps), which micro-batching changes.
-keras_pipeline.PipelineParams and TensorPipeModel call it for functional
+keras_params.PipelineParams and TensorPipeModel call it for functional
 models.
 """
 

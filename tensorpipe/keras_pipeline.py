@@ -1,11 +1,10 @@
-"""The Keras front door: a keras.Sequential pipelined, and trained by `fit`.
+"""The Keras front door: a Keras model pipelined, and trained by `fit`.
 
-`PipelineParams(model, K, T)` turns a `keras.Sequential` (or a list of Keras
-3 layers) into TensorPipeLayer Params, one `KerasLayer` per Keras layer, each
-holding its layer's config (so the Params are text, as every experiment's),
-split into K partitions automatically (balanced by FPropMeta FLOPs) or by
-`partition_sizes`. `BuildPipeline` instantiates them and copies the Keras
-model's weights in. `TensorPipeModel` is a `keras.Model` around the pipeline:
+`TensorPipeModel` takes a `keras.Sequential`, a list of Keras 3 layers, a
+functional model or a keras_hub model; keras_front.Make asks once which
+kind it is and builds the pipeline (keras_params for the Params route,
+keras_graph_params for graphs, keras_nested for keras_hub models and dict
+inputs). `TensorPipeModel` is a `keras.Model` around the pipeline:
 `compile` / `fit` / `evaluate` / `predict`, callbacks (TensorBoard,
 ModelCheckpoint) and `save` / `load_model` work as for any Keras model.
 
@@ -38,276 +37,20 @@ Usage:
   pipe.fit(dataset, epochs=2, callbacks=[keras.callbacks.TensorBoard(dir)])
 """
 
-import copy
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_layer
-from tensorpipe import hyperparams
-from tensorpipe import keras_graph
+from tensorpipe import keras_front
 from tensorpipe import keras_graph_params
-from tensorpipe import keras_nested
+from tensorpipe import keras_params
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe.layers import composite
-from tensorpipe.layers import keras_layer
-
-KerasModelLike = Union[keras.Sequential, Sequence[Any]]
-
-
-def _KerasLayers(model: KerasModelLike) -> List[Any]:
-  """The layers of a Sequential or a list, checked to be Keras 3 layers."""
-  if keras_utils.IsKeras2(model):
-    raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
-  if isinstance(model, keras.Sequential):
-    layers = list(model.layers)
-  elif isinstance(model, keras.Model):
-    raise TypeError(
-        f'keras_pipeline: {type(model).__name__} {model.name!r} is a '
-        'subclassed Keras model: its graph is Python code, which cannot be '
-        'cut into stages; build it functionally (keras.Model(inputs, '
-        'outputs)) or as a keras.Sequential, or wrap it whole in one '
-        'KerasLayer')
-  elif isinstance(model, (list, tuple)):
-    layers = list(model)
-  else:
-    raise TypeError(f'keras_pipeline: expected a keras.Sequential or a list '
-                    f'of Keras layers, got {type(model).__name__}')
-  if not layers:
-    raise ValueError('keras_pipeline: the model has no layers')
-  for i, layer in enumerate(layers):
-    if isinstance(layer, dict):
-      continue  # a serialised layer (TensorPipeModel.from_config)
-    if keras_utils.IsKeras2(layer):
-      raise keras_utils.Keras2Error('keras_pipeline', f'layer {i}', layer)
-    if not isinstance(layer, keras.Layer):
-      raise TypeError(f'keras_pipeline: layer {i} is a '
-                      f'{type(layer).__name__}, not a Keras 3 layer')
-    if isinstance(layer, keras.layers.InputLayer):
-      raise ValueError(f'keras_pipeline: layer {i} is an InputLayer; give '
-                       'the input shape with input_shape= (or a Sequential '
-                       'starting with keras.Input)')
-  return layers
-
-
-def _NestedSource(model: Any) -> Optional[keras_nested.Flattened]:
-  """`model` (or the model a stored config describes) flattened, when
-  keras_graph cannot read it as it is (keras_nested); else None."""
-  if isinstance(model, dict):
-    model = keras_nested.FromStored(model)
-  if model is None or not keras_nested.NeedsFlattening(model):
-    return None
-  return keras_nested.Flatten(model)
-
-
-def _MaxSequenceLength(model: Any) -> Optional[int]:
-  """A keras_hub backbone's (or its task model's backbone's) length."""
-  for obj in (model, getattr(model, 'backbone', None)):
-    length = getattr(obj, 'max_sequence_length', None)
-    if isinstance(length, int) and not isinstance(length, bool):
-      return length
-  return None
-
-
-def _InputShape(model: KerasModelLike,
-                input_shape: Optional[Sequence[int]]) -> List[int]:
-  """One example's input shape, from the argument or the model's Input."""
-  declared = None
-  if isinstance(model, keras.Sequential):
-    try:
-      declared = list(model.inputs[0].shape[1:])
-    except (AttributeError, ValueError, IndexError, TypeError):
-      declared = None
-  if input_shape is not None:
-    input_shape = list(input_shape)
-    if declared is not None and declared != input_shape:
-      raise ValueError(f'keras_pipeline: input_shape={input_shape} but the '
-                       f'Sequential takes inputs of shape {declared}; drop '
-                       'input_shape or make them agree')
-    return input_shape
-  if declared is None:
-    raise ValueError('keras_pipeline: the input shape is unknown; give '
-                     'input_shape=[...] (one example, no batch axis) or start '
-                     'the Sequential with keras.Input(shape)')
-  return declared
-
-
-def _LayerParams(layer: Any, name: str, input_shape: List[Any]):
-  if isinstance(layer, dict):
-    config = layer
-  else:
-    config = keras.saving.serialize_keras_object(layer)
-  return keras_layer.KerasLayer.Params().Set(
-      name=name, keras_config=config, input_shape=list(input_shape))
-
-
-def _LayerName(layer: Any) -> str:
-  return layer['config']['name'] if isinstance(layer, dict) else layer.name
-
-
-def _LayerInputShapes(layers: List[Any], shape: List[Any]) -> List[List[Any]]:
-  """Each layer's per-example input shape, by Keras' symbolic calls."""
-  shapes = [list(shape)]
-  for layer in layers[:-1]:
-    if isinstance(layer, dict):
-      layer = keras.saving.deserialize_keras_object(copy.deepcopy(layer))
-    out = layer(keras.KerasTensor([None] + shapes[-1]))
-    if not hasattr(out, 'shape'):
-      raise ValueError(f'keras_pipeline: layer {layer.name!r} returns '
-                       f'{type(out).__name__}; a Sequential passes one tensor '
-                       'from layer to layer')
-    shapes.append(list(out.shape[1:]))
-  return shapes
-
-
-def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
-                   num_partitions: int, num_micro_batches: int,
-                   input_shape: Optional[Sequence[int]] = None,
-                   batch_size: Optional[int] = None,
-                   partition_sizes: Optional[Sequence[int]] = None,
-                   name: str = 'TensorPipe',
-                   cut_after: Optional[Sequence[str]] = None,
-                   **pipeline_params) -> hyperparams.Params:
-  """TensorPipeLayer Params of a Keras model, one KerasLayer per layer.
-
-  A Sequential (or list of layers) is cut into runs of layers; a functional
-  model into runs of its layer calls, one `keras_graph.KerasGraphSegment`
-  per partition (see keras_graph).
-
-  Making the Params runs no TensorFlow op when `model` is a function (or
-  its layers are built): the partition plan is computed when the Params are
-  instantiated.
-
-  Args:
-    model: a keras.Sequential, a functional keras.Model (or its
-      get_config() dict), a list of Keras 3 layers (built or not), or a
-      function returning one of them, which is then built without
-      allocating weights (experiments: their Params are made before the
-      trainer sets up devices; the KerasLayers initialise their own weights).
-    num_partitions: K.
-    num_micro_batches: T.
-    input_shape: one example's input shape (no batch axis); default: the
-      Sequential's keras.Input.
-    batch_size: the mini-batch size N the partition plan is costed at (the
-      FLOPs per layer scale with it, the plan does not); default T.
-    partition_sizes: manual split of a Sequential: K numbers of consecutive
-      layers per partition; None balances FPropMeta FLOPs automatically.
-    name: the TensorPipeLayer's name.
-    cut_after: manual split of a functional model: K-1 Keras layer names,
-      in model order; the cut falls after each one's last call.
-    **pipeline_params: more TensorPipeLayer Params (recompute, devices, ...).
-
-  Returns:
-    TensorPipeLayer Params; each layer is a KerasLayer named after its Keras
-    layer, with that layer's config and input shape.
-
-  Raises:
-    TypeError / ValueError: a non-Sequential model, a Keras 2 object, an
-      unknown input shape, bad partition sizes.
-  """
-  if keras_utils.IsKeras2(model):
-    raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
-  if callable(model) and not isinstance(model, (keras.Layer, list, tuple)):
-    with keras_utils.NoAllocation():
-      return PipelineParams(model(), num_partitions, num_micro_batches,
-                            input_shape, batch_size, partition_sizes, name,
-                            cut_after, **pipeline_params)
-  keras_graph_params.CheckKT(num_partitions, num_micro_batches)
-  if keras_graph_params.IsGraph(model):
-    if partition_sizes is not None:
-      raise ValueError(
-          f'keras_pipeline: partition_sizes={list(partition_sizes)} counts '
-          'layers of a sequence; a functional model is cut by cut_after=[K-1 '
-          'Keras layer names] (cut after each one\'s last call)')
-    if input_shape is not None:
-      raise ValueError(f'keras_pipeline: input_shape={input_shape} is not '
-                       'used for a functional model: its keras.Input '
-                       'shapes are; drop input_shape')
-    return keras_graph_params.GraphPlan(model, num_partitions, num_micro_batches, batch_size,
-                     cut_after, name, **pipeline_params).params
-  if cut_after is not None:
-    raise ValueError(f'keras_pipeline: cut_after={cut_after} is for '
-                     'functional models; a Sequential is split by '
-                     'partition_sizes')
-  layers = _KerasLayers(model)
-  shape = _InputShape(model, input_shape)
-  if any(isinstance(layer, dict) for layer in layers):
-    with keras_utils.NoAllocation():
-      shapes = _LayerInputShapes(layers, shape)
-  else:
-    shapes = _LayerInputShapes(layers, shape)
-  layer_ps = [_LayerParams(layer, _LayerName(layer), s)
-              for layer, s in zip(layers, shapes)]
-  batch = batch_size or num_micro_batches
-  p = pipeline.TensorPipeLayer.Params().Set(
-      name=name, num_micro_batches=num_micro_batches, **pipeline_params)
-  if partition_sizes is not None:
-    sizes = list(partition_sizes)
-    if (len(sizes) != num_partitions or
-        not all(isinstance(s, int) and s >= 1 for s in sizes) or
-        sum(sizes) != len(layer_ps)):
-      raise ValueError(
-          f'keras_pipeline: partition_sizes={sizes} must be {num_partitions} '
-          f'positive ints summing to the {len(layer_ps)} layers')
-    parts, start = [], 0
-    for size in sizes:
-      parts.append(layer_ps[start:start + size])
-      start += size
-    p.Set(partitions=parts, input_shapes=[[batch] + shape])
-  else:
-    p.Set(layers=layer_ps, num_partitions=num_partitions,
-          input_shapes=[[batch] + shape])
-  return p
-
-
-def CopyKerasWeights(pipe: pipeline.TensorPipeLayer,
-                     model: KerasModelLike) -> None:
-  """Copies the Keras layers' weights into the pipeline's KerasLayers."""
-  if isinstance(model, dict):
-    return
-  if keras_graph_params.IsGraph(model):
-    for layer in KerasLayersOf(pipe):
-      source = model.get_layer(layer.layer_name)
-      if source.built:
-        layer.AssignFromKeras(source)
-    return
-  layers = {layer.name: layer for layer in _KerasLayers(model)
-            if not isinstance(layer, dict)}
-  for layer, _ in pipe.LayersWithTheta():
-    source = layers.get(layer.layer_name)
-    if source is not None and source.built:
-      layer.AssignFromKeras(source)
-
-
-def KerasLayersOf(pipe: pipeline.TensorPipeLayer
-                  ) -> List[keras_layer.KerasLayer]:
-  """The pipeline's KerasLayers, in partition and call order."""
-  return [layer for layer in base_layer.Layers(pipe)
-          if isinstance(layer, keras_layer.KerasLayer)]
-
-
-def BuildPipeline(model: KerasModelLike, num_partitions: int,
-                  num_micro_batches: int, copy_weights: bool = True,
-                  **kwargs) -> pipeline.TensorPipeLayer:
-  """`PipelineParams(...)` instantiated, starting from the model's weights.
-
-  Args:
-    model, num_partitions, num_micro_batches, **kwargs: as PipelineParams.
-    copy_weights: copy the (built) Keras layers' weights into the pipeline;
-      else the KerasLayers keep their own initial weights (seeded by path).
-
-  Returns:
-    The TensorPipeLayer.
-  """
-  pipe = PipelineParams(model, num_partitions, num_micro_batches,
-                        **kwargs).Instantiate()
-  if copy_weights:
-    CopyKerasWeights(pipe, model)
-  return pipe
 
 
 def _Chain(pipe: pipeline.TensorPipeLayer, *xs: Any) -> Any:
@@ -359,7 +102,7 @@ class TensorPipeModel(keras.Model):
     model.fit(x, y, batch_size=32, epochs=3)
   """
 
-  def __init__(self, layers: KerasModelLike, num_partitions: int = 1,
+  def __init__(self, layers: keras_params.KerasModelLike, num_partitions: int = 1,
                num_micro_batches: int = 1, batch_size: Optional[int] = None,
                input_shape: Optional[Sequence[int]] = None,
                partition_sizes: Optional[Sequence[int]] = None,
@@ -379,7 +122,7 @@ class TensorPipeModel(keras.Model):
       num_micro_batches: T.
       batch_size: N, the rows of a pipelined step (a multiple of T); fit,
         evaluate and predict should use this batch size. None: T.
-      input_shape, partition_sizes, cut_after: as PipelineParams.
+      input_shape, partition_sizes, cut_after: as keras_params.PipelineParams.
       recompute, devices, partition_method: TensorPipeLayer Params.
       copy_weights: start from the Keras layers' weights.
       weight_order: [Keras layer name, weight index] per weight of the
@@ -401,67 +144,23 @@ class TensorPipeModel(keras.Model):
     common = dict(recompute=recompute,
                   devices=list(devices) if devices else None,
                   partition_method=partition_method)
-    self._graph = None
-    nested = _NestedSource(layers)
-    if nested is not None:  # a keras_hub model, dict inputs, nested models
-      layers = nested.model
-      if weight_order is None:
-        weight_order = nested.weight_order
-      if sequence_length is None:
-        sequence_length = _MaxSequenceLength(nested.source)
-    if keras_graph_params.IsGraph(layers):
-      built = keras_graph_params.GraphPlan(
-          keras_graph_params.GraphConfig(layers), num_partitions,
-          num_micro_batches, batch_size, cut_after,
-          sequence_length=sequence_length, **common)
-      pipe = built.params.Instantiate()
-      if copy_weights:
-        CopyKerasWeights(pipe, layers)
-      self._graph = built
-      graph, costs = built.graph, built.costs
-      self._input_specs = [(list(info.shape), info.dtype)
-                           for info in keras_graph.InputSpecs(graph, costs)]
-      self._input_names = list(graph.input_names)
-      self._output_names = list(graph.output_names)
-      self._out_dtypes = [costs.tensors[k].dtype for k in graph.outputs]
-      self._single_output = graph.single_output
-      stored, shape = keras_graph_params.GraphConfig(layers), None
-      if nested is not None:  # the model's own config (module docstring)
-        stored = keras.saving.serialize_keras_object(nested.source)
-      if weight_order is None and not isinstance(layers, dict):
-        weight_order = keras_graph.WeightOrder(layers)
-    else:
-      keras_layers = _KerasLayers(layers)
-      shape = _InputShape(layers, input_shape)
-      pipe = BuildPipeline(
-          layers, num_partitions, num_micro_batches,
-          copy_weights=copy_weights, input_shape=shape,
-          batch_size=batch_size, partition_sizes=partition_sizes, **common)
-      first, last = pipe.LayersWithTheta()[0][0], pipe.LayersWithTheta()[-1][0]
-      self._input_specs = [(list(shape), first.keras_object.compute_dtype)]
-      self._input_names = ['inputs']
-      self._output_names = ['outputs']
-      self._out_dtypes = [last.keras_object.compute_dtype]
-      self._single_output = True
-      stored = [layer if isinstance(layer, dict) else
-                keras.saving.serialize_keras_object(layer)
-                for layer in keras_layers]
-      if weight_order is None and not any(isinstance(l, dict)
-                                          for l in keras_layers):
-        weight_order = [[l.name, j] for l in keras_layers
-                        for j in range(len(l.weights))]
-    self._pipe = pipe
-    self._nested = nested is not None
-    self._weight_order = ([list(w) for w in weight_order]
-                          if weight_order is not None else None)
+    front = keras_front.Make(
+        layers, num_partitions, num_micro_batches, batch_size,
+        copy_weights=copy_weights, input_shape=input_shape,
+        partition_sizes=partition_sizes, cut_after=cut_after,
+        weight_order=weight_order, sequence_length=sequence_length, **common)
+    self._front = front
+    self._pipe = front.pipe
+    self._weight_order = front.weight_order
     self._tp_config = dict(
-        layers=stored,
+        layers=front.stored,
         num_partitions=num_partitions, num_micro_batches=num_micro_batches,
-        batch_size=batch_size, input_shape=list(shape) if shape else None,
+        batch_size=batch_size,
+        input_shape=list(front.input_shape) if front.input_shape else None,
         partition_sizes=list(partition_sizes) if partition_sizes else None,
         cut_after=list(cut_after) if cut_after else None,
-        weight_order=self._weight_order, sequence_length=sequence_length,
-        **common)
+        weight_order=self._weight_order,
+        sequence_length=front.sequence_length, **common)
     self._batch_size = batch_size
     self._num_micro_batches = num_micro_batches
     # Keras' jit_compile='auto' would XLA-compile the step on a GPU; the
@@ -474,14 +173,14 @@ class TensorPipeModel(keras.Model):
     """The Keras layers making the outputs, as a functional Keras model's
     `output_names` (which compile reads to match losses and metrics keyed
     by output name); None for a Sequential, as Keras' own."""
-    if self._graph is None:
+    if self._front.graph is None:
       return None
-    return list(self._graph.graph.output_names)
+    return list(self._front.output_names)
 
   @property
   def graph_pipeline(self) -> Optional[keras_graph_params.GraphPipeline]:
     """For a functional model: the cut plan (`.Report()`); else None."""
-    return self._graph
+    return self._front.graph
 
   # -- the pipeline and its variables ---------------------------------------
 
@@ -552,7 +251,7 @@ class TensorPipeModel(keras.Model):
           f'TensorPipeModel {self.name!r} does not know the Keras weight '
           'order (it was built from layer configs without weight_order); '
           'build it from the Keras model, or pass weight_order')
-    layers = {layer.layer_name: layer for layer in KerasLayersOf(self._pipe)}
+    layers = {layer.layer_name: layer for layer in keras_params.KerasLayersOf(self._pipe)}
     out = []
     for name, j in self._weight_order:
       layer = layers[name]
@@ -583,16 +282,7 @@ class TensorPipeModel(keras.Model):
   def to_keras(self) -> keras.Model:
     """The plain Keras model with this model's weights (moving statistics
     included): for model.save, TFLite or any other Keras tool."""
-    stored = copy.deepcopy(self._tp_config['layers'])
-    if self._nested:
-      model = keras.saving.deserialize_keras_object(stored)
-    elif self._graph is not None:
-      model = keras.Model.from_config(stored)
-    else:
-      shape, dtype = self._input_specs[0]
-      model = keras.Sequential(
-          [keras.Input(shape, dtype=dtype)] +
-          [keras.saving.deserialize_keras_object(l) for l in stored])
+    model = self._front.ToKeras()
     model.set_weights(self.get_weights())
     # Keras' set_weights leaves a Normalization's mean and variance tensors
     # as they were derived at build: derive them from the new weights.
@@ -620,22 +310,22 @@ class TensorPipeModel(keras.Model):
 
   def _Inputs(self, x) -> tuple:
     """Keras' x as the pipeline's positional inputs (keras.Input order)."""
-    n = len(self._input_specs)
+    n = len(self._front.input_specs)
     if isinstance(x, dict):
-      missing = [k for k in self._input_names if k not in x]
+      missing = [k for k in self._front.input_names if k not in x]
       if missing or len(x) != n:
         raise ValueError(f'TensorPipeModel {self.name!r}: inputs keyed '
                          f'{sorted(x)}, but the model takes '
-                         f'{self._input_names}')
-      return tuple(x[k] for k in self._input_names)
+                         f'{self._front.input_names}')
+      return tuple(x[k] for k in self._front.input_names)
     if isinstance(x, (list, tuple)):
       if len(x) != n:
         raise ValueError(f'TensorPipeModel {self.name!r} takes {n} input(s) '
-                         f'({self._input_names}) but got {len(x)}')
+                         f'({self._front.input_names}) but got {len(x)}')
       return tuple(x)
     if n != 1:
       raise ValueError(f'TensorPipeModel {self.name!r} takes {n} inputs '
-                       f'({self._input_names}); pass a list of {n} tensors')
+                       f'({self._front.input_names}); pass a list of {n} tensors')
     return (x,)
 
   def _Outputs(self, out):
@@ -647,8 +337,8 @@ class TensorPipeModel(keras.Model):
                                 *[[1] + x.shape.as_list()[1:] for x in xs])
     outs = [tf.zeros(tf.concat([tf.shape(xs[0])[:1], s.as_list()[1:]], 0),
                      dtype) for s, dtype in zip(
-                         tf.nest.flatten(meta.out_shapes), self._out_dtypes)]
-    return outs[0] if self._single_output else outs
+                         tf.nest.flatten(meta.out_shapes), self._front.out_dtypes)]
+    return outs[0] if self._front.single_output else outs
 
   def call(self, x, training=None):
     """The pipeline on x: training=True trains (batch statistics, dropout)."""
@@ -755,9 +445,9 @@ class TensorPipeModel(keras.Model):
     """
     from tensorpipe import export  # pylint: disable=g-import-not-at-top
     specs = {name: tf.TensorSpec([None] + shape, dtype)
-             for name, (shape, dtype) in zip(self._input_names,
-                                             self._input_specs)}
-    names = self._output_names
+             for name, (shape, dtype) in zip(self._front.input_names,
+                                             self._front.input_specs)}
+    names = self._front.output_names
     return export.ExportModel(
         self._pipe, export_dir, specs, pipelined=pipelined,
         serving_batch_size=self._batch_size if pipelined else None,

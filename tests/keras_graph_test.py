@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import keras_graph
+from tensorpipe import keras_params
 from tensorpipe import keras_pipeline
 from tensorpipe import py_utils
 from tensorpipe import test_utils
@@ -181,7 +182,7 @@ class GraphReadingTest(tf.test.TestCase):
     with self.assertRaisesRegex(TypeError, 'subclassed.*functionally'):
       keras_pipeline.TensorPipeModel(Sub(), num_partitions=1)
     with self.assertRaisesRegex(ValueError, 'cut_after'):
-      keras_pipeline.PipelineParams(_Chain(), 2, 2, partition_sizes=[4, 4])
+      keras_params.PipelineParams(_Chain(), 2, 2, partition_sizes=[4, 4])
     with self.assertRaisesRegex(ValueError, 'num_micro_batches=0'):
       keras_pipeline.TensorPipeModel(_Chain(), 2, 0)
 
@@ -226,7 +227,7 @@ class ParamsBeforeDevicesTest(tf.test.TestCase):
         import tensorflow as tf
         from models import keras_models
         from tensorpipe import keras_pipeline
-        p = keras_pipeline.PipelineParams(
+        p = keras_params.PipelineParams(
             lambda: keras_models.FashionMnistResNet(4, 1), 4, 2,
             batch_size=8)
         assert len(p.partitions) == 4
@@ -247,7 +248,7 @@ class ParamsBeforeDevicesTest(tf.test.TestCase):
 class GraphPipelineTest(tf.test.TestCase):
 
   def _Pipe(self, model, k, **kwargs):
-    pipe = keras_pipeline.BuildPipeline(model, k, T, batch_size=BATCH,
+    pipe = keras_params.BuildPipeline(model, k, T, batch_size=BATCH,
                                         **kwargs)
     return pipe
 
@@ -261,7 +262,7 @@ class GraphPipelineTest(tf.test.TestCase):
     for k, cuts in ((1, None), (2, None), (4, ['h1', 'm2', 'm3'])):
       pipe = self._Pipe(model, k, cut_after=cuts)
       order = keras_graph.WeightOrder(model)
-      layers = {l.layer_name: l for l in keras_pipeline.KerasLayersOf(pipe)}
+      layers = {l.layer_name: l for l in keras_params.KerasLayersOf(pipe)}
       variables = [layers[n].vars[layers[n].KerasWeights()[j][1]]
                    for n, j in order]
       with tf.GradientTape() as tape, py_utils.TrainingMode(True):

@@ -11,6 +11,7 @@ import itertools
 import keras
 import tensorflow as tf
 
+from tensorpipe import keras_params
 from tensorpipe import keras_pipeline
 from tensorpipe import test_utils
 from tests import keras_testlib
@@ -30,7 +31,7 @@ class KerasPipelineGridTest(tf.test.TestCase):
                                              (True, False)):
       with self.subTest(k=k, t=t, recompute=recompute):
         model = keras_testlib.MakeSequential(seed=3)
-        pipe = keras_pipeline.BuildPipeline(model, k, t, batch_size=N,
+        pipe = keras_params.BuildPipeline(model, k, t, batch_size=N,
                                             recompute=recompute)
         variables = keras_testlib.PipelineVariables(pipe)
         names = sorted(n for n, v in variables.items() if v.trainable)

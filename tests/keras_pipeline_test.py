@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import keras_params
 from tensorpipe import keras_pipeline
 from tensorpipe import test_utils
 from tests import export_testlib
@@ -45,7 +46,7 @@ class PipelineTransparencyTest(tf.test.TestCase):
 
   def _CheckWrapper(self, num_partitions):
     model = keras_testlib.MakeSequential()
-    pipe = keras_pipeline.BuildPipeline(model, num_partitions, T,
+    pipe = keras_params.BuildPipeline(model, num_partitions, T,
                                         batch_size=N, recompute=True)
     self.assertLen(pipe.PartitionLayers(), num_partitions)
     variables = keras_testlib.PipelineVariables(pipe)
@@ -221,7 +222,7 @@ class KerasModelApiTest(tf.test.TestCase):
   def testVariablePathsDoNotDependOnK(self):
     model = keras_testlib.MakeSequential()
     paths = [sorted(base_layer.VariablesByPath(
-        keras_pipeline.BuildPipeline(model, k, T)))
+        keras_params.BuildPipeline(model, k, T)))
              for k in (1, 2, 4)]
     self.assertEqual(paths[0], paths[1])
     self.assertEqual(paths[0], paths[2])
@@ -229,7 +230,7 @@ class KerasModelApiTest(tf.test.TestCase):
     self.assertIn('bn2/moving_variance', paths[0])
 
   def testManualPartitionSizes(self):
-    pipe = keras_pipeline.BuildPipeline(keras_testlib.MakeSequential(), 2, T,
+    pipe = keras_params.BuildPipeline(keras_testlib.MakeSequential(), 2, T,
                                         partition_sizes=[3, 5])
     self.assertEqual([[l.layer_name for l in part]
                       for part in pipe.PartitionLayers()],
@@ -237,7 +238,7 @@ class KerasModelApiTest(tf.test.TestCase):
                       ['flat', 'fc1', 'drop', 'bn2', 'logits']])
     with self.assertRaisesRegex(ValueError, r'partition_sizes=\[3, 4\] must '
                                 'be 2 positive ints summing to the 8 layers'):
-      keras_pipeline.PipelineParams(keras_testlib.MakeSequential(), 2, T,
+      keras_params.PipelineParams(keras_testlib.MakeSequential(), 2, T,
                                     partition_sizes=[3, 4])
 
   def testBadModelsNameTheFix(self):
@@ -247,22 +248,22 @@ class KerasModelApiTest(tf.test.TestCase):
         return x
     with self.assertRaisesRegex(TypeError, 'subclassed Keras model.*build '
                                 'it functionally'):
-      keras_pipeline.PipelineParams(Subclassed(), 1, 1)
+      keras_params.PipelineParams(Subclassed(), 1, 1)
     with self.assertRaisesRegex(ValueError, 'input shape is unknown.*'
                                 'input_shape'):
-      keras_pipeline.PipelineParams([keras.layers.Dense(2)], 1, 1)
+      keras_params.PipelineParams([keras.layers.Dense(2)], 1, 1)
     lam = keras.Sequential([keras.Input((3,)),
                             keras.layers.Lambda(lambda v: v, name='lam')])
     with self.assertRaisesRegex(ValueError, "'lam': keras_config cannot be "
                                 'deserialised'):
-      keras_pipeline.BuildPipeline(lam, 1, 1)
+      keras_params.BuildPipeline(lam, 1, 1)
     with self.assertRaisesRegex(ValueError, 'batch_size=6 must be a multiple '
                                 'of num_micro_batches=4'):
       keras_pipeline.TensorPipeModel(keras_testlib.MakeSequential(),
                                      num_micro_batches=4, batch_size=6)
     import tf_keras  # pylint: disable=g-import-not-at-top
     with self.assertRaisesRegex(TypeError, r'Keras 2 \(tf_keras\)'):
-      keras_pipeline.PipelineParams(
+      keras_params.PipelineParams(
           tf_keras.Sequential([tf_keras.layers.Dense(2, input_shape=(3,))]),
           1, 1)
 

@@ -7,7 +7,7 @@ README is `image.fashion_mnist.ResNet4x8`: a small ResNet with batch norm on
 K=4 partitions (4 logical CPU devices without an accelerator) and T=8
 micro-batches. The `...K1` variants run the same model unpipelined (K=1,
 same T) for comparison. `KerasCnn4x8` is a model written in Keras
-(models/keras_models.py), pipelined through tensorpipe/keras_pipeline.py;
+(models/keras_models.py), pipelined through tensorpipe/keras_params.py;
 `KerasResNet4x8` a functional Keras model (residual blocks) cut by
 tensorpipe/keras_graph.py.
 
@@ -144,9 +144,9 @@ class AmoebaNetD1x8(AmoebaNetD4x8):
 class KerasCnn4x8(_FashionMnistBase):
   """A CNN written in Keras (models/keras_models.py), K=4, T=8.
 
-  The Keras front door (tensorpipe/keras_pipeline.py) makes one KerasLayer
-  per Keras layer, each holding its layer's config, split into K partitions
-  by the layers' FLOPs. The same model trains with model.fit in
+  The Params route of the Keras front door (tensorpipe/keras_params.py)
+  makes one KerasLayer per Keras layer, each holding its layer's config,
+  split into K partitions by the layers' FLOPs. The same model trains with model.fit in
   tools/keras_fit.py.
   """
 
@@ -156,10 +156,10 @@ class KerasCnn4x8(_FashionMnistBase):
 
   def Model(self):
     from models import keras_models  # pylint: disable=g-import-not-at-top
-    from tensorpipe import keras_pipeline  # pylint: disable=g-import-not-at-top
+    from tensorpipe import keras_params  # pylint: disable=g-import-not-at-top
     # A function: the Sequential is built for its configs only (no
     # weights, no TensorFlow op before the trainer sets up devices).
-    return keras_pipeline.PipelineParams(
+    return keras_params.PipelineParams(
         lambda: keras_models.FashionMnistCnn(self.FILTERS, self.HIDDEN_DIM,
                                              self.DROPOUT_RATE),
         num_partitions=self.NUM_PARTITIONS,
@@ -179,8 +179,8 @@ class KerasResNet4x8(_FashionMnistBase):
 
   def Model(self):
     from models import keras_models  # pylint: disable=g-import-not-at-top
-    from tensorpipe import keras_pipeline  # pylint: disable=g-import-not-at-top
-    return keras_pipeline.PipelineParams(
+    from tensorpipe import keras_params  # pylint: disable=g-import-not-at-top
+    return keras_params.PipelineParams(
         lambda: keras_models.FashionMnistResNet(self.FILTERS, self.BLOCKS),
         num_partitions=self.NUM_PARTITIONS,
         num_micro_batches=self.NUM_MICRO_BATCHES, batch_size=self.BATCH_SIZE)
