@@ -66,6 +66,7 @@ from tensorpipe import flops as flops_lib
 from tensorpipe import keras_utils
 from tensorpipe import partitioning
 from tensorpipe.layers import keras_layer
+from tensorpipe.layers import keras_rebuild
 from tensorpipe.nested_map import NestedMap
 
 _KERAS_TENSOR = '__keras_tensor__'
@@ -277,7 +278,7 @@ def _NewObject(graph_name: str, name: str, entry: Dict[str, Any]):
     first = (str(e).strip().splitlines() or [''])[0]
     raise ValueError(f'keras_graph: layer {name!r} of model {graph_name!r} '
                      f'cannot be rebuilt from its config: {first}') from None
-  keras_layer.DeriveStateInCalls(obj)
+  keras_rebuild.DeriveStateInCalls(obj)
   return obj
 
 
@@ -335,7 +336,7 @@ def _NodeFlops(obj, args: Any, kwargs: Any) -> float:
   variables = list(getattr(obj, 'weights', []))
   var_specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
   takes_training = isinstance(obj, keras.Layer) and 'training' in (
-      keras_layer.CallArgs(obj))
+      keras_rebuild.CallArgs(obj))
 
   # A plain tf.Graph with placeholders, not a traced tf.function: tracing
   # initialises TensorFlow's devices, and experiments build their Params
