@@ -1,10 +1,11 @@
 """The functional-model route of the Keras front door: a graph to Params.
 
 `GraphPlan(model, K, T)` reads a functional Keras model (or its config),
-costs and cuts it (tensorpipe/keras_graph.py) and returns the
+costs and cuts it (keras_graph.py, keras_graph_costs.py) and returns the
 TensorPipeLayer Params with one KerasGraphSegment per partition, and the
 cut report; it warns once of each keras.ops node that reduces over the
-batch axis (keras_graph.BatchMixingOps), which micro-batching changes.
+batch axis (keras_graph_mixing.BatchMixingOps), which micro-batching
+changes.
 keras_pipeline.PipelineParams and TensorPipeModel call it for functional
 models.
 """
@@ -16,6 +17,8 @@ from absl import logging
 
 from tensorpipe import hyperparams
 from tensorpipe import keras_graph
+from tensorpipe import keras_graph_costs
+from tensorpipe import keras_graph_mixing
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
 
@@ -74,7 +77,7 @@ _WARNED_BATCH_MIXING = set()
 def WarnBatchMixing(graph: keras_graph.Graph,
                     costs: keras_graph.GraphCosts) -> None:
   """Warns once per process for each op that mixes the batch's examples."""
-  for op in keras_graph.BatchMixingOps(graph, costs):
+  for op in keras_graph_mixing.BatchMixingOps(graph, costs):
     if (graph.name, op.layer) in _WARNED_BATCH_MIXING:
       continue
     _WARNED_BATCH_MIXING.add((graph.name, op.layer))
@@ -102,7 +105,7 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
   if keras_utils.IsKeras2(model):
     raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
   graph = keras_graph.ReadGraph(GraphConfig(model))
-  costs = keras_graph.Analyse(graph)
+  costs = keras_graph_costs.Analyse(graph)
   WarnBatchMixing(graph, costs)
   plan = keras_graph.PlanCuts(
       graph, costs, num_partitions, cut_after,

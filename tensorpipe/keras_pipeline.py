@@ -392,7 +392,7 @@ class TensorPipeModel(keras.Model):
       self._single_output = graph.single_output
       stored, shape = keras_graph_params.GraphConfig(layers), None
       if weight_order is None and not isinstance(layers, dict):
-        weight_order = keras_graph.WeightOrder(layers)
+        weight_order = keras_utils.WeightOrder(layers)
     else:
       keras_layers = _KerasLayers(layers)
       shape = _InputShape(layers, input_shape)

@@ -246,3 +246,22 @@ def DerivedState(layer):
     yield
   finally:
     layer.mean, layer.variance = saved
+
+
+def WeightOrder(model: Any) -> List[List[Any]]:
+  """[Keras layer name, index in that layer's weights] per model weight.
+
+  The order of `model.weights` (what `get_weights` / `set_weights` use),
+  stated by the top-level layer that holds each weight.
+  """
+  owner = {}
+  for layer in model.layers:
+    for j, w in enumerate(layer.weights):
+      owner.setdefault(id(w), [layer.name, j])
+  order = []
+  for w in model.weights:
+    if id(w) not in owner:
+      raise ValueError(f'keras_graph: weight {w.path!r} of model '
+                       f'{model.name!r} belongs to no layer of the model')
+    order.append(owner[id(w)])
+  return order
