@@ -62,6 +62,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import errors
 from tensorpipe import partitioning
 from tensorpipe.layers import keras_layer
 from tensorpipe.layers import keras_rebuild
@@ -274,7 +275,7 @@ def NewObject(graph_name: str, name: str, entry: Dict[str, Any]):
   try:
     obj = keras.saving.deserialize_keras_object(copy.deepcopy(entry))
   except (TypeError, ValueError) as e:
-    first = (str(e).strip().splitlines() or [''])[0]
+    first = errors.FirstLine(e)
     raise ValueError(f'keras_graph: layer {name!r} of model {graph_name!r} '
                      f'cannot be rebuilt from its config: {first}') from None
   keras_rebuild.DeriveStateInCalls(obj)

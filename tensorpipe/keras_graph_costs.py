@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import errors
 from tensorpipe import flops as flops_lib
 from tensorpipe import keras_graph
 from tensorpipe import keras_utils
@@ -96,7 +97,7 @@ def Analyse(graph: keras_graph.Graph) -> keras_graph.GraphCosts:
       try:
         out = obj(*args, **kwargs)
       except (TypeError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [''])[0]
+        first = errors.FirstLine(e)
         raise ValueError(f'keras_graph: node {node.index} of layer '
                          f'{node.layer!r} fails on its recorded inputs: '
                          f'{first}') from None

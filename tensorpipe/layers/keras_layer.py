@@ -60,6 +60,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import errors
 from tensorpipe import flops as flops_lib
 from tensorpipe import keras_utils
 from tensorpipe import py_utils
@@ -487,7 +488,7 @@ class KerasLayer(base_layer.BaseLayer):
       try:
         out = obj(keras_rebuild.SymbolicInputs(per_example, dtype))
       except (ValueError, TypeError) as e:
-        first = (str(e).strip().splitlines() or [''])[0]
+        first = errors.FirstLine(e)
         raise ValueError(f'{keras_rebuild.Owner(p)}: Keras '
                          f'{type(obj).__name__} '
                          f'{obj.name!r} does not accept inputs of one-example '

@@ -43,13 +43,13 @@ the layer and the fix (a `build()` method).
 import copy
 import functools
 import inspect
-import re
 from typing import Any, Dict, List, Optional
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import errors
 from tensorpipe import keras_utils
 from tensorpipe import py_utils
 from tensorpipe.layers import normalization
@@ -78,26 +78,6 @@ def SymbolicInputs(shapes: List[List[Any]], dtype) -> Any:
 
 
 
-def _ErrorLine(e: Exception) -> str:
-  """The line of a Keras error that says what went wrong.
-
-  Keras wraps an exception raised in a layer's call: 'Exception
-  encountered when calling X.call().', for a symbolic call 'Could not
-  automatically infer the output shape ...', then the cause, then
-  'Arguments received by ...'.
-  """
-  lines = [re.sub(r'\x1b\[[0-9;]*m', '', line).strip()
-           for line in str(e).splitlines()]
-  lines = [line for line in lines if line]
-  wrappers = ('Exception encountered when', 'Could not automatically infer')
-  for line in lines:
-    if line.startswith('Arguments received by'):
-      break
-    if not line.startswith(wrappers):
-      return line
-  return lines[0] if lines else type(e).__name__
-
-
 def CallArgs(obj) -> set:
   """The parameter names of a Keras object's `call` (e.g. 'training')."""
   return set(inspect.signature(obj.call).parameters)
@@ -123,7 +103,7 @@ def NewKerasObject(p, seed: int):
         obj = keras.saving.deserialize_keras_object(
             copy.deepcopy(p.keras_config))
       except (TypeError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [''])[0]
+        first = errors.FirstLine(e)
         raise ValueError(
             f'{owner}: keras_config cannot be deserialised by Keras 3: '
             f'{first} (a Lambda layer needs safe_mode=False: write a '
@@ -171,7 +151,7 @@ def _BuildSublayers(p, obj, seed: int) -> None:
     with keras_utils.SeededPythonRandom(seed + 1):
       obj(*args, **kwargs)
   except Exception as e:  # pylint: disable=broad-except
-    first = _ErrorLine(e)
+    first = errors.FirstLine(e)
     raise ValueError(
         f'{Owner(p)}: Keras {type(obj).__name__} {obj.name!r} comes back '
         f'from its config marked built, but its sublayers {unbuilt} are '
