@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import checks
 from tensorpipe import hyperparams
 from tensorpipe import pipeline_1f1b
 from tensorpipe import py_utils
@@ -121,9 +122,7 @@ def MakeTopology(num_replicas: int, num_partitions: int,
     ValueError: R < 1, R > 1 with a cluster, or too few devices.
   """
   from tensorpipe import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  if isinstance(num_replicas, bool) or not isinstance(
-      num_replicas, int) or num_replicas < 1:
-    raise ValueError(f'num_replicas={num_replicas!r} must be an int >= 1')
+  checks.CheckPositiveInts('', num_replicas=num_replicas)
   if cluster is not None:
     if num_replicas != 1:
       raise ValueError(

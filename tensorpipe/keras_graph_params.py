@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from absl import logging
 
+from tensorpipe import checks
 from tensorpipe import hyperparams
 from tensorpipe import keras_graph
 from tensorpipe import keras_graph_costs
@@ -25,11 +26,8 @@ from tensorpipe import pipeline
 
 def CheckKT(num_partitions: Any, num_micro_batches: Any) -> None:
   """K and T as TensorPipeLayer checks them, before any Keras work."""
-  for what, value in (('num_partitions', num_partitions),
-                      ('num_micro_batches', num_micro_batches)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f'keras_pipeline: {what}={value!r} must be a positive '
-                       'int')
+  checks.CheckPositiveInts('keras_pipeline', num_partitions=num_partitions,
+                           num_micro_batches=num_micro_batches)
 
 
 def IsGraph(model: Any) -> bool:

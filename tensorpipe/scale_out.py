@@ -20,6 +20,7 @@ Usage:
 import dataclasses
 from typing import Any, List, Optional, Sequence, Tuple
 
+from tensorpipe import checks
 from tensorpipe import model_analysis
 from tensorpipe import schedule_builders
 from tensorpipe import schedules
@@ -42,9 +43,7 @@ def RingAllReduceTime(num_bytes: float, num_replicas: int,
     bytes_per_second: bandwidth of each replica's link, one direction.
     latency_s: per-message latency (alpha).
   """
-  if isinstance(num_replicas, bool) or not isinstance(
-      num_replicas, int) or num_replicas < 1:
-    raise ValueError(f'num_replicas={num_replicas!r} must be a positive int')
+  checks.CheckPositiveInts('', num_replicas=num_replicas)
   if num_bytes < 0 or latency_s < 0:
     raise ValueError(f'num_bytes={num_bytes!r} and latency_s={latency_s!r} '
                      'must be >= 0')

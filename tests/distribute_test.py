@@ -275,7 +275,8 @@ class ReplicaParamsTest(tf.test.TestCase):
                                 r'cluster.*\(2\); drop --num_replicas'):
       distribute.MakeTopology(2, 2, workers)
     for bad in (0, True, 1.5):
-      with self.assertRaisesRegex(ValueError, 'must be an int >= 1'):
+      with self.assertRaisesRegex(
+          ValueError, f'num_replicas={bad!r} must be a positive int'):
         distribute.MakeTopology(bad, 2)
 
   def testMakeTopologyNeedsRTimesKDevices(self):
