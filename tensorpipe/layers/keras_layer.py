@@ -68,7 +68,6 @@ from tensorpipe.layers import keras_rebuild
 from tensorpipe.nested_map import NestedMap
 
 
-
 def _IsValidKey(key: str) -> bool:
   try:
     NestedMap.CheckKey(key)
@@ -160,7 +159,6 @@ def _FromKerasOutputs(out: Any) -> Any:
   if isinstance(out, list):
     return tuple(out)
   return out
-
 
 
 class _KerasInit(base_layer.WeightInit):

@@ -77,11 +77,9 @@ def SymbolicInputs(shapes: List[List[Any]], dtype) -> Any:
   return inputs[0] if len(inputs) == 1 else inputs
 
 
-
 def CallArgs(obj) -> set:
   """The parameter names of a Keras object's `call` (e.g. 'training')."""
   return set(inspect.signature(obj.call).parameters)
-
 
 
 def NewKerasObject(p, seed: int):
@@ -117,6 +115,7 @@ def NewKerasObject(p, seed: int):
     raise TypeError(f'{owner}: {what} is a {type(obj).__name__}, not a '
                     'Keras 3 layer or model')
   return obj
+
 
 def _BuildSublayers(p, obj, seed: int) -> None:
   """Calls a built object with unbuilt sublayers once, symbolically.
@@ -159,6 +158,7 @@ def _BuildSublayers(p, obj, seed: int) -> None:
         f'{what} failed ({first}); give {type(obj).__name__} a build() '
         'method that builds its sublayers (e.g. self.dense.build('
         'input_shape))') from None
+
 
 def BuildKerasObject(p, seed: int):
   """The built Keras object of `p` (on the current device)."""
@@ -322,7 +322,6 @@ def DeriveStateInCalls(obj) -> None:
     if isinstance(layer, keras.layers.Normalization):
       object.__setattr__(layer, 'call', functools.partial(
           _NormalizationCall, layer))
-
 
 
 def BindPipelineCalls(obj, path: str, seeds: Dict[int, int],
