@@ -23,6 +23,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tensorpipe import checks
 from tensorpipe import errors
 from tensorpipe import hyperparams
 from tensorpipe.nested_map import NestedMap
@@ -66,8 +67,7 @@ class BaseInput:
 
   def __init__(self, params: hyperparams.InstantiableParams):
     p = params.Copy()
-    if not isinstance(p.batch_size, int) or p.batch_size < 1:
-      raise ValueError(f'batch_size={p.batch_size!r} must be a positive int')
+    checks.CheckPositiveInts('', batch_size=p.batch_size)
     p.Freeze()
     self._params = p
 

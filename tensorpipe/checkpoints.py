@@ -68,9 +68,6 @@ class IncompatibleCheckpointError(CheckpointError):
   """The checkpoint holds other variables than the model it is restored to."""
 
 
-_FirstLine = errors.FirstLine
-
-
 def CheckpointNumber(path: str) -> Optional[int]:
   """N of '.../ckpt-N' (or one of its files), else None."""
   m = _NUMBER.match(os.path.basename(path))
@@ -114,7 +111,7 @@ def _ReadState(ckpt_dir: str) -> Tuple[bool, List[int], str]:
   try:
     state = tf.train.get_checkpoint_state(ckpt_dir)
   except (ValueError, tf.errors.OpError) as e:  # empty: no model path
-    return False, [], _FirstLine(e)
+    return False, [], errors.FirstLine(e)
   if state is None:  # TF logged a parse error and ignored the file
     return False, [], 'not a checkpoint state (unparseable text)'
   paths = list(state.all_model_checkpoint_paths) + [
@@ -328,9 +325,10 @@ def RestoreNewest(checkpoint: tf.train.Checkpoint, roots: Dict[str, tf.Module],
       saved = reader.get_variable_to_shape_map()
       saved_dtypes = reader.get_variable_to_dtype_map()
     except _DAMAGE_ERRORS as e:
-      problems.append(_Describe(n, f'{index} is damaged ({_FirstLine(e)})'))
+      problems.append(
+          _Describe(n, f'{index} is damaged ({errors.FirstLine(e)})'))
       log_fn(f'skipping checkpoint {prefix}: its index file {index} is '
-             f'damaged: {_FirstLine(e)}')
+             f'damaged: {errors.FirstLine(e)}')
       continue
     diff = VariableDiff(expected, saved, saved_dtypes)
     if diff:
@@ -344,17 +342,17 @@ def RestoreNewest(checkpoint: tf.train.Checkpoint, roots: Dict[str, tf.Module],
     except _DAMAGE_ERRORS as e:
       data = ', '.join(sorted(f for f in files.get(n, []) if '.data-' in f))
       problems.append(_Describe(n, f'data file {data or "(none)"} is '
-                                f'damaged ({_FirstLine(e)})'))
+                                f'damaged ({errors.FirstLine(e)})'))
       log_fn(f'skipping checkpoint {prefix}: reading its data file '
              f'{os.path.join(ckpt_dir, data) if data else "(none found)"} '
-             f'failed: {_FirstLine(e)}')
+             f'failed: {errors.FirstLine(e)}')
       continue
     try:
       status.assert_existing_objects_matched()
     except AssertionError as e:
       raise IncompatibleCheckpointError(
           f'{ckpt_dir} holds {run_description()}, which does not fit this '
-          f'model: {_FirstLine(e)}') from None
+          f'model: {errors.FirstLine(e)}') from None
     status.expect_partial()  # values of objects not restored here are fine
     if problems:
       log_fn(f'restored {prefix}, the newest intact checkpoint (newer ones '

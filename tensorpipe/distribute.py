@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import checks
 from tensorpipe import hyperparams
 from tensorpipe import pipeline_1f1b
 from tensorpipe import py_utils
@@ -121,9 +122,7 @@ def MakeTopology(num_replicas: int, num_partitions: int,
     ValueError: R < 1, R > 1 with a cluster, or too few devices.
   """
   from tensorpipe import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  if isinstance(num_replicas, bool) or not isinstance(
-      num_replicas, int) or num_replicas < 1:
-    raise ValueError(f'num_replicas={num_replicas!r} must be an int >= 1')
+  checks.CheckPositiveInts('', num_replicas=num_replicas)
   if cluster is not None:
     if num_replicas != 1:
       raise ValueError(
@@ -164,6 +163,22 @@ def PipelineParamsIn(p: hyperparams.Params) -> List[hyperparams.Params]:
   return found
 
 
+def NumPartitions(pipe: hyperparams.Params) -> int:
+  """K of a TensorPipeLayer's Params: the devices its pipeline runs on.
+
+  With manual `partitions`, their number over the stages per device
+  (num_stages_per_device, or the schedule's own); else `num_partitions`.
+  """
+  if pipe.partitions is not None:
+    return len(pipe.partitions) // pipeline_1f1b.NumStagesPerDevice(pipe)
+  return pipe.num_partitions
+
+
+def MaxNumPartitions(p: hyperparams.Params) -> int:
+  """The largest K of the TensorPipeLayers in a Params tree; 1 if none."""
+  return max([1] + [NumPartitions(pipe) for pipe in PipelineParamsIn(p)])
+
+
 def ReplicaParams(task_params: hyperparams.Params,
                   group: Sequence[str]) -> hyperparams.Params:
   """A copy of `task_params` whose pipeline runs on device group `group`.
@@ -183,8 +198,7 @@ def ReplicaParams(task_params: hyperparams.Params,
           f'TensorPipeLayer {pipe.name!r} sets devices={pipe.devices!r}; with '
           'data-parallel replicas each replica uses its own device group: '
           'leave devices=None')
-    k = (len(pipe.partitions) // pipeline_1f1b.NumStagesPerDevice(pipe)
-         if pipe.partitions is not None else pipe.num_partitions)
+    k = NumPartitions(pipe)
     if k > len(group):
       raise ValueError(f'TensorPipeLayer {pipe.name!r} has {k} partitions but '
                        f'the device group {list(group)} has {len(group)} '

@@ -19,6 +19,7 @@ from tensorpipe import keras_graph
 from tensorpipe import keras_graph_params
 from tensorpipe import keras_nested
 from tensorpipe import keras_params
+from tensorpipe import keras_utils
 from tensorpipe import pipeline
 
 def NestedSource(model: Any) -> Optional[keras_nested.Flattened]:
@@ -100,7 +101,7 @@ def GraphFront(model: Any, num_partitions: int, num_micro_batches: int,
     keras_params.CopyKerasWeights(pipe, model)
   graph, costs = built.graph, built.costs
   if weight_order is None and not isinstance(model, dict):
-    weight_order = keras_graph.WeightOrder(model)
+    weight_order = keras_utils.WeightOrder(model)
   return Front(
       pipe=pipe,
       input_specs=[(list(info.shape), info.dtype)

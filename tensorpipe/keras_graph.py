@@ -10,6 +10,7 @@ takes as a manual partition; `Stage.Call`, the schedules and recompute are
 unchanged.
 
   graph = ReadGraph(model.get_config())     # nodes in topological order
+  costs = keras_graph_costs.Analyse(graph)  # shapes, FLOPs, weights
   plan = PlanCuts(graph, costs, K)          # cuts between nodes
   partitions = [[SegmentParams(graph, plan, k)] for k in range(K)]
 
@@ -38,11 +39,11 @@ Choices, each refused in one line where it does not hold:
     graphs with a Masking layer or an Embedding(mask_zero=True) are refused.
   * Every tensor crossing a cut has the batch on axis 0.
   * Each node runs on one micro-batch at a time: a keras.ops node that
-    reduces, scans or sorts over the batch axis (`keras.ops.mean(h,
-    axis=0)`, an axis of None) is computed per micro-batch, unlike in plain
-    Keras. It is not refused (T=1 is exact) but found by `BatchMixingOps`
-    and warned of once when the graph is planned (keras_graph_params); the
-    same op inside a layer's `call` is not seen.
+    reduces over the batch axis is computed per micro-batch, unlike in
+    plain Keras; it is not refused but warned of (keras_graph_mixing).
+
+The costs the cuts are planned on (GraphCosts) are computed by
+keras_graph_costs.Analyse.
 
 Keras private APIs this module relies on: none. The config layout it reads
 (`layers[i].inbound_nodes[j].args/kwargs`, `__keras_tensor__` with
@@ -53,7 +54,6 @@ private APIs of the other Keras modules).
 
 import copy
 import dataclasses
-import json
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -62,10 +62,10 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_layer
-from tensorpipe import flops as flops_lib
-from tensorpipe import keras_utils
+from tensorpipe import errors
 from tensorpipe import partitioning
 from tensorpipe.layers import keras_layer
+from tensorpipe.layers import keras_rebuild
 from tensorpipe.nested_map import NestedMap
 
 _KERAS_TENSOR = '__keras_tensor__'
@@ -256,28 +256,29 @@ def ReadGraph(config: Dict[str, Any]) -> Graph:
                tuple(str(t[0]) for t in output_triples))
 
 
-# -- shapes and costs ---------------------------------------------------------
+# -- node objects and costs ---------------------------------------------------
 
 
-def _Fill(x: Any, env: Dict[str, Any]) -> Any:
+def FillArgs(x: Any, env: Dict[str, Any]) -> Any:
   """Call arguments with each {'__tensor__': key} replaced by env[key]."""
   if isinstance(x, dict) and set(x) == {_REF}:
     return env[x[_REF]]
   if isinstance(x, dict):
-    return {k: _Fill(v, env) for k, v in x.items()}
+    return {k: FillArgs(v, env) for k, v in x.items()}
   if isinstance(x, list):
-    return [_Fill(v, env) for v in x]
+    return [FillArgs(v, env) for v in x]
   return x
 
 
-def _NewObject(graph_name: str, name: str, entry: Dict[str, Any]):
+def NewObject(graph_name: str, name: str, entry: Dict[str, Any]):
+  """The Keras object of a layer's config `entry` (Normalization rebound)."""
   try:
     obj = keras.saving.deserialize_keras_object(copy.deepcopy(entry))
   except (TypeError, ValueError) as e:
-    first = (str(e).strip().splitlines() or [''])[0]
+    first = errors.FirstLine(e)
     raise ValueError(f'keras_graph: layer {name!r} of model {graph_name!r} '
                      f'cannot be rebuilt from its config: {first}') from None
-  keras_layer.DeriveStateInCalls(obj)
+  keras_rebuild.DeriveStateInCalls(obj)
   return obj
 
 
@@ -316,167 +317,6 @@ class GraphCosts:
 
   def Bytes(self, key: str, batch: int) -> int:
     return self.tensors[key].Bytes(batch, self.sequence_length or 1)
-
-
-_FLOPS_CACHE: Dict[str, float] = {}
-
-
-def _FlopsKey(entry: Dict[str, Any], args: Any, kwargs: Any,
-              sequence_length: Optional[int]) -> str:
-  config = dict(entry.get('config') or {})
-  config.pop('name', None)
-  def Spec(t):
-    if isinstance(t, keras.KerasTensor):
-      return [list(t.shape[1:]), str(t.dtype)]
-    return t
-  leaves = tf.nest.map_structure(Spec, [args, kwargs])
-  return json.dumps([entry.get('module'), entry.get('class_name'), config,
-                     leaves, sequence_length], sort_keys=True, default=repr)
-
-
-def _NodeFlops(obj, args: Any, kwargs: Any,
-               sequence_length: Optional[int]) -> float:
-  """CountFlops of one inference call of `obj` on one example, its unknown
-  non-batch dims taken as `sequence_length` (if given)."""
-  flat = tf.nest.flatten([args, kwargs])
-  positions = [i for i, t in enumerate(flat)
-               if isinstance(t, keras.KerasTensor)]
-  specs = [tf.TensorSpec([1] + [sequence_length if d is None else d
-                                for d in flat[i].shape[1:]], flat[i].dtype)
-           for i in positions]
-  variables = list(getattr(obj, 'weights', []))
-  var_specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
-  takes_training = isinstance(obj, keras.Layer) and 'training' in (
-      keras_layer.CallArgs(obj))
-
-  # A plain tf.Graph with placeholders, not a traced tf.function: tracing
-  # initialises TensorFlow's devices, and experiments build their Params
-  # (this cost model included) before the trainer sets the devices up.
-  graph = tf.Graph()
-  with graph.as_default():
-    tensors = [tf.raw_ops.Placeholder(dtype=s.dtype, shape=s.shape)
-               for s in list(specs) + var_specs]
-    xs, ws = tensors[:len(specs)], tensors[len(specs):]
-    leaves = list(flat)
-    for i, x in zip(positions, xs):
-      leaves[i] = x
-    a, kw = tf.nest.pack_sequence_as([args, kwargs], leaves)
-    kw = dict(kw)
-    if takes_training:
-      kw['training'] = False
-    with keras.StatelessScope(state_mapping=list(zip(variables, ws))):
-      obj(*a, **kw)
-  return flops_lib.CountFlops(graph)
-
-
-def Analyse(graph: Graph, sequence_length: Optional[int] = None
-            ) -> GraphCosts:
-  """Shapes by Keras' symbolic calls, FLOPs by one traced call per node.
-
-  Runs on objects built without allocating weights (keras_utils.
-  NoAllocation); FLOPs are cached by layer class, config without the name,
-  and input shapes (keras.applications repeat their blocks). A sequence
-  model's inputs are often (None, None): `sequence_length` is the length
-  its unknown non-batch dims are counted at (else ops over them count 0
-  FLOPs and the cut cannot balance the blocks).
-  """
-  if sequence_length is not None and (
-      isinstance(sequence_length, bool) or
-      not isinstance(sequence_length, int) or sequence_length < 1):
-    raise ValueError(f'keras_graph: sequence_length={sequence_length!r} '
-                     'must be a positive int (the length to count FLOPs '
-                     'at) or None')
-  flops, params, tensors = [], [], {}
-  with keras_utils.NoAllocation():
-    objects = {name: _NewObject(graph.name, name, entry)
-               for name, entry in graph.entries.items()
-               if entry.get('class_name') != 'InputLayer'}
-    env = {}
-    for key, name in zip(graph.inputs, graph.input_names):
-      cfg = graph.entries[name]['config']
-      shape = cfg.get('batch_shape') or cfg.get('batch_input_shape')
-      env[key] = keras.KerasTensor(shape, dtype=cfg.get('dtype', 'float32'))
-    seen = set()
-    for node in graph.nodes:
-      obj = objects[node.layer]
-      args, kwargs = _Fill(node.args, env), _Fill(node.kwargs, env)
-      try:
-        out = obj(*args, **kwargs)
-      except (TypeError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [''])[0]
-        raise ValueError(f'keras_graph: node {node.index} of layer '
-                         f'{node.layer!r} fails on its recorded inputs: '
-                         f'{first}') from None
-      for j, t in enumerate(tf.nest.flatten(out)):
-        env[node.OutputKey(j)] = t
-      key = _FlopsKey(graph.entries[node.layer], args, kwargs,
-                      sequence_length)
-      if key not in _FLOPS_CACHE:
-        if len(_FLOPS_CACHE) > 4096:
-          _FLOPS_CACHE.clear()
-        _FLOPS_CACHE[key] = _NodeFlops(obj, args, kwargs, sequence_length)
-      flops.append(_FLOPS_CACHE[key])
-      first_call = node.layer not in seen
-      seen.add(node.layer)
-      params.append(int(sum(int(np.prod(w.shape)) for w in getattr(
-          obj, 'weights', []))) if first_call else 0)
-    for key, t in env.items():
-      if isinstance(t, keras.KerasTensor):
-        batched = bool(t.shape) and t.shape[0] is None
-        tensors[key] = TensorInfo(tuple(t.shape[1:]), str(t.dtype), batched)
-  return GraphCosts(tuple(flops), tuple(params), tensors, sequence_length)
-
-
-# keras.ops Operations with an `axis` (or `axes`) that can span examples:
-# reductions, scans and sorts (axis None: all axes, the batch included).
-_AXIS_OPS = frozenset([
-    'Mean', 'Sum', 'Max', 'Min', 'Prod', 'Std', 'Var', 'Argmax', 'Argmin',
-    'Logsumexp', 'Median', 'Quantile', 'All', 'Any', 'Amax', 'Amin',
-    'Average', 'CountNonzero', 'Cumsum', 'Cumprod', 'Sort', 'Argsort',
-    'Norm', 'Nansum', 'Nanmean', 'Ptp', 'Moments',
-])
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchMixingOp:
-  """A keras.ops node whose result mixes the examples of its input.
-
-  Attributes:
-    layer: the op's name in the model.
-    op: its class, e.g. 'Mean'.
-    axis: the recorded axis (None: all axes).
-  """
-  layer: str
-  op: str
-  axis: Any
-
-
-def BatchMixingOps(graph: Graph, costs: GraphCosts) -> List[BatchMixingOp]:
-  """The keras.ops nodes that reduce, scan or sort over the batch axis.
-
-  A pipeline runs every node on one micro-batch (N/T examples) at a time,
-  so such an op (`keras.ops.mean(h, axis=0)`, `keras.ops.sum(h)`) sees a
-  micro-batch, not the batch: its result differs from plain Keras'. Ops
-  hidden inside a layer's `call` are not seen here.
-  """
-  found = []
-  for node in graph.nodes:
-    entry = graph.entries[node.layer]
-    if not graph.IsOp(node.layer) or entry.get('class_name') not in _AXIS_OPS:
-      continue
-    config = entry.get('config') or {}
-    key = 'axes' if 'axes' in config else 'axis'
-    reads = node.Reads()
-    info = costs.tensors.get(reads[0]) if reads else None
-    if key not in config or info is None or not info.batched:
-      continue
-    axis = config[key]
-    rank = len(info.shape) + 1
-    axes = (range(rank) if axis is None else
-            axis if isinstance(axis, (list, tuple)) else [axis])
-    if any(int(a) % rank == 0 for a in axes):
-      found.append(BatchMixingOp(node.layer, entry['class_name'], axis))
-  return found
 
 
 # -- cuts ---------------------------------------------------------------------
@@ -688,7 +528,7 @@ class KerasGraphSegment(base_layer.BaseLayer):
     self.CreateChildren('sub', p.sub)
     ops = {}
     for name, entry in (p.ops or {}).items():
-      ops[name] = _NewObject(p.name, name, entry)
+      ops[name] = NewObject(p.name, name, entry)
     object.__setattr__(self, '_ops', ops)
 
   def FProp(self, theta, *inputs):
@@ -706,7 +546,7 @@ class KerasGraphSegment(base_layer.BaseLayer):
     layers = {layer.layer_name: (layer, layer_theta)
               for layer, layer_theta in zip(self.children.sub, theta.sub)}
     for node in p.nodes:
-      args, kwargs = _Fill(node['args'], env), _Fill(node['kwargs'], env)
+      args, kwargs = FillArgs(node['args'], env), FillArgs(node['kwargs'], env)
       name = node['layer']
       if name in self._ops:
         with tf.name_scope(name):
@@ -776,22 +616,3 @@ def SegmentParams(graph: Graph, costs: GraphCosts, plan: CutPlan,
 def InputSpecs(graph: Graph, costs: GraphCosts) -> List[TensorInfo]:
   """The model inputs' TensorInfos, in order."""
   return [costs.tensors[key] for key in graph.inputs]
-
-
-def WeightOrder(model: Any) -> List[List[Any]]:
-  """[Keras layer name, index in that layer's weights] per model weight.
-
-  The order of `model.weights` (what `get_weights` / `set_weights` use),
-  stated by the top-level layer that holds each weight.
-  """
-  owner = {}
-  for layer in model.layers:
-    for j, w in enumerate(layer.weights):
-      owner.setdefault(id(w), [layer.name, j])
-  order = []
-  for w in model.weights:
-    if id(w) not in owner:
-      raise ValueError(f'keras_graph: weight {w.path!r} of model '
-                       f'{model.name!r} belongs to no layer of the model')
-    order.append(owner[id(w)])
-  return order

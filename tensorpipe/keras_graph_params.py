@@ -1,12 +1,12 @@
 """The functional-model route of the Keras front door: a graph to Params.
 
 `GraphPlan(model, K, T)` reads a functional Keras model (or its config),
-costs and cuts it (tensorpipe/keras_graph.py) and returns the
+costs and cuts it (keras_graph.py, keras_graph_costs.py) and returns the
 TensorPipeLayer Params with one KerasGraphSegment per partition, and the
 cut report; it warns once of each keras.ops node that reduces over the
-batch axis (keras_graph.BatchMixingOps), which micro-batching changes.
-keras_params.PipelineParams and TensorPipeModel call it for functional
-models.
+batch axis (keras_graph_mixing.BatchMixingOps), which micro-batching
+changes. keras_params.PipelineParams and TensorPipeModel call it for
+functional models.
 """
 
 import dataclasses
@@ -14,19 +14,19 @@ from typing import Any, Dict, Optional, Sequence
 
 from absl import logging
 
+from tensorpipe import checks
 from tensorpipe import hyperparams
 from tensorpipe import keras_graph
+from tensorpipe import keras_graph_costs
+from tensorpipe import keras_graph_mixing
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
 
 
 def CheckKT(num_partitions: Any, num_micro_batches: Any) -> None:
   """K and T as TensorPipeLayer checks them, before any Keras work."""
-  for what, value in (('num_partitions', num_partitions),
-                      ('num_micro_batches', num_micro_batches)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f'keras_pipeline: {what}={value!r} must be a positive '
-                       'int')
+  checks.CheckPositiveInts('keras_pipeline', num_partitions=num_partitions,
+                           num_micro_batches=num_micro_batches)
 
 
 def IsGraph(model: Any) -> bool:
@@ -74,7 +74,7 @@ _WARNED_BATCH_MIXING = set()
 def WarnBatchMixing(graph: keras_graph.Graph,
                     costs: keras_graph.GraphCosts) -> None:
   """Warns once per process for each op that mixes the batch's examples."""
-  for op in keras_graph.BatchMixingOps(graph, costs):
+  for op in keras_graph_mixing.BatchMixingOps(graph, costs):
     if (graph.name, op.layer) in _WARNED_BATCH_MIXING:
       continue
     _WARNED_BATCH_MIXING.add((graph.name, op.layer))
@@ -95,7 +95,7 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
   """A functional model (or its config) cut into K partitions.
 
   Args: as PipelineParams; sequence_length: the length the cost model counts
-    unknown non-batch dims at (keras_graph.Analyse).
+    unknown non-batch dims at (keras_graph_costs.Analyse).
 
   Returns:
     The GraphPipeline; its Report() names what crosses each cut.
@@ -104,7 +104,7 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
   if keras_utils.IsKeras2(model):
     raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
   graph = keras_graph.ReadGraph(GraphConfig(model))
-  costs = keras_graph.Analyse(graph, sequence_length)
+  costs = keras_graph_costs.Analyse(graph, sequence_length)
   WarnBatchMixing(graph, costs)
   plan = keras_graph.PlanCuts(
       graph, costs, num_partitions, cut_after,

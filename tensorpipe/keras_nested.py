@@ -38,6 +38,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 import keras
 
 from tensorpipe import keras_graph
+from tensorpipe import keras_utils
 
 
 class Flattened(NamedTuple):
@@ -107,20 +108,6 @@ def _Inline(model: keras.Model, inputs: Any) -> Any:
   return model._run_through_graph(inputs, operation_fn=OperationFn)  # pylint: disable=protected-access
 
 
-def _OwnerOrder(source: keras.Model, flat: keras.Model) -> List[List[Any]]:
-  owner = {}
-  for layer in flat.layers:
-    for j, w in enumerate(layer.weights):
-      owner.setdefault(id(w), [layer.name, j])
-  order = []
-  for w in source.weights:
-    if id(w) not in owner:
-      raise ValueError(f'keras_nested: weight {w.path!r} of model '
-                       f'{source.name!r} belongs to no layer of its graph')
-    order.append(owner[id(w)])
-  return order
-
-
 def Flatten(model: keras.Model) -> Flattened:
   """`model` as a plain functional model over the same layers (see module).
 
@@ -139,7 +126,7 @@ def Flatten(model: keras.Model) -> Flattened:
   if isinstance(inputs, dict):
     inputs = [inputs[k] for k in sorted(inputs)]
   flat = keras.Model(inputs, outputs, name=model.name)
-  return Flattened(flat, model, _OwnerOrder(model, flat))
+  return Flattened(flat, model, keras_utils.WeightOrder(model, flat.layers))
 
 
 def FromStored(config: Dict[str, Any]) -> Optional[keras.Model]:

@@ -43,7 +43,7 @@ must run the layer on the weights they are handed.
 import contextlib
 import importlib
 import random
-from typing import Any, List
+from typing import Any, List, Optional, Sequence
 
 import keras
 import numpy as np
@@ -246,3 +246,24 @@ def DerivedState(layer):
     yield
   finally:
     layer.mean, layer.variance = saved
+
+
+def WeightOrder(model: Any, layers: Optional[Sequence[Any]] = None
+                ) -> List[List[Any]]:
+  """[Keras layer name, index in that layer's weights] per model weight.
+
+  The order of `model.weights` (what `get_weights` / `set_weights` use),
+  stated by the layer of `layers` (default: the model's top-level layers)
+  that holds each weight.
+  """
+  owner = {}
+  for layer in model.layers if layers is None else layers:
+    for j, w in enumerate(layer.weights):
+      owner.setdefault(id(w), [layer.name, j])
+  order = []
+  for w in model.weights:
+    if id(w) not in owner:
+      raise ValueError(f'keras_graph: weight {w.path!r} of model '
+                       f'{model.name!r} belongs to no layer of the model')
+    order.append(owner[id(w)])
+  return order

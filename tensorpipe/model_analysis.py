@@ -267,7 +267,7 @@ class Report:
         f'parameters ({self.num_params:,}'
         + ('' if self.num_trainable_params is None else
            f'; trainable {self.num_trainable_params:,}')
-        + f'), {_Flops(self.flops)} forward FLOPs '
+        + f'), {FormatFlops(self.flops)} forward FLOPs '
         f'per mini-batch of {self.batch_size} (training step ~3x, 4x with '
         'recompute)',
         f'Input: {FormatShapes(self.input_shapes, max_keys=99)}; params '
@@ -275,8 +275,8 @@ class Report:
     header = ['#', 'layer', 'class', 'params', 'FLOPs', 'output shape',
               'act. bytes']
     rows = [[str(r.index), r.name, r.cls, _Count(r.num_params),
-             _Flops(r.flops), FormatShapes(r.out_shapes),
-             _Bytes(r.activation_bytes)] for r in self.layers]
+             FormatFlops(r.flops), FormatShapes(r.out_shapes),
+             FormatBytes(r.activation_bytes)] for r in self.layers]
     if max_layer_rows is not None and len(rows) > max_layer_rows:
       half = max(1, max_layer_rows // 2)
       skipped = len(rows) - 2 * half
@@ -284,7 +284,7 @@ class Report:
                            ] + rows[-half:]
     lines.append('Layers (activation bytes: layer outputs for the whole '
                  'mini-batch)')
-    lines += _Table(header, rows, right={0, 3, 4, 6})
+    lines += FormatTable(header, rows, right={0, 3, 4, 6})
     lines.append('')
     mb = self.batch_size // self.num_micro_batches
     lines.append(
@@ -301,14 +301,16 @@ class Report:
       span = (r.layer_names[0] if len(r.layer_names) == 1 else
               f'{r.layer_names[0]} .. {r.layer_names[-1]}')
       rows.append([
-          str(r.index), f'{r.start}-{r.end - 1}', span, _Flops(r.flops),
+          str(r.index), f'{r.start}-{r.end - 1}', span, FormatFlops(r.flops),
           f'{100 * r.share:.1f}%', _Count(r.num_params),
-          _Bytes(r.param_bytes), _Bytes(r.grad_bytes),
-          _Bytes(r.optimizer_bytes), _Bytes(r.activation_bytes_recompute),
-          _Bytes(r.activation_bytes_no_recompute),
-          _Bytes(r.total_bytes_recompute),
-          _Bytes(r.total_bytes_no_recompute)])
-    lines += _Table(header, rows, right={0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+          FormatBytes(r.param_bytes), FormatBytes(r.grad_bytes),
+          FormatBytes(r.optimizer_bytes),
+          FormatBytes(r.activation_bytes_recompute),
+          FormatBytes(r.activation_bytes_no_recompute),
+          FormatBytes(r.total_bytes_recompute),
+          FormatBytes(r.total_bytes_no_recompute)])
+    lines += FormatTable(header, rows,
+                         right={0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
     lines.append(
         f'load imbalance (max / mean partition FLOPs): {self.imbalance:.3f}; '
         f'pipeline bubble (K-1)/(T+K-1): {100 * self.bubble_fraction:.1f}%')
@@ -330,19 +332,21 @@ class Report:
               'GPipe recompute',
               '1F1B recompute', 'GPipe no recompute', '1F1B no recompute']
     rows = [[str(r.index), str(t), str(r.max_in_flight_1f1b),
-             _Bytes(r.activation_bytes_recompute),
-             _Bytes(r.activation_bytes_1f1b_recompute),
-             _Bytes(r.activation_bytes_no_recompute),
-             _Bytes(r.activation_bytes_1f1b_no_recompute)]
+             FormatBytes(r.activation_bytes_recompute),
+             FormatBytes(r.activation_bytes_1f1b_recompute),
+             FormatBytes(r.activation_bytes_no_recompute),
+             FormatBytes(r.activation_bytes_1f1b_no_recompute)]
             for r in self.partitions]
-    lines += _Table(header, rows, right=set(range(len(header))))
+    lines += FormatTable(header, rows, right=set(range(len(header))))
     lines.append('1F1B holds min(K-k, T) micro-batches on partition k (the '
                  "1f1b table's boundary slots): with recompute their inputs, "
                  'without all their layer outputs.')
     return lines
 
 
-def _Table(header: List[str], rows: List[List[str]], right=()) -> List[str]:
+def FormatTable(header: List[str], rows: List[List[str]],
+                right=()) -> List[str]:
+  """Text table lines: header, rule, rows; columns in `right` right-aligned."""
   widths = [max(len(row[i]) for row in [header] + rows)
             for i in range(len(header))]
 
@@ -365,12 +369,14 @@ def _Count(n: float) -> str:
   return _Scaled(n, [(1e12, 'T'), (1e9, 'B'), (1e6, 'M'), (1e3, 'k')])
 
 
-def _Flops(n: float) -> str:
+def FormatFlops(n: float) -> str:
+  """A FLOP count with a k/M/G/T/P suffix, 3 significant digits."""
   return _Scaled(n, [(1e15, 'P'), (1e12, 'T'), (1e9, 'G'), (1e6, 'M'),
                      (1e3, 'k')])
 
 
-def _Bytes(n: float) -> str:
+def FormatBytes(n: float) -> str:
+  """A byte count in B, KiB, MiB, GiB or TiB, 3 significant digits."""
   if n < 1024:
     return f'{int(n)} B'
   for power, suffix in ((4, 'TiB'), (3, 'GiB'), (2, 'MiB'), (1, 'KiB')):
@@ -380,11 +386,6 @@ def _Bytes(n: float) -> str:
 
 
 # -- analysis ------------------------------------------------------------------
-
-
-# The table and byte formats, for other reports (schedule_plan).
-FormatTable = _Table
-FormatBytes = _Bytes
 
 
 def _LayerMetas(layer_params_list, shapes):
@@ -548,158 +549,3 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
       activation_dtype=tf.as_dtype(activation_dtype).name, method=method,
       imbalance=plan.imbalance,
       optimizer_exact=exact, notes=notes, num_trainable_params=num_trainable)
-
-
-# -- R data-parallel replicas x K stages ---------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ScaleOutAssumptions:
-  """Hardware assumed by `PlanScaleOut` (the model analysis has only FLOPs
-  and bytes; these turn them into seconds).
-
-  Attributes:
-    device_flops: FLOP/s each stage device achieves (not its peak).
-    link_bytes_per_s: bandwidth of each stage's link between replicas.
-    link_latency_s: per-message latency of the ring all-reduce.
-    shared_link: whether a replica's K stages share one link (else each
-      stage's all-reduce has its own link and they run concurrently).
-    recompute: whether the backward recomputes the forward (GPipe's
-      re-materialisation; TensorPipeLayer's default).
-    backward_flops_ratio: backward FLOPs / forward FLOPs (2: the gradients
-      with respect to the inputs and to the weights each cost one forward).
-  """
-  device_flops: float
-  link_bytes_per_s: float
-  link_latency_s: float = 0.0
-  shared_link: bool = False
-  recompute: bool = True
-  backward_flops_ratio: float = 2.0
-
-  def __post_init__(self):
-    for name in ('device_flops', 'link_bytes_per_s', 'backward_flops_ratio'):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-        raise ValueError(f'{name}={v!r} must be a number > 0')
-    if self.link_latency_s < 0:
-      raise ValueError(f'link_latency_s={self.link_latency_s!r} must be >= 0')
-
-
-@dataclasses.dataclass(frozen=True)
-class ScaleOutPlan:
-  """Step time and throughput of R x K for several R (`PlanScaleOut`).
-
-  Attributes:
-    report: the model's analysis (K, T, per-replica batch, stage costs).
-    assumptions: the hardware assumed.
-    results: (R, simulator.DataParallelResult) for each R, R = 1 first.
-  """
-  report: Report
-  assumptions: ScaleOutAssumptions
-  results: Tuple[Tuple[int, Any], ...]
-
-  def ToText(self) -> str:
-    """The per-stage all-reduce table and the R x K table."""
-    rep, a = self.report, self.assumptions
-    k, t = rep.num_partitions, rep.num_micro_batches
-    base = dict(self.results)[1]
-    lines = [
-        f'Scale-out plan: R replicas x K={k} stages, {rep.batch_size} '
-        f'examples per replica in T={t} micro-batches; assumed '
-        f'{a.device_flops / 1e12:.4g} TFLOP/s achieved per device, '
-        f'{a.link_bytes_per_s * 8 / 1e9:.4g} Gb/s per '
-        + ('replica (one link shared by its stages)' if a.shared_link else
-           'stage link') + f', {a.link_latency_s * 1e6:.4g} us latency; '
-        f'backward = {a.backward_flops_ratio:g} x forward FLOPs, recompute '
-        + ('on' if a.recompute else 'off'), '']
-    rs = [r for r, _ in self.results if r > 1]
-    header = ['k', 'FLOPs / micro-batch', 'forward ms', 'backward ms',
-              'gradient B'] + [f'all-reduce R={r} ms' for r in rs]
-    rows = []
-    for p in rep.partitions:
-      fwd = p.flops / t / a.device_flops
-      bwd = fwd * (a.backward_flops_ratio + (1 if a.recompute else 0))
-      rows.append([str(p.index), _Flops(p.flops / t), _Ms(fwd), _Ms(bwd),
-                   _Bytes(p.grad_bytes)] + [
-                       _Ms(dict(self.results)[r].allreduce_times[p.index])
-                       for r in rs])
-    lines.append('Per stage (backward includes the recomputed forward; ring '
-                 'all-reduce 2 (R-1)/R x gradient bytes / bandwidth)')
-    lines += _Table(header, rows, right=set(range(1, len(header))))
-    lines.append('')
-    header = ['R x K', 'devices', 'global batch', 'pipeline ms', 'bubble',
-              'all-reduce ms', 'step ms', 'overlapped ms', 'examples/s',
-              'speed-up', 'efficiency']
-    rows = []
-    base_tput = base.Throughput(rep.batch_size)
-    for r, res in self.results:
-      tput = res.Throughput(rep.batch_size)
-      rows.append([f'{r} x {k}', str(r * k), str(r * rep.batch_size),
-                   _Ms(res.pipeline.step_time),
-                   f'{100 * res.pipeline.bubble_fraction:.1f}%',
-                   _Ms(res.exposed_allreduce_time), _Ms(res.step_time),
-                   _Ms(res.overlapped_step_time), _Number(tput),
-                   f'{tput / base_tput:.2f}x',
-                   f'{100 * tput / (r * base_tput):.1f}%'])
-    lines += _Table(header, rows, right=set(range(1, len(header))))
-    lines += [
-        'all-reduce ms = step time the all-reduces add after the backward. '
-        'TensorPipe does not overlap them with the backward: its backward is '
-        'one tf.while_loop whose weight-gradient sums leave the loop only '
-        'when it ends. overlapped ms = the step if stage k could start its '
-        "all-reduce when its last backward cell ends. Not modelled: "
-        'activation transfers between stages, the weight update, input '
-        'pipeline and per-tick overheads (measure them with tools/benchmark).']
-    return '\n'.join(lines)
-
-
-def _Ms(seconds: float) -> str:
-  return _Number(seconds * 1e3)
-
-
-def _Number(v: float) -> str:
-  """3 significant digits, or whole numbers with separators from 100 up."""
-  return f'{v:,.0f}' if v >= 100 else f'{v:.3g}'
-
-
-def PlanScaleOut(report: Report, num_replicas: Sequence[int],
-                 assumptions: ScaleOutAssumptions) -> ScaleOutPlan:
-  """Predicts R x K step time and throughput from an analysis report.
-
-  Each replica runs the report's K-partition pipeline on its own devices:
-  partition k costs f_k = FLOPs_k / T / device_flops per micro-batch forward
-  and backward_flops_ratio x f_k backward (+ f_k recomputed), simulated with
-  `simulator.SimulateDataParallel`; stage k's gradients (the report's grad
-  bytes) are then ring all-reduced among its R copies.
-
-  Args:
-    report: from AnalyzeLayers (per replica: batch_size is the per-replica
-      mini-batch).
-    num_replicas: the R values to compare; R = 1 is added as the baseline.
-    assumptions: the hardware.
-
-  Returns:
-    A ScaleOutPlan.
-
-  Raises:
-    ValueError: an R < 1.
-  """
-  for r in num_replicas:
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-      raise ValueError(f'num_replicas={list(num_replicas)!r}: every R must '
-                       'be a positive int')
-  rs = sorted({1, *num_replicas})
-  t = report.num_micro_batches
-  fwd = [p.flops / t / assumptions.device_flops for p in report.partitions]
-  bwd = [f * assumptions.backward_flops_ratio for f in fwd]
-  # What is all-reduced: one gradient per weight (a pairwise sum's extra
-  # buffers are collapsed first).
-  grads = [p.param_bytes for p in report.partitions]
-  table = schedule_builders.Build('gpipe', len(fwd), t)
-  results = tuple(
-      (r, simulator.SimulateDataParallel(
-          table, fwd, bwd, grads, r, assumptions.link_bytes_per_s,
-          latency_s=assumptions.link_latency_s,
-          shared_link=assumptions.shared_link,
-          recompute=assumptions.recompute)) for r in rs)
-  return ScaleOutPlan(report=report, assumptions=assumptions, results=results)

@@ -98,7 +98,8 @@ class SimResult:
   max_stash: List[int] = dataclasses.field(default_factory=list)
 
 
-def _CheckCosts(name: str, costs: Sequence[float]) -> List[float]:
+def CheckCosts(name: str, costs: Sequence[float]) -> List[float]:
+  """`costs` as floats; raises unless a non-empty list of numbers >= 0."""
   costs = list(costs)
   if not costs:
     raise ValueError(f'{name} is empty; give one cost per partition')
@@ -273,10 +274,10 @@ def SimulateSchedule(table: schedules.Schedule,
   """
   ss = table.num_stages
   _CheckRun(num_cores, ticks_in_flight, tick_overhead, fixed_overhead)
-  f = _CheckCosts('forward_costs', forward_costs)
-  b = _CheckCosts('backward_costs', backward_costs)
+  f = CheckCosts('forward_costs', forward_costs)
+  b = CheckCosts('backward_costs', backward_costs)
   w = ([x / 2 for x in b] if weight_grad_costs is None else
-       _CheckCosts('weight_grad_costs', weight_grad_costs))
+       CheckCosts('weight_grad_costs', weight_grad_costs))
   for name, costs in (('forward_costs', f), ('backward_costs', b),
                       ('weight_grad_costs', w)):
     if len(costs) != ss:
@@ -406,8 +407,8 @@ def ActivationPeak(max_in_flight: Sequence[int],
   Raises:
     ValueError: lists of different lengths or negative sizes.
   """
-  bnd = _CheckCosts('boundary_bytes', boundary_bytes)
-  internal = _CheckCosts('internal_bytes', internal_bytes)
+  bnd = CheckCosts('boundary_bytes', boundary_bytes)
+  internal = CheckCosts('internal_bytes', internal_bytes)
   if not len(bnd) == len(internal) == len(max_in_flight):
     raise ValueError(f'max_in_flight, boundary_bytes and internal_bytes have '
                      f'{len(max_in_flight)}, {len(bnd)} and {len(internal)} '
@@ -455,171 +456,3 @@ def CalibrateFromK1(runs: Sequence[Tuple[int, float, float, float]],
   fixed = max(0.0, my - o * mx)
   resid = max(abs(fixed + o * x - y) for x, y in zip(xs, ys))
   return Calibration(o, fixed, resid)
-
-
-# -- R data-parallel replicas x K stages ---------------------------------------
-
-
-def RingAllReduceTime(num_bytes: float, num_replicas: int,
-                      bytes_per_second: float,
-                      latency_s: float = 0.0) -> float:
-  """Time of a ring all-reduce of `num_bytes` over R replicas.
-
-  A ring all-reduce is a reduce-scatter then an all-gather, each R - 1 steps
-  in which every replica sends one 1/R chunk to its neighbour over its own
-  link: 2 (R - 1) / R x bytes / bandwidth, plus 2 (R - 1) message latencies.
-  0 for R = 1.
-
-  Args:
-    num_bytes: bytes each replica contributes (its gradient bytes).
-    num_replicas: R.
-    bytes_per_second: bandwidth of each replica's link, one direction.
-    latency_s: per-message latency (alpha).
-  """
-  if isinstance(num_replicas, bool) or not isinstance(
-      num_replicas, int) or num_replicas < 1:
-    raise ValueError(f'num_replicas={num_replicas!r} must be a positive int')
-  if num_bytes < 0 or latency_s < 0:
-    raise ValueError(f'num_bytes={num_bytes!r} and latency_s={latency_s!r} '
-                     'must be >= 0')
-  if bytes_per_second <= 0:
-    raise ValueError(f'bytes_per_second={bytes_per_second!r} must be > 0')
-  steps = 2 * (num_replicas - 1)
-  return (steps / num_replicas * num_bytes / bytes_per_second +
-          steps * latency_s)
-
-
-@dataclasses.dataclass(frozen=True)
-class DataParallelResult:
-  """Prediction for one step of R replicas of a K-stage pipeline.
-
-  Attributes:
-    num_replicas: R.
-    pipeline: each replica's pipeline (all replicas run the same schedule).
-    allreduce_times: per stage, its ring all-reduce on its link alone.
-    allreduce_start: per stage, when its all-reduce starts in the model
-      (after the whole backward: see SimulateDataParallel).
-    allreduce_end: per stage, when it ends.
-    step_time: predicted step: the last all-reduce's end + fixed overhead.
-    overlapped_step_time: the same if stage k's all-reduce could start when
-      stage k's last backward cell ends (a lower bound for an
-      implementation that overlaps; not what TensorPipe does today).
-  """
-  num_replicas: int
-  pipeline: SimResult
-  allreduce_times: Tuple[float, ...]
-  allreduce_start: Tuple[float, ...]
-  allreduce_end: Tuple[float, ...]
-  step_time: float
-  overlapped_step_time: float
-
-  @property
-  def exposed_allreduce_time(self) -> float:
-    """Step time added by the all-reduces over the pipeline alone."""
-    return self.step_time - self.pipeline.step_time
-
-  def Throughput(self, examples_per_replica: float) -> float:
-    """Examples per unit of time: R x per-replica mini-batch / step."""
-    return self.num_replicas * examples_per_replica / self.step_time
-
-
-def _LinkSchedule(ready: Sequence[float], durations: Sequence[float],
-                  shared_link: bool) -> Tuple[List[float], List[float]]:
-  """Start and end of each stage's all-reduce given when it may start.
-
-  Own links: each starts when ready. One shared link: one at a time at full
-  bandwidth, in order of readiness (the same total time as sharing the
-  bandwidth among concurrent ones).
-  """
-  starts, ends = [0.0] * len(ready), [0.0] * len(ready)
-  link_free = 0.0
-  for k in sorted(range(len(ready)), key=lambda k: (ready[k], -k)):
-    starts[k] = max(ready[k], link_free) if shared_link else ready[k]
-    ends[k] = starts[k] + durations[k]
-    link_free = ends[k]
-  return starts, ends
-
-
-def SimulateDataParallel(table: schedules.Schedule,
-                         forward_costs: Sequence[float],
-                         backward_costs: Sequence[float],
-                         grad_bytes: Sequence[float],
-                         num_replicas: int,
-                         bytes_per_second: float,
-                         latency_s: float = 0.0,
-                         shared_link: bool = False,
-                         recompute: bool = True,
-                         tick_overhead: float = 0.0,
-                         fixed_overhead: float = 0.0,
-                         synchronous_ticks: bool = True,
-                         num_cores: Optional[float] = None,
-                         ticks_in_flight: int = 1) -> DataParallelResult:
-  """Simulates one step of R data-parallel replicas of a K-stage pipeline.
-
-  Every replica runs the same pipeline (`SimulateSchedule`) on its own
-  devices; then stage k's weight gradients (grad_bytes[k]) are ring
-  all-reduced among the R copies of stage k. By default each stage has its
-  own link (stage k of every replica on its own accelerator with its own
-  NIC), so the K
-  all-reduces run concurrently and the step waits for the slowest;
-  `shared_link` puts them on one link per replica instead.
-
-  The all-reduces start after the whole backward pass, not overlapped with
-  it: TensorPipeLayer's backward is one tf.while_loop whose weight-gradient
-  sums are loop state, so no stage's gradient exists outside the loop before
-  the loop ends, and the strategy all-reduces what the loop returns.
-  `overlapped_step_time` gives the bound for an implementation that would
-  start stage k's all-reduce at the end of its last backward cell (stage
-  K - 1 finishes first: its cell for micro-batch 0 runs K - 1 ticks before
-  stage 0's).
-
-    pipe = SimulateSchedule(table, forward_costs, backward_costs, ...)
-    A_k = RingAllReduceTime(grad_bytes[k], R, bandwidth, latency)
-    step = pipe.backward_end + max_k A_k + fixed_overhead  (own links)
-         = pipe.backward_end + sum_k A_k + fixed_overhead  (shared link)
-
-  Args:
-    table, forward_costs, backward_costs, recompute, tick_overhead,
-      num_cores, ticks_in_flight: as in `SimulateSchedule`, in seconds.
-    synchronous_ticks: as there, but True by default (the loop's barrier).
-    grad_bytes: per stage, bytes of its weight gradients.
-    num_replicas: R.
-    bytes_per_second: each link's bandwidth.
-    latency_s: per-message latency of the ring.
-    shared_link: whether the K stages of a replica share one link.
-    fixed_overhead: added once per step (after the all-reduce: the update).
-
-  Returns:
-    A DataParallelResult.
-
-  Raises:
-    ValueError: grad_bytes not one per stage, or bad values.
-  """
-  pipe = SimulateSchedule(table, forward_costs, backward_costs,
-                          recompute=recompute, tick_overhead=tick_overhead,
-                          fixed_overhead=0.0,
-                          synchronous_ticks=synchronous_ticks,
-                          num_cores=num_cores,
-                          ticks_in_flight=ticks_in_flight)
-  gb = _CheckCosts('grad_bytes', grad_bytes)
-  if len(gb) != len(pipe.busy):
-    raise ValueError(f'grad_bytes has {len(gb)} entries for {len(pipe.busy)} '
-                     'stages; give one per stage')
-  if fixed_overhead < 0:
-    raise ValueError(f'fixed_overhead={fixed_overhead!r} must be >= 0')
-  times = [RingAllReduceTime(b, num_replicas, bytes_per_second, latency_s)
-           for b in gb]
-  backward_end = pipe.forward_time + pipe.backward_time
-  last_cell = [0.0] * len(gb)
-  for c in pipe.cells:
-    if c.phase == 'backward':
-      last_cell[c.k] = max(last_cell[c.k], c.end)
-  starts, ends = _LinkSchedule([backward_end] * len(gb), times, shared_link)
-  _, early_ends = _LinkSchedule(last_cell, times, shared_link)
-  pipe = dataclasses.replace(pipe, step_time=backward_end + fixed_overhead)
-  return DataParallelResult(
-      num_replicas=num_replicas, pipeline=pipe,
-      allreduce_times=tuple(times), allreduce_start=tuple(starts),
-      allreduce_end=tuple(ends),
-      step_time=max([backward_end] + ends) + fixed_overhead,
-      overlapped_step_time=max([backward_end] + early_ends) + fixed_overhead)

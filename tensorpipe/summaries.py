@@ -11,6 +11,8 @@ import tensorflow as tf
 
 from tensorflow.core.framework import summary_pb2
 
+from tensorpipe import errors
+
 # The last evaluation's metrics, as JSON, in the logdir.
 EVAL_FILE = 'eval_metrics.json'
 
@@ -43,7 +45,7 @@ def WriteEvalResults(logdir: str, metrics: Dict[str, float], step: int,
     with open(os.path.join(logdir, EVAL_FILE), 'w') as f:
       json.dump(dict(metrics, step=step), f, indent=1, sort_keys=True)
   except (OSError, tf.errors.OpError) as e:
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    first = errors.FirstLine(e)
     warn(f'could not write the eval results into {logdir}: {first}')
 
 

@@ -263,6 +263,26 @@ class ReplicaParamsTest(tf.test.TestCase):
                                 'group'):
       distribute.ReplicaParams(TaskParams(), ['/CPU:2'])
 
+  def testNumPartitionsIsTheDevicesOfEachPipeline(self):
+    fc = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=2,
+                                      output_dim=2) for i in range(4)]
+    auto = pipeline.TensorPipeLayer.Params().Set(
+        name='auto', layers=fc, num_partitions=3)
+    manual = pipeline.TensorPipeLayer.Params().Set(
+        name='manual', partitions=[fc[:1], fc[1:2], fc[2:3], fc[3:]])
+    interleaved = manual.Copy().Set(name='inter', schedule='interleaved_1f1b',
+                                    num_stages_per_device=2)
+    zb_v = manual.Copy().Set(name='zbv', schedule='zb_v')
+    self.assertEqual([distribute.NumPartitions(pipe)
+                      for pipe in (auto, manual, interleaved, zb_v)],
+                     [3, 4, 2, 2])
+    p = TaskParams()
+    self.assertEqual(distribute.MaxNumPartitions(p), 2)
+    p.model = manual
+    self.assertEqual(distribute.MaxNumPartitions(p), 4)
+    p.model = fc[0]
+    self.assertEqual(distribute.MaxNumPartitions(p), 1)
+
   def testShardRowsRejectsIndivisibleBatch(self):
     with self.assertRaisesRegex(ValueError, 'global batch size 6 is not '
                                 'divisible by 4 replicas'):
@@ -275,7 +295,8 @@ class ReplicaParamsTest(tf.test.TestCase):
                                 r'cluster.*\(2\); drop --num_replicas'):
       distribute.MakeTopology(2, 2, workers)
     for bad in (0, True, 1.5):
-      with self.assertRaisesRegex(ValueError, 'must be an int >= 1'):
+      with self.assertRaisesRegex(
+          ValueError, f'num_replicas={bad!r} must be a positive int'):
         distribute.MakeTopology(bad, 2)
 
   def testMakeTopologyNeedsRTimesKDevices(self):

@@ -16,8 +16,11 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import keras_graph
+from tensorpipe import keras_graph_costs
+from tensorpipe import keras_graph_mixing
 from tensorpipe import keras_params
 from tensorpipe import keras_pipeline
+from tensorpipe import keras_utils
 from tensorpipe import py_utils
 from tensorpipe import test_utils
 
@@ -121,7 +124,7 @@ class GraphReadingTest(tf.test.TestCase):
     graph = keras_graph.ReadGraph(_Chain().get_config())
     self.assertEqual([n.layer for n in graph.nodes],
                      ['h1', 'h2', 'm2', 'h3', 'm3', 'h4', 'm4', 'out'])
-    costs = keras_graph.Analyse(graph)
+    costs = keras_graph_costs.Analyse(graph)
     plan = keras_graph.PlanCuts(graph, costs, 4,
                                 cut_after=['h1', 'm2', 'm3'])
     # h1 is read by three later stages and x by the last: both travel
@@ -137,7 +140,7 @@ class GraphReadingTest(tf.test.TestCase):
 
   def testFlopsCountedPerNode(self):
     graph = keras_graph.ReadGraph(_Chain().get_config())
-    costs = keras_graph.Analyse(graph)
+    costs = keras_graph_costs.Analyse(graph)
     by_layer = dict(zip([n.layer for n in graph.nodes], costs.flops))
     # A 5x5 Dense: 2 m k n for the matmul, + bias, + tanh on 5 outputs.
     self.assertGreaterEqual(by_layer['h1'], 2 * 5 * 5)
@@ -147,7 +150,7 @@ class GraphReadingTest(tf.test.TestCase):
 
   def testSharedLayerCallsStayInOneSegment(self):
     graph = keras_graph.ReadGraph(_Rich().get_config())
-    costs = keras_graph.Analyse(graph)
+    costs = keras_graph_costs.Analyse(graph)
     calls = graph.NodesOf('shared')
     self.assertLen(calls, 2)
     for k in (2, 3, 4):
@@ -167,7 +170,7 @@ class GraphReadingTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, 'dict.*list of inputs'):
       keras_graph.ReadGraph(dict_in.get_config())
     graph = keras_graph.ReadGraph(_Chain().get_config())
-    costs = keras_graph.Analyse(graph)
+    costs = keras_graph_costs.Analyse(graph)
     with self.assertRaisesRegex(ValueError, 'num_partitions=9.*<= 8'):
       keras_graph.PlanCuts(graph, costs, 9)
     with self.assertRaisesRegex(ValueError, "'nope', which is no layer"):
@@ -196,7 +199,8 @@ class GraphReadingTest(tf.test.TestCase):
     mixed = h - keras.ops.mean(h, axis=0) + keras.ops.sum(h)
     model = keras.Model(x, keras.layers.Dense(2, name='out', **kw)(mixed))
     graph = keras_graph.ReadGraph(model.get_config())
-    mixing = keras_graph.BatchMixingOps(graph, keras_graph.Analyse(graph))
+    mixing = keras_graph_mixing.BatchMixingOps(
+        graph, keras_graph_costs.Analyse(graph))
     self.assertEqual([(m.op, m.axis) for m in mixing],
                      [('Mean', 0), ('Sum', None)])
     with self.assertLogs('absl', 'WARNING') as logs:
@@ -226,7 +230,7 @@ class ParamsBeforeDevicesTest(tf.test.TestCase):
     script = textwrap.dedent("""
         import tensorflow as tf
         from models import keras_models
-        from tensorpipe import keras_pipeline
+        from tensorpipe import keras_params
         p = keras_params.PipelineParams(
             lambda: keras_models.FashionMnistResNet(4, 1), 4, 2,
             batch_size=8)
@@ -261,7 +265,7 @@ class GraphPipelineTest(tf.test.TestCase):
     want_grads = tape.gradient(want_loss, model.trainable_weights)
     for k, cuts in ((1, None), (2, None), (4, ['h1', 'm2', 'm3'])):
       pipe = self._Pipe(model, k, cut_after=cuts)
-      order = keras_graph.WeightOrder(model)
+      order = keras_utils.WeightOrder(model)
       layers = {l.layer_name: l for l in keras_params.KerasLayersOf(pipe)}
       variables = [layers[n].vars[layers[n].KerasWeights()[j][1]]
                    for n, j in order]

@@ -11,7 +11,7 @@ import keras_hub
 import numpy as np
 import tensorflow as tf
 
-from tensorpipe import keras_graph
+from tensorpipe import keras_graph_costs
 from tensorpipe import keras_nested
 from tensorpipe import keras_pipeline
 from tensorpipe import test_utils
@@ -122,13 +122,13 @@ class SequenceCostTest(tf.test.TestCase):
     # Attention is quadratic in the length: twice the length, more than
     # twice a block's FLOPs; bytes of a cut tensor count the length.
     graph = built.graph
-    at = {n: keras_graph.Analyse(graph, n) for n in (_LEN, 2 * _LEN)}
+    at = {n: keras_graph_costs.Analyse(graph, n) for n in (_LEN, 2 * _LEN)}
     index = [n.layer for n in graph.nodes].index('transformer_layer_0')
     self.assertGreater(at[2 * _LEN].flops[index], 2 * at[_LEN].flops[index])
     key = graph.nodes[index].OutputKey(0)
     self.assertEqual(at[2 * _LEN].Bytes(key, 1), 2 * at[_LEN].Bytes(key, 1))
     with self.assertRaisesRegex(ValueError, 'sequence_length=0'):
-      keras_graph.Analyse(graph, 0)
+      keras_graph_costs.Analyse(graph, 0)
 
 
 class NestedFunctionalTest(tf.test.TestCase):

@@ -22,6 +22,16 @@ class KerasUtilsTest(tf.test.TestCase):
     self.assertEqual(list(global_state.get_global_attribute(
         'uninitialized_variables', []) or []), before)
 
+  def testWeightOrderNamesEachWeightsLayerAndIndex(self):
+    inputs = keras.Input((3,))
+    shared = keras.layers.Dense(3, name='shared')
+    h = shared(keras.layers.Dense(3, use_bias=False, name='first')(inputs))
+    outputs = keras.layers.BatchNormalization(name='bn')(shared(h))
+    model = keras.Model(inputs, outputs)
+    self.assertEqual(keras_utils.WeightOrder(model), [
+        ['first', 0], ['shared', 0], ['shared', 1],
+        ['bn', 0], ['bn', 1], ['bn', 2], ['bn', 3]])
+
   def testSeededPythonRandomMakesKerasInitialWeightsReproducible(self):
     random.seed(5)
     state = random.getstate()

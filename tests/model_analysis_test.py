@@ -11,6 +11,7 @@ import psutil
 import tensorflow as tf
 
 from tensorpipe import model_analysis
+from tensorpipe import scale_out
 from tensorpipe.layers import composite
 from tensorpipe.layers import conv
 from tensorpipe.layers import linear
@@ -178,12 +179,12 @@ class PartitionPlanTest(tf.test.TestCase):
     seq = model_analysis.AnalyzeLayers(fc, [[24, 6]], num_micro_batches=8)
     self.assertEqual(seq.partitions[0].grad_bytes, 4 * 21)
     # What the replicas all-reduce is one gradient per weight either way.
-    assumptions = model_analysis.ScaleOutAssumptions(
+    assumptions = scale_out.ScaleOutAssumptions(
         device_flops=1e12, link_bytes_per_s=1e9)
     pairwise = model_analysis.AnalyzeLayers(fc, [[24, 6]],
                                             num_micro_batches=8,
                                             grad_sum_mode='pairwise')
-    plans = [model_analysis.PlanScaleOut(r, [2], assumptions)
+    plans = [scale_out.PlanScaleOut(r, [2], assumptions)
              for r in (seq, pairwise)]
     self.assertEqual(plans[0].results, plans[1].results)
     with self.assertRaisesRegex(ValueError, "grad_sum='tree' is not one of"):
@@ -333,89 +334,6 @@ class ToolTest(tf.test.TestCase):
   def testUnknownModelRaises(self):
     with self.assertRaisesRegex(ValueError, "unknown model 'vgg'"):
       model_analysis_tool.ModelSpec('vgg')
-
-
-class ScaleOutPlanTest(tf.test.TestCase):
-  """R x K plans against step times worked out by hand."""
-
-  def setUp(self):
-    super().setUp()
-    # Two equal partitions of two 8x8 FC layers: 144 weights = 576 gradient
-    # bytes each. T=2, so a micro-batch forward of a partition is
-    # FLOPs / 2; the device speed below makes it 1 s.
-    fcs = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=8,
-                                       output_dim=8, activation='NONE')
-           for i in range(4)]
-    self.report = model_analysis.AnalyzeLayers(
-        fcs, [[4, 8]], num_partitions=2, num_micro_batches=2,
-        optimizer='sgd')
-    self.f = self.report.partitions[0].flops / 2
-    self.assertEqual([p.grad_bytes for p in self.report.partitions],
-                     [576, 576])
-
-  def testStepTimesByHand(self):
-    # f = 1 s, backward 2 s + 1 s recompute: the K=2, T=2 pipeline takes
-    # (T + K - 1)(1 + 3) = 12 s. Ring all-reduce of 576 B at 576 B/s:
-    # R=2: 2 (1/2) = 1 s; R=4: 2 (3/4) = 1.5 s; + 2 (R-1) x 0.25 s latency.
-    a = model_analysis.ScaleOutAssumptions(
-        device_flops=self.f, link_bytes_per_s=576.0, link_latency_s=0.25)
-    plan = model_analysis.PlanScaleOut(self.report, [4, 2], a)
-    self.assertEqual([r for r, _ in plan.results], [1, 2, 4])
-    res = dict(plan.results)
-    self.assertEqual(res[1].step_time, 12.0)
-    self.assertEqual(res[2].step_time, 12.0 + 1.0 + 0.5)
-    self.assertEqual(res[4].step_time, 12.0 + 1.5 + 1.5)
-    self.assertEqual(res[4].allreduce_times, (3.0, 3.0))
-    self.assertEqual(res[4].Throughput(4), 16 / 15.0)
-    text = plan.ToText()
-    self.assertIn('4 examples per replica in T=2 micro-batches', text)
-    # R x K, devices, global batch, pipeline, bubble, all-reduce, step,
-    # overlapped, examples/s, speed-up (16/15)/(4/12) = 3.2, efficiency 80%.
-    self.assertRegex(text, r'4 x 2 +8 +16 +12,000 +\S+% +3,000 +15,000 +'
-                     r'15,000 +1\.07 +3\.20x +80\.0%')
-    self.assertIn('does not overlap them with the backward', text)
-
-  def testSharedLinkAndNoRecompute(self):
-    # No recompute: (T + K - 1)(1 + 2) = 9 s; both stages on one link:
-    # 2 x 1 s one after the other at R=2.
-    a = model_analysis.ScaleOutAssumptions(
-        device_flops=self.f, link_bytes_per_s=576.0, shared_link=True,
-        recompute=False)
-    res = dict(model_analysis.PlanScaleOut(self.report, [2], a).results)
-    self.assertEqual(res[2].pipeline.step_time, 9.0)
-    self.assertEqual(res[2].step_time, 9.0 + 2.0)
-    # Overlapped: stage 1's last backward cell ends at 7 (its all-reduce
-    # 7..8), stage 0's at 9 (9..10).
-    self.assertEqual(res[2].overlapped_step_time, 10.0)
-    self.assertIn('per replica (one link shared by its stages)',
-                  model_analysis.PlanScaleOut(self.report, [2], a).ToText())
-
-  def testBadValues(self):
-    a = model_analysis.ScaleOutAssumptions(device_flops=1.0,
-                                           link_bytes_per_s=1.0)
-    with self.assertRaisesRegex(ValueError, r'num_replicas=\[2, 0\]'):
-      model_analysis.PlanScaleOut(self.report, [2, 0], a)
-    with self.assertRaisesRegex(ValueError, 'link_bytes_per_s=0 must be'):
-      model_analysis.ScaleOutAssumptions(device_flops=1.0, link_bytes_per_s=0)
-
-  def testToolPrintsThePlan(self):
-    fv = flags.FlagValues()
-    model_analysis_tool.DefineFlags(fv)
-    fv(['model_analysis', '--model=consistency', '--num_partitions=2',
-        '--num_micro_batches=4', '--batch_size=8', '--num_replicas=8,2',
-        '--link_gbps=8', '--device_tflops=0.5', '--link_latency_us=3'])
-    text = model_analysis_tool.Run(fv)
-    self.assertIn('assumed 0.5 TFLOP/s achieved per device, 8 Gb/s per '
-                  'stage link, 3 us latency', text)
-    for row in ('1 x 2', '2 x 2', '8 x 2'):
-      self.assertRegex(text, rf'\n{row} ')
-    # 8 Gb/s = 1e9 B/s; the gradients are tiny, so R=8 adds the latency of
-    # 2 (R-1) = 14 messages: 42 us = 0.042 ms (plus < 0.001 ms of bytes).
-    self.assertRegex(text, r'all-reduce R=8 ms\n[- ]+\n0 .* 0\.042\d?\n')
-    fv.num_replicas = ['2', 'x']
-    with self.assertRaisesRegex(ValueError, '--num_replicas=2,x must be '
-                                'positive integers'):
-      model_analysis_tool.Run(fv)
 
 
 if __name__ == '__main__':

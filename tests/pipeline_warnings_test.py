@@ -21,6 +21,7 @@ from tensorpipe import py_utils
 from tensorpipe import test_utils
 from tensorpipe.layers import dropout
 from tensorpipe.layers import keras_layer
+from tensorpipe.layers import keras_rebuild
 from tensorpipe.layers import linear
 from tensorpipe.layers import normalization
 
@@ -127,8 +128,8 @@ class KerasWarningTest(_FreshTrainingWarning):
         input_shape=[4]).Instantiate()
 
   def testKerasBatchNormTrainingByDefaultAndOnOneExampleWarn(self):
-    patcher = mock.patch.object(keras_layer, '_FEW_VALUES_WARNING',
-                                keras_layer._Once())  # pylint: disable=protected-access
+    patcher = mock.patch.object(keras_rebuild, '_FEW_VALUES_WARNING',
+                                keras_rebuild._Once())  # pylint: disable=protected-access
     patcher.start()
     self.addCleanup(patcher.stop)
     layer = self._KerasBn()

@@ -32,6 +32,8 @@ import sys
 
 from absl import flags
 
+from tensorpipe import errors
+
 _FLAG = 'tf_logs'
 flags.DEFINE_bool(_FLAG, False, "Show TensorFlow's C++ log lines and the INFO "
                   'lines of TensorFlow, Keras and TFDS (off by default: a '
@@ -136,15 +138,10 @@ def QuietPythonLogs() -> None:
 def OneLine(e: BaseException) -> str:
   """An error's message as one line, for a binary's `<tool>: error:` line.
 
-  An error raised while tracing a tf.function carries autograph's "in user
-  code:" frames in its message; its last line is the original message.
+  The whole message (errors.Message: without AutoGraph's "in user code:"
+  frames), its lines joined; errors.FirstLine gives only the first.
   """
-  text = str(e).strip()
-  if text.startswith('in user code:'):
-    last = [line.strip() for line in text.splitlines() if line.strip()][-1]
-    prefix = f'{type(e).__name__}: '
-    text = last[len(prefix):] if last.startswith(prefix) else last
-  return ' '.join(text.split()) or type(e).__name__
+  return ' '.join(errors.Message(e).split()) or type(e).__name__
 
 
 ConfigureNativeLogs()

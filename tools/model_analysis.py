@@ -18,7 +18,7 @@ K-partition pipeline of --batch_size examples, stage k's gradients ring
 all-reduced among the R replicas over a link of --link_gbps (one per stage
 unless --shared_link), devices achieving --device_tflops: step time, the
 all-reduce time it adds, throughput and scaling efficiency for each R
-(tensorpipe/simulator.py's SimulateDataParallel).
+(tensorpipe/scale_out.py's PlanScaleOut).
 
 Models: transformer (T(L, H, A) translation, model dim --D, heads of
 --head_dim), transformer_lm (decoder-only), paper_transformers (the paper's
@@ -38,6 +38,7 @@ from models import consistency_cnn
 from models import resnet
 from models import transformer
 from tensorpipe import model_analysis
+from tensorpipe import scale_out
 from tensorpipe import schedule_plan
 
 MODELS = ('transformer', 'transformer_lm', 'paper_transformers',
@@ -251,12 +252,12 @@ def Run(fv: flags.FlagValues) -> str:
         rows, fv.num_partitions, fv.num_micro_batches, fv.recompute)
   if fv.num_replicas:
     replicas = _PositiveInts('num_replicas', fv.num_replicas)
-    assumptions = model_analysis.ScaleOutAssumptions(
+    assumptions = scale_out.ScaleOutAssumptions(
         device_flops=fv.device_tflops * 1e12,
         link_bytes_per_s=fv.link_gbps * 1e9 / 8,
         link_latency_s=fv.link_latency_us * 1e-6,
         shared_link=fv.shared_link, recompute=fv.recompute)
-    plan = model_analysis.PlanScaleOut(report, replicas, assumptions)
+    plan = scale_out.PlanScaleOut(report, replicas, assumptions)
     text += '\n\n' + plan.ToText()
   return text
 

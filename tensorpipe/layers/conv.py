@@ -12,6 +12,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import checks
 from tensorpipe import py_utils
 from tensorpipe.layers import activations
 from tensorpipe.layers import normalization
@@ -320,9 +321,8 @@ class SeparableConv2DLayer(_EqualStridesMixin, _ConvBase):
   @classmethod
   def _Validate(cls, p):
     super()._Validate(p)
-    if not isinstance(p.depth_multiplier, int) or p.depth_multiplier <= 0:
-      raise ValueError(f'{cls.__name__} {p.name!r}: depth_multiplier='
-                       f'{p.depth_multiplier!r} must be a positive int')
+    checks.CheckPositiveInts(f'{cls.__name__} {p.name!r}',
+                             depth_multiplier=p.depth_multiplier)
 
   @classmethod
   def _Weights(cls, p):

@@ -15,44 +15,15 @@ the Keras variables with `keras.StatelessScope` (the mechanism under Keras'
 `training` reaches every nested layer as Keras itself passes it. Keras'
 own state updates inside the scope are discarded.
 
-Two kinds of Keras layers carry state or randomness that a pipeline must
-control, and their `call` is rebound on the private object:
-
-  * BatchNormalization: Keras' own code normalises each call with its
-    examples' statistics (a micro-batch in a pipeline); the layer also
-    reports the per-channel count, sum and sum of squares with
-    `py_utils.AddBatchStats`, and the moving averages are updated from the
-    statistics of all micro-batches once per step (moving = momentum *
-    moving + (1 - momentum) * statistic, Keras' formula), exactly as
-    `BatchNormLayer`. The recompute pass reports into a discarded collector.
-  * Dropout (and SpatialDropout1D/2D/3D): the mask is drawn per example
-    with `py_utils.StatelessUniform`, keyed by the sublayer's seed, the
-    step seed and the example's index in the global batch, instead of
-    Keras' SeedGenerator. The forward and the recompute pass therefore
-    draw the same mask, and it does not depend on K or T.
-
-A third kind derives state from its weights outside the call:
-
-  * Normalization: Keras' `finalize_state()` turns the adapted (or loaded)
-    `adapt_mean` / `adapt_variance` weights into the `mean` / `variance`
-    tensors `call` reads, so a call on theta would ignore them (and a
-    traced graph capture Keras' eager tensors). The rebound `call` derives
-    them from the weights in effect, inside the call (DeriveStateInCalls);
-    the Keras objects of the cost model get the same `call`.
-
-The mode of the call (`training`) is passed to every Keras object, as
-Keras' functional call passes it to every layer: Keras drops it from the
-call of a layer whose `call` takes none and keeps it in its call context,
-where the Dropout and BatchNormalization inside a custom layer read it
-(the recompute pass runs outside any Keras call, so nothing else would
-carry it there).
-
-A Keras object that comes back from its config marked built but with
-unbuilt sublayers (a registered custom layer without `build()` whose
-sublayers are built by its first call, as keras.io's examples write them)
-is called once on symbolic inputs of its recorded shape, as Keras'
-functional loader calls every layer; where that call fails, one line names
-the layer and the fix (a `build()` method).
+The Keras object is made, built and rebound by keras_rebuild.py: a
+BatchNormalization reports its batch statistics, so that the moving
+averages are updated once per step from all micro-batches (the recompute
+pass reports into a discarded collector); a Dropout draws a per-example
+mask with `py_utils.StatelessUniform`, so the forward and the recompute
+pass draw the same mask, and it does not depend on K or T; a Normalization
+derives its mean and variance from the weights in effect; the mode of the
+call (`training`) reaches every nested layer; and a custom layer whose
+sublayers are built by its first call is called once on symbolic inputs.
 
 Other random Keras layers (GaussianNoise, GaussianDropout, AlphaDropout,
 random augmentation) keep Keras' code; their SeedGenerator state is set
@@ -79,8 +50,6 @@ Usage:
       name='fc1', keras_config=keras.saving.serialize_keras_object(layer))
 """
 
-import copy
-import functools
 import inspect
 import json
 import re
@@ -91,31 +60,12 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import errors
 from tensorpipe import flops as flops_lib
 from tensorpipe import keras_utils
 from tensorpipe import py_utils
-from tensorpipe.layers import normalization
+from tensorpipe.layers import keras_rebuild
 from tensorpipe.nested_map import NestedMap
-
-
-def _Owner(p) -> str:
-  return f'KerasLayer {p.name!r}'
-
-
-def _PerExampleShape(p) -> Optional[List[Any]]:
-  """p.input_shape as a list of per-example shapes (None if unset)."""
-  shape = p.input_shape
-  if shape is None:
-    return None
-  if isinstance(shape, (list, tuple)) and shape and all(
-      isinstance(s, (list, tuple)) for s in shape):
-    return [list(s) for s in shape]
-  return [list(shape)]
-
-
-def _SymbolicInputs(shapes: List[List[Any]], dtype) -> Any:
-  inputs = [keras.KerasTensor([None] + list(s), dtype=dtype) for s in shapes]
-  return inputs[0] if len(inputs) == 1 else inputs
 
 
 def _IsValidKey(key: str) -> bool:
@@ -168,7 +118,8 @@ def _CheckDeclaredBatch(p, declared: Sequence[int], batch: Optional[int],
   for size in declared:
     if size != batch:
       raise ValueError(
-          f'{_Owner(p)}: the Keras model is built for batch size {size} (its '
+          f'{keras_rebuild.Owner(p)}: the Keras model is built for batch '
+          f'size {size} (its '
           f'keras.Input has batch_size={size}) but gets inputs {shapes} with '
           f'batch {batch}; a pipeline feeds each partition micro-batches of '
           'N/T examples (and pads a last partial batch), so build it without '
@@ -186,7 +137,8 @@ def _CheckDenseSpecs(p, outputs) -> None:
       kind = 'sparse'
     if kind:
       raise ValueError(
-          f'{_Owner(p)}: output {i} of the Keras layer is a {kind} tensor, '
+          f'{keras_rebuild.Owner(p)}: output {i} of the Keras layer is a '
+          f'{kind} tensor, '
           'which cannot cross a pipeline boundary (partitions exchange dense '
           'tensors of a fixed shape); make the layer return a dense tensor '
           '(e.g. sparse=False / ragged=False, or end it with .to_tensor() / '
@@ -209,31 +161,6 @@ def _FromKerasOutputs(out: Any) -> Any:
   return out
 
 
-def _ErrorLine(e: Exception) -> str:
-  """The line of a Keras error that says what went wrong.
-
-  Keras wraps an exception raised in a layer's call: 'Exception
-  encountered when calling X.call().', for a symbolic call 'Could not
-  automatically infer the output shape ...', then the cause, then
-  'Arguments received by ...'.
-  """
-  lines = [re.sub(r'\x1b\[[0-9;]*m', '', line).strip()
-           for line in str(e).splitlines()]
-  lines = [line for line in lines if line]
-  wrappers = ('Exception encountered when', 'Could not automatically infer')
-  for line in lines:
-    if line.startswith('Arguments received by'):
-      break
-    if not line.startswith(wrappers):
-      return line
-  return lines[0] if lines else type(e).__name__
-
-
-def CallArgs(obj) -> set:
-  """The parameter names of a Keras object's `call` (e.g. 'training')."""
-  return set(inspect.signature(obj.call).parameters)
-
-
 class _KerasInit(base_layer.WeightInit):
   """A weight's initial value: the value Keras initialised it with."""
 
@@ -248,128 +175,6 @@ class _KerasInit(base_layer.WeightInit):
       raise ValueError(f'Keras initial value of shape {value.shape} does not '
                        f'match the weight shape {list(shape)}')
     return value
-
-
-class KerasBatchNormStats:
-  """Receives one Keras BatchNormalization's merged batch statistics.
-
-  The reporter the rebound `call` hands to `py_utils.AddBatchStats`; the
-  pipeline merges its reports over micro-batches and calls
-  `UpdateMovingStats` once per step.
-  """
-
-  def __init__(self, name: str, moving_mean: tf.Variable,
-               moving_variance: tf.Variable, momentum: float):
-    self.name = name
-    self.moving_mean = moving_mean
-    self.moving_variance = moving_variance
-    self.momentum = float(momentum)
-
-  def UpdateMovingStats(self, stats: py_utils.BatchStats) -> None:
-    """moving = momentum * moving + (1 - momentum) * statistic (Keras')."""
-    mean, variance = stats.MeanAndVariance()
-    for var, value in ((self.moving_mean, mean),
-                       (self.moving_variance, variance)):
-      value = tf.cast(value, var.dtype)
-      var.assign(var * self.momentum + value * (1.0 - self.momentum))
-
-  def __repr__(self) -> str:
-    return f'KerasBatchNormStats({self.name!r})'
-
-
-class _Once:
-  """Remembers that a once-per-process warning was given."""
-
-
-_FEW_VALUES_WARNING = _Once()
-
-
-def _BatchNormCall(bn, reporter: KerasBatchNormStats, inputs, training=None,
-                   mask=None):
-  """Keras' BatchNormalization.call, also reporting the batch statistics."""
-  if training and bn.trainable:
-    # Once per process (a keras.applications model has dozens of them).
-    normalization.WarnIfFewValuesPerChannel(
-        _FEW_VALUES_WARNING, f'Keras BatchNormalization {bn.name!r} (the '
-        'first of the Keras batch norms that do; said once)', inputs.shape,
-        inputs.shape[bn.axis], fix='use keras.layers.LayerNormalization')
-    if mask is not None:
-      raise ValueError(f'Keras BatchNormalization {bn.name!r} got a mask: '
-                       'masked batch statistics are not supported in a '
-                       'KerasLayer; drop the mask before it')
-    dtype = tf.float64 if inputs.dtype == tf.float64 else tf.float32
-    x = tf.cast(inputs, dtype)
-    axes = [a for a in range(x.shape.rank) if a != bn.axis % x.shape.rank]
-    if x.shape.is_fully_defined():
-      count = tf.constant(
-          x.shape.num_elements() // x.shape[bn.axis], dtype)
-    else:
-      count = tf.cast(tf.size(x) // tf.shape(x)[bn.axis], dtype)
-    py_utils.AddBatchStats(reporter, py_utils.BatchStats(
-        count=tf.stop_gradient(count),
-        total=tf.stop_gradient(tf.reduce_sum(x, axes)),
-        total_sq=tf.stop_gradient(tf.reduce_sum(tf.square(x), axes))))
-  # Keras' own normalisation; its moving-average assigns go to the
-  # enclosing StatelessScope and are dropped.
-  return type(bn).call(bn, inputs, training=training, mask=mask)
-
-
-def _DropoutCall(layer, seed: int, inputs, training=False):
-  """Keras Dropout with a per-example mask (py_utils.StatelessUniform)."""
-  if not training or not layer.rate:
-    return inputs
-  shape = inputs.shape
-  if shape.rank is None or not shape[1:].is_fully_defined():
-    raise ValueError(f'Keras {type(layer).__name__} {layer.name!r}: input '
-                     f'shape {shape} must be static (but for the batch) to '
-                     'draw a per-example mask')
-  if hasattr(layer, '_get_noise_shape') and type(layer).call is not (
-      keras.layers.Dropout.call):
-    noise = keras_utils.NoiseShape(layer, inputs)
-  else:
-    noise = layer.noise_shape
-  mask_shape = shape.as_list()
-  if noise is not None:
-    for i, d in enumerate(noise):
-      if i and isinstance(d, (int, np.integer)):
-        mask_shape[i] = int(d)
-    if isinstance(noise[0], (int, np.integer)) and int(noise[0]) == 1 and (
-        mask_shape[0] != 1):
-      raise ValueError(
-          f'Keras {type(layer).__name__} {layer.name!r}: noise_shape={noise} '
-          'shares one mask across the batch; masks must differ per example '
-          '(so that micro-batches agree with the whole batch): use None for '
-          'the batch axis')
-  if mask_shape[0] is None:
-    mask_shape[0] = tf.shape(inputs)[0]
-  keep = 1.0 - float(layer.rate)
-  uniform = py_utils.StatelessUniform(mask_shape, seed, batch_axis=0)
-  scaled = tf.cast(uniform < keep, inputs.dtype) / tf.cast(keep, inputs.dtype)
-  return inputs * scaled
-
-
-def _NormalizationCall(layer, inputs):
-  """Keras' Normalization.call on a mean and variance derived in the call."""
-  with keras_utils.DerivedState(layer):
-    return type(layer).call(layer, inputs)
-
-
-def DeriveStateInCalls(obj) -> None:
-  """Makes obj's Normalization sublayers derive their state in each call.
-
-  Keras derives the `mean` / `variance` tensors a Normalization's `call`
-  reads from its weights outside the call (`finalize_state`, after adapt
-  or a load): a call on substituted weights would ignore them, and a
-  traced graph would capture Keras' eager tensors. The rebound `call`
-  derives them from the weights in effect (theta inside the
-  StatelessScope); see keras_utils.DerivedState.
-  """
-  if not isinstance(obj, keras.Layer):
-    return  # a keras.ops Operation
-  for layer in keras_utils.FlattenLayers(obj):
-    if isinstance(layer, keras.layers.Normalization):
-      object.__setattr__(layer, 'call', functools.partial(
-          _NormalizationCall, layer))
 
 
 class KerasLayer(base_layer.BaseLayer):
@@ -417,7 +222,7 @@ class KerasLayer(base_layer.BaseLayer):
 
   @classmethod
   def _Validate(cls, p) -> None:
-    owner = _Owner(p)
+    owner = keras_rebuild.Owner(p)
     if (p.keras_factory is None) == (p.keras_config is None):
       raise ValueError(f'{owner}: set exactly one of keras_factory (a '
                        'dotted name) and keras_config (a Keras config dict); '
@@ -448,7 +253,7 @@ class KerasLayer(base_layer.BaseLayer):
                         f'{type(p.keras_config).__name__}')
       keras_utils.CheckTextValue(owner, 'keras_config', p.keras_config)
     if p.input_shape is not None:
-      for shape in _PerExampleShape(p):
+      for shape in keras_rebuild.PerExampleShape(p):
         if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
                    or d is None for d in shape):
           raise ValueError(f'{owner}: input_shape={p.input_shape!r} must be '
@@ -460,126 +265,6 @@ class KerasLayer(base_layer.BaseLayer):
       raise ValueError(f'{owner}: flops_per_example='
                        f'{p.flops_per_example!r} must be a number >= 0')
 
-  @classmethod
-  def _NewKerasObject(cls, p, seed: int):
-    """Builds the Keras object described by `p` (unbuilt or built)."""
-    owner = _Owner(p)
-    with keras_utils.SeededPythonRandom(seed):
-      if p.keras_factory is not None:
-        factory = keras_utils.ResolveFactory(owner, p.keras_factory)
-        try:
-          obj = factory(**(p.keras_kwargs or {}))
-        except TypeError as e:
-          raise TypeError(f'{owner}: {p.keras_factory}(**{p.keras_kwargs!r}) '
-                          f'failed: {e}') from None
-        what = f'the object keras_factory {p.keras_factory!r} returned'
-      else:
-        try:
-          # A copy: Keras 3.15 empties a functional model's config dict in
-          # place, and the Params' dict is deserialised again on every build.
-          obj = keras.saving.deserialize_keras_object(
-              copy.deepcopy(p.keras_config))
-        except (TypeError, ValueError) as e:
-          first = (str(e).strip().splitlines() or [''])[0]
-          raise ValueError(
-              f'{owner}: keras_config cannot be deserialised by Keras 3: '
-              f'{first} (a Lambda layer needs safe_mode=False: write a '
-              'keras.Layer subclass registered with '
-              '@keras.saving.register_keras_serializable, or name a factory)'
-          ) from None
-        what = 'the object keras_config describes'
-    if keras_utils.IsKeras2(obj):
-      raise keras_utils.Keras2Error(owner, what, obj)
-    if not isinstance(obj, keras.Layer):
-      raise TypeError(f'{owner}: {what} is a {type(obj).__name__}, not a '
-                      'Keras 3 layer or model')
-    return obj
-
-  @classmethod
-  def _BuildSublayers(cls, p, obj, seed: int) -> None:
-    """Calls a built object with unbuilt sublayers once, symbolically.
-
-    A custom layer without `build()` whose sublayers are made in
-    `__init__` and built by its first call comes back from its config
-    marked built (its build_config) without weights. Keras' functional
-    loader calls every layer on symbolic inputs, which builds them; this
-    does the same, on the recorded shapes (input_shape, else the
-    build_config's).
-    """
-    unbuilt = [l.name for l in keras_utils.FlattenLayers(obj) if not l.built]
-    if not unbuilt:
-      return
-    dtype = p.input_dtype or obj.compute_dtype
-    shapes = _PerExampleShape(p)
-    build = (p.keras_config or {}).get('build_config') or {}
-    if shapes is not None:
-      args, kwargs, what = (_SymbolicInputs(shapes, dtype),), {}, shapes
-    elif 'input_shape' in build:
-      what = build['input_shape']
-      args, kwargs = (keras.KerasTensor(what, dtype=dtype),), {}
-    elif 'shapes_dict' in build:
-      what = build['shapes_dict']
-      args, kwargs = (), {k[:-len('_shape')]: keras.KerasTensor(v, dtype=dtype)
-                          for k, v in what.items()}
-    else:
-      args, kwargs, what = None, {}, None
-    try:
-      if args is None:
-        raise ValueError('its config records no input shape')
-      with keras_utils.SeededPythonRandom(seed + 1):
-        obj(*args, **kwargs)
-    except Exception as e:  # pylint: disable=broad-except
-      first = _ErrorLine(e)
-      raise ValueError(
-          f'{_Owner(p)}: Keras {type(obj).__name__} {obj.name!r} comes back '
-          f'from its config marked built, but its sublayers {unbuilt} are '
-          f'not, and calling it on symbolic inputs of its recorded shape '
-          f'{what} failed ({first}); give {type(obj).__name__} a build() '
-          'method that builds its sublayers (e.g. self.dense.build('
-          'input_shape))') from None
-
-  @classmethod
-  def _BuildKerasObject(cls, p, seed: int):
-    """The built Keras object of `p` (on the current device)."""
-    obj = cls._NewKerasObject(p, seed)
-    if not obj.built:
-      shapes = _PerExampleShape(p)
-      if shapes is None:
-        raise ValueError(
-            f'{_Owner(p)}: the Keras {type(obj).__name__} {obj.name!r} is '
-            'not built and input_shape is not set; set input_shape to one '
-            "example's shape, e.g. [28, 28, 1]")
-      dtype = p.input_dtype or obj.compute_dtype
-      with keras_utils.SeededPythonRandom(seed + 1):
-        obj(_SymbolicInputs(shapes, dtype))
-    else:
-      cls._BuildSublayers(p, obj, seed)
-    DeriveStateInCalls(obj)
-    for layer in keras_utils.FlattenLayers(obj):
-      if isinstance(layer, keras.layers.BatchNormalization):
-        if layer.renorm or layer.synchronized:
-          flag = 'renorm' if layer.renorm else 'synchronized'
-          raise ValueError(
-              f'{_Owner(p)}: Keras BatchNormalization {layer.name!r} has '
-              f'{flag}=True, which KerasLayer does not support: a pipeline '
-              'normalises with micro-batch statistics and updates the moving '
-              'averages once per step (summed over replicas); set '
-              f'{flag}=False')
-      for attr in ('activity_regularizer',):
-        if getattr(layer, attr, None) is not None:
-          raise ValueError(
-              f'{_Owner(p)}: Keras layer {layer.name!r} has an '
-              f'{attr}, whose loss a KerasLayer cannot return; remove it '
-              'and add the penalty to the task loss')
-    for w in obj.weights:
-      if getattr(w, 'regularizer', None) is not None:
-        raise ValueError(
-            f'{_Owner(p)}: Keras weight {w.path!r} has a regularizer, whose '
-            'loss a KerasLayer cannot return; remove it and use the task\'s '
-            'task.train.l2_regularizer_weight (or add the penalty to the '
-            'Keras loss of a TensorPipeModel)')
-    return obj
-
   def __init__(self, params):
     super().__init__(params)
     p = self.params
@@ -587,9 +272,9 @@ class KerasLayer(base_layer.BaseLayer):
     abstract = base_layer._abstract_scope.records is not None  # pylint: disable=protected-access
     if abstract:
       with keras_utils.NoAllocation():
-        obj = self._BuildKerasObject(p, self.LayerSeed())
+        obj = keras_rebuild.BuildKerasObject(p, self.LayerSeed())
     else:
-      obj = self._BuildKerasObject(p, self.LayerSeed())
+      obj = keras_rebuild.BuildKerasObject(p, self.LayerSeed())
     weights, taken = [], set()
     for kv in obj.weights:
       key = _VariableKey(obj, kv, taken)
@@ -607,19 +292,9 @@ class KerasLayer(base_layer.BaseLayer):
           f'{self.path or self.layer_name}/keras_{i}', p.random_seed)
     reporters = []
     if not abstract:
-      by_id = {id(kv): key for kv, key in weights}
-      for layer in keras_utils.FlattenLayers(obj):
-        if isinstance(layer, keras.layers.BatchNormalization):
-          reporter = KerasBatchNormStats(
-              f'{self.path or self.layer_name}/{layer.name}',
-              self.vars[by_id[id(layer.moving_mean)]],
-              self.vars[by_id[id(layer.moving_variance)]], layer.momentum)
-          reporters.append(reporter)
-          object.__setattr__(layer, 'call', functools.partial(
-              _BatchNormCall, layer, reporter))
-        elif isinstance(layer, keras.layers.Dropout):
-          object.__setattr__(layer, 'call', functools.partial(
-              _DropoutCall, layer, seeds[id(layer)]))
+      reporters = keras_rebuild.BindPipelineCalls(
+          obj, self.path or self.layer_name, seeds,
+          {id(kv): self.vars[key] for kv, key in weights})
     gens = []
     for layer in keras_utils.FlattenLayers(obj):
       for gen in keras_utils.SeedGenerators(layer):
@@ -634,9 +309,8 @@ class KerasLayer(base_layer.BaseLayer):
     object.__setattr__(self, '_bn_reporters', reporters)
     # Whether the output depends on the mode (py_utils.IsTraining warns
     # once when such a layer trains only for want of a mode block).
-    object.__setattr__(self, '_mode_dependent', any(
-        isinstance(l, (keras.layers.BatchNormalization, keras.layers.Dropout))
-        for l in keras_utils.FlattenLayers(obj)))
+    object.__setattr__(self, '_mode_dependent',
+                       keras_rebuild.ModeDependent(obj))
     object.__setattr__(self, '_declared_batch', _DeclaredBatchSizes(obj))
 
   # -- accessors -----------------------------------------------------------
@@ -708,7 +382,8 @@ class KerasLayer(base_layer.BaseLayer):
         another batch size, or a ragged / sparse output.
     """
     if not inputs:
-      raise ValueError(f'{_Owner(self.params)}: FProp needs an input')
+      raise ValueError(
+          f'{keras_rebuild.Owner(self.params)}: FProp needs an input')
     return _FromKerasOutputs(self.CallKeras(theta, (_ToKerasInputs(inputs),),
                                             {}))
 
@@ -728,7 +403,8 @@ class KerasLayer(base_layer.BaseLayer):
     p = self.params
     if py_utils.CurrentBatchAxis() != 0:
       raise ValueError(
-          f'{_Owner(p)}: Keras layers take the batch on axis 0, but the '
+          f'{keras_rebuild.Owner(p)}: Keras layers take the batch on axis '
+          '0, but the '
           f'context batch axis is {py_utils.CurrentBatchAxis()}; use '
           'TensorPipeLayer batch_dim=0')
     obj = self.keras_object
@@ -739,22 +415,16 @@ class KerasLayer(base_layer.BaseLayer):
     mapping = [(kv, theta[key]) for kv, key in self._weights]
     for gen, seed in self._seed_gens:
       mapping.append((gen.state, self._SeedState(seed, gen.state.dtype)))
-    kwargs = dict(kwargs)
-    # Keras 3.15's functional call does the same: the mode of the call wins
-    # over a recorded `training=` (keras/src/models/functional.py,
-    # operation_fn); a frozen layer is one with trainable=False. It is
-    # passed to every layer: Keras drops it from the call of a layer whose
-    # `call` takes no `training` but keeps it in the call context, where
-    # the Dropout and BatchNormalization inside a custom layer read it.
-    kwargs['training'] = py_utils.IsTraining(
-        f'KerasLayer {self.path or self.layer_name!r}'
+    kwargs = keras_rebuild.WithMode(
+        kwargs, f'KerasLayer {self.path or self.layer_name!r}'
         if self._mode_dependent else None)
     with tf.name_scope(self.layer_name), keras.StatelessScope(
         state_mapping=mapping, collect_losses=True) as scope:
       out = obj(*args, **kwargs)
     if scope.losses:
       raise ValueError(
-          f'{_Owner(p)}: the Keras object added {len(scope.losses)} loss(es) '
+          f'{keras_rebuild.Owner(p)}: the Keras object added '
+          f'{len(scope.losses)} loss(es) '
           '(add_loss / activity regularizers) in its call, which a '
           'KerasLayer cannot return; add the penalty to the task loss')
     _CheckDenseSpecs(p, out)
@@ -767,13 +437,15 @@ class KerasLayer(base_layer.BaseLayer):
     """Output shapes from Keras' shape inference; weights; counted FLOPs."""
     cls._Validate(p)
     if any(isinstance(s, dict) for s in input_shapes):
-      raise ValueError(f'{_Owner(p)}: FPropMeta takes tensor shapes, got a '
+      raise ValueError(f'{keras_rebuild.Owner(p)}: FPropMeta takes tensor '
+                       'shapes, got a '
                        'dict of shapes; for a dict-input Keras model set '
                        'flops_per_example and give partitions manually')
     shapes = [base_layer.ToShape(s) for s in input_shapes]
     for s in shapes:
       if s.rank is None or s.rank < 1:
-        raise ValueError(f'{_Owner(p)}: input shape {s} needs a batch axis')
+        raise ValueError(f'{keras_rebuild.Owner(p)}: input shape {s} needs '
+                         'a batch axis')
     batches = {s[0] for s in shapes}
     batch = batches.pop() if len(batches) == 1 else None
     per_example = tuple(tuple(s.as_list()[1:]) for s in shapes)
@@ -805,17 +477,18 @@ class KerasLayer(base_layer.BaseLayer):
     cost grows linearly with the batch (examples are independent).
     """
     with keras_utils.NoAllocation():
-      obj = cls._NewKerasObject(p, 0)
-      DeriveStateInCalls(obj)
+      obj = keras_rebuild.NewKerasObject(p, 0)
+      keras_rebuild.DeriveStateInCalls(obj)
       dtype = p.input_dtype or obj.compute_dtype
       declared = tuple(_DeclaredBatchSizes(obj))
       # The symbolic call builds the object on the given shapes (its
       # variables get no storage inside NoAllocation).
       try:
-        out = obj(_SymbolicInputs(per_example, dtype))
+        out = obj(keras_rebuild.SymbolicInputs(per_example, dtype))
       except (ValueError, TypeError) as e:
-        first = (str(e).strip().splitlines() or [''])[0]
-        raise ValueError(f'{_Owner(p)}: Keras {type(obj).__name__} '
+        first = errors.FirstLine(e)
+        raise ValueError(f'{keras_rebuild.Owner(p)}: Keras '
+                         f'{type(obj).__name__} '
                          f'{obj.name!r} does not accept inputs of one-example '
                          f'shape {per_example}: {first}') from None
       _CheckDenseSpecs(p, out)

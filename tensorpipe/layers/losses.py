@@ -5,6 +5,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import checks
 from tensorpipe import py_utils
 from tensorpipe.nested_map import NestedMap
 
@@ -84,8 +85,7 @@ def TopKAccuracy(logits: tf.Tensor, labels: tf.Tensor, k: int = 1,
     float32 (float64 for float64 logits) scalar mean (or per-example
     values).
   """
-  if not isinstance(k, int) or k <= 0:
-    raise ValueError(f'k={k!r} must be a positive int')
+  checks.CheckPositiveInts('', k=k)
   if not labels.dtype.is_integer:
     labels = tf.argmax(labels, axis=-1)
   dtype = py_utils.AccumulationDtype(logits.dtype)
@@ -115,9 +115,8 @@ class SoftmaxLayer(base_layer.BaseLayer):
 
   @classmethod
   def _Validate(cls, p) -> None:
-    if not isinstance(p.num_classes, int) or p.num_classes <= 0:
-      raise ValueError(f'{cls.__name__} {p.name!r}: num_classes='
-                       f'{p.num_classes!r} must be a positive int')
+    checks.CheckPositiveInts(f'{cls.__name__} {p.name!r}',
+                             num_classes=p.num_classes)
     if not 0.0 <= p.label_smoothing < 1.0:
       raise ValueError(f'{cls.__name__} {p.name!r}: label_smoothing='
                        f'{p.label_smoothing!r} must be in [0, 1)')

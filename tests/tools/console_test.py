@@ -69,5 +69,15 @@ class ConsoleTest(unittest.TestCase):
     self.assertTrue(drop.filter(Record(logging.WARNING, tfds)))
 
 
+  def testOneLineJoinsTheMessageWithoutAutoGraphFrames(self):
+    self.assertEqual(console.OneLine(ValueError('bad value\n  use 3 ')),
+                     'bad value use 3')
+    autograph = ('in user code:\n\n    File "x.py", line 5, in f  *\n'
+                 '        raise ValueError("boom")\n\n'
+                 '    ValueError: boom\n')
+    self.assertEqual(console.OneLine(ValueError(autograph)), 'boom')
+    self.assertEqual(console.OneLine(KeyError()), 'KeyError')
+
+
 if __name__ == '__main__':
   unittest.main()
