@@ -387,15 +387,6 @@ def ExportModel(model: base_layer.BaseLayer, export_dir: str,
 # -- a trainer's run ---------------------------------------------------------
 
 
-def _ParamsLines(text: str) -> Dict[str, str]:
-  out = {}
-  for line in text.splitlines():
-    key, sep, value = line.partition(' : ')
-    if sep:
-      out[key.strip()] = value.strip()
-  return out
-
-
 def RunParams(experiment_params: hyperparams.Params, logdir: str,
               model_key: str, params_override: str = '') -> hyperparams.Params:
   """The Params of the run in `logdir`: the experiment's, with params.txt.
@@ -435,7 +426,9 @@ def RunParams(experiment_params: hyperparams.Params, logdir: str,
         f'{logdir} holds a run of experiment {run_name!r} (its params.txt), '
         f'not of --model={model_key} ({p.name}); pass the --model that '
         'trained it')
-  saved, ours = _ParamsLines(text), _ParamsLines(p.ToText())
+  # A line of another form is reported by FromText below.
+  saved = hyperparams.TextValues(text, skip_malformed=True)
+  ours = hyperparams.TextValues(p.ToText())
   missing = sorted(set(ours) - set(saved))
   extra = sorted(set(saved) - set(ours))
   if missing or extra:
@@ -463,7 +456,7 @@ def _CheckScheduleFiles(p: hyperparams.Params, params_path: str) -> None:
   trainer recorded the table itself (`schedules.CsvParam`) name only the
   file.
   """
-  for key, value in _ParamsLines(p.ToText()).items():
+  for key, value in hyperparams.TextValues(p.ToText()).items():
     if key.rpartition('.')[2] != 'schedule' or len(value) < 2:
       continue
     path = value[1:-1]
