@@ -3,7 +3,8 @@
 The order of a run's start and end lives here, in one place; the trainer
 binary (tools/trainer.py) is flags, then `RunLifeCycle`, then the Trainer:
 
-  life = RunLifeCycle(logdir, cluster, stop, take_lock=mode != 'eval')
+  life = RunLifeCycle(logdir, cluster, stop, take_lock=mode != 'eval',
+                      peer_wait_s=60.0)
   topology = life.Start(params, num_partitions, num_replicas, step_flags,
                         setup_devices)
     lock the logdir (the chief, training only)          logdir.LogdirLock
@@ -28,8 +29,9 @@ binary (tools/trainer.py) is flags, then `RunLifeCycle`, then the Trainer:
 
 A failed start raises `StartError`, one line naming the cause (a peer that
 never came, a registration TF gave up on, workers that disagree), after
-releasing the lock; a locked logdir raises logdir.LogdirLockedError. Every side effect is injectable (`Steps`), so the unit
-tests run start and finish in one process with an in-memory store.
+releasing the lock; a locked logdir raises logdir.LogdirLockedError. Every
+side effect is injectable (`Steps`), so the unit tests run start and finish
+in one process with an in-memory store (tests/run_life_cycle_test.py).
 
 Why "leave last": the chief hosts TF's coordination service. A worker still
 tearing TF down after the chief has gone logs "Failed to send RPC to
@@ -47,7 +49,11 @@ import sys
 from typing import Any, Callable, Dict, Optional
 
 from absl import logging
+import tensorflow as tf
+from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
+from tensorpipe import cluster as cluster_lib
+from tensorpipe import distribute
 from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
 from tensorpipe import peer_wait
@@ -80,36 +86,11 @@ class CoordinationStore:
   """
 
   def Set(self, key: str, value: str) -> None:
-    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
     context.context().set_config_key_value(key, value)
 
   def Get(self, key: str, timeout_s: float) -> str:
     """The key's value, waiting up to `timeout_s` for a peer to set it."""
-    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
     return context.context().get_config_key_value(key, int(timeout_s * 1000))
-
-
-def _MakeTopology(num_replicas: int, num_partitions: int, cluster: Any,
-                  timeouts: Any) -> Any:
-  from tensorpipe import distribute  # pylint: disable=g-import-not-at-top
-  return distribute.MakeTopology(num_replicas, num_partitions, cluster,
-                                 timeouts)
-
-
-def _FaultTimeouts(peer_wait_s: float) -> Any:
-  from tensorpipe import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  return cluster_lib.FaultTimeouts(cluster_register_timeout_s=peer_wait_s)
-
-
-def _RegistrationFailures() -> tuple:
-  """What TF raises when a cluster's registration does not complete."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return (tf.errors.DeadlineExceededError, tf.errors.UnavailableError)
-
-
-def _RegistrationError(cluster: Any, message: str, peer_wait_s: float) -> str:
-  from tensorpipe import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  return cluster_lib.RegistrationError(cluster, message, peer_wait_s)
 
 
 @dataclasses.dataclass
@@ -117,10 +98,7 @@ class Steps:
   """The side effects of a life cycle; tests replace them with fakes."""
   wait_for_peers: Callable = peer_wait.WaitForPeers
   wait_for_exit: Callable = peer_wait.WaitForExit
-  make_topology: Callable = _MakeTopology
-  fault_timeouts: Callable = _FaultTimeouts
-  registration_failures: Callable = _RegistrationFailures
-  registration_error: Callable = _RegistrationError
+  make_topology: Callable = distribute.MakeTopology
   store: Any = dataclasses.field(default_factory=CoordinationStore)
   exit_fn: Callable[[int], None] = os._exit  # pylint: disable=protected-access
 
@@ -204,7 +182,8 @@ class RunLifeCycle:
         self._WaitForPeers()
       finally:
         self._stop.Hold()
-      timeouts = self._steps.fault_timeouts(self._peer_wait_s)
+      timeouts = cluster_lib.FaultTimeouts(
+          cluster_register_timeout_s=self._peer_wait_s)
     try:
       return self._MakeTopology(num_partitions, num_replicas, timeouts)
     finally:
@@ -236,10 +215,10 @@ class RunLifeCycle:
     try:
       return self._steps.make_topology(num_replicas, num_partitions,
                                        self._cluster, timeouts)
-    except self._steps.registration_failures() as e:
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
       if self._cluster is None:
         raise
-      raise StartError(self._steps.registration_error(
+      raise StartError(cluster_lib.RegistrationError(
           self._cluster, e.message, self._peer_wait_s)) from None
 
   def _CheckWorkersAgree(self, params: hyperparams.Params,

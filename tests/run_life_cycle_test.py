@@ -95,9 +95,10 @@ class RunLifeCycleTest(unittest.TestCase):
       return 0.5
 
     def MakeTopology(num_replicas, num_partitions, cluster, timeouts):
-      self.events.append(f'topology R={num_replicas} K={num_partitions} '
-                         f'cluster={cluster is not None} '
-                         f'timeouts={timeouts is not None}')
+      self.events.append(
+          f'topology R={num_replicas} K={num_partitions} '
+          f'cluster={cluster is not None} register_timeout_s='
+          f'{getattr(timeouts, "cluster_register_timeout_s", None)}')
       return 'topology'
 
     def WaitForExit(peers, timeout_s):
@@ -109,8 +110,7 @@ class RunLifeCycleTest(unittest.TestCase):
       self.events.append(f'exit {code}')
 
     steps = dict(wait_for_peers=WaitForPeers, make_topology=MakeTopology,
-                 wait_for_exit=WaitForExit, store=self.store, exit_fn=Exit,
-                 fault_timeouts=lambda s: f'timeouts {s}')
+                 wait_for_exit=WaitForExit, store=self.store, exit_fn=Exit)
     steps.update(kw)
     return run_life_cycle.Steps(**steps)
 
@@ -143,7 +143,7 @@ class RunLifeCycleTest(unittest.TestCase):
         'devices',
         "peers worker[0] -> ['worker[1]'] (7 s)",
         'log worker[0]: every worker answers (0.5 s)',
-        'topology R=1 K=2 cluster=True timeouts=True',
+        'topology R=1 K=2 cluster=True register_timeout_s=7.0',
         'set tensorpipe/worker_agreement/0',
         'get tensorpipe/worker_agreement/1',
         # Finish
@@ -165,7 +165,7 @@ class RunLifeCycleTest(unittest.TestCase):
         'devices',
         "peers worker[1] -> ['worker[0]'] (7 s)",
         'log worker[1]: every worker answers (0.5 s)',
-        'topology R=1 K=2 cluster=True timeouts=True',
+        'topology R=1 K=2 cluster=True register_timeout_s=7.0',
         'set tensorpipe/worker_agreement/1',
         'get tensorpipe/worker_agreement/0',
         'get tensorpipe/trainer/chief_done',
@@ -182,13 +182,13 @@ class RunLifeCycleTest(unittest.TestCase):
     self._Start(life)
     life.Finish(0)
     self.assertEqual(self.events, [
-        'lock', 'devices', 'topology R=1 K=2 cluster=False timeouts=False',
-        'unlock'])
+        'lock', 'devices',
+        'topology R=1 K=2 cluster=False register_timeout_s=None', 'unlock'])
     self.events.clear()
     life = self._Life(num_workers=1, take_lock=False)
     self._Start(life)
     self.assertEqual(self.events, [
-        'devices', 'topology R=1 K=2 cluster=False timeouts=False'])
+        'devices', 'topology R=1 K=2 cluster=False register_timeout_s=None'])
 
   def testLockedLogdirStopsBeforeTheDevices(self):
     lock = _Lock(self.events, logdir_lib.LogdirLockedError('in use'))
@@ -213,9 +213,7 @@ class RunLifeCycleTest(unittest.TestCase):
     def TimesOut(*args):
       del args  # unused
       raise tf.errors.DeadlineExceededError(None, None, 'Barrier timed out')
-    life = self._Life(steps=self._Steps(
-        make_topology=TimesOut,
-        registration_error=cluster_lib.RegistrationError))
+    life = self._Life(steps=self._Steps(make_topology=TimesOut))
     with self.assertRaisesRegex(
         run_life_cycle.StartError,
         r'worker\[1\] at 127.0.0.1:2001 accepts connections but did not '
