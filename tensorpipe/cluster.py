@@ -69,6 +69,8 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from tensorpipe import checks
+
 # The cluster jobs MultiWorkerMirroredStrategy trains with. ('ps' belongs to
 # ParameterServerStrategy; 'evaluator' runs apart from the training cluster.)
 _JOBS = ('chief', 'worker')
@@ -544,10 +546,8 @@ def SplitDeviceGroups(devices: Sequence[str], num_replicas: int,
   Raises:
     ValueError: R or K < 1, or fewer than R x K devices.
   """
-  for name, v in (('num_replicas', num_replicas),
-                  ('num_partitions', num_partitions)):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-      raise ValueError(f'{name}={v!r} must be a positive int')
+  checks.CheckPositiveInts('', num_replicas=num_replicas,
+                           num_partitions=num_partitions)
   devices = list(devices)
   need = num_replicas * num_partitions
   if len(devices) < need:

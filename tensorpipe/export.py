@@ -52,6 +52,8 @@ import tensorflow as tf
 
 from tensorpipe import base_layer
 from tensorpipe import checkpoints
+from tensorpipe import distribute
+from tensorpipe import errors
 from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
 from tensorpipe import microbatch
@@ -165,7 +167,7 @@ def _CheckPipelined(model: base_layer.BaseLayer,
     microbatch.NumMicroBatches(serving_batch_size, p.num_micro_batches,
                                p.micro_batch_size)
   except (ValueError, TypeError) as e:
-    first = (str(e).strip().splitlines() or [''])[0]
+    first = errors.FirstLine(e)
     raise ExportError(f'serving_batch_size={serving_batch_size} does not fit '
                       f'the pipeline: {first}') from None
   return serving_batch_size
@@ -387,15 +389,6 @@ def ExportModel(model: base_layer.BaseLayer, export_dir: str,
 # -- a trainer's run ---------------------------------------------------------
 
 
-def _ParamsLines(text: str) -> Dict[str, str]:
-  out = {}
-  for line in text.splitlines():
-    key, sep, value = line.partition(' : ')
-    if sep:
-      out[key.strip()] = value.strip()
-  return out
-
-
 def RunParams(experiment_params: hyperparams.Params, logdir: str,
               model_key: str, params_override: str = '') -> hyperparams.Params:
   """The Params of the run in `logdir`: the experiment's, with params.txt.
@@ -435,7 +428,9 @@ def RunParams(experiment_params: hyperparams.Params, logdir: str,
         f'{logdir} holds a run of experiment {run_name!r} (its params.txt), '
         f'not of --model={model_key} ({p.name}); pass the --model that '
         'trained it')
-  saved, ours = _ParamsLines(text), _ParamsLines(p.ToText())
+  # A line of another form is reported by FromText below.
+  saved = hyperparams.TextValues(text, skip_malformed=True)
+  ours = hyperparams.TextValues(p.ToText())
   missing = sorted(set(ours) - set(saved))
   extra = sorted(set(saved) - set(ours))
   if missing or extra:
@@ -449,7 +444,7 @@ def RunParams(experiment_params: hyperparams.Params, logdir: str,
     p.FromText(text)
   except (ValueError, TypeError, AttributeError) as e:
     raise ExportError(f'{path} does not fit --model={model_key}: '
-                      f'{(str(e).splitlines() or [""])[0]}; pass the --model '
+                      f'{errors.FirstLine(e)}; pass the --model '
                       'that trained this run') from None
   overrides.ApplyOverrides(p, params_override)
   return p
@@ -463,7 +458,7 @@ def _CheckScheduleFiles(p: hyperparams.Params, params_path: str) -> None:
   trainer recorded the table itself (`schedules.CsvParam`) name only the
   file.
   """
-  for key, value in _ParamsLines(p.ToText()).items():
+  for key, value in hyperparams.TextValues(p.ToText()).items():
     if key.rpartition('.')[2] != 'schedule' or len(value) < 2:
       continue
     path = value[1:-1]
@@ -491,11 +486,7 @@ def PipelineParams(task_params: hyperparams.Params) -> Optional[
 def NumPartitions(task_params: hyperparams.Params) -> int:
   """K of the task's pipeline (1 for a model that is not one)."""
   mp = PipelineParams(task_params)
-  if mp is None:
-    return 1
-  if mp.partitions is not None:
-    return len(mp.partitions)
-  return mp.num_partitions
+  return 1 if mp is None else distribute.NumPartitions(mp)
 
 
 def SetServingDevices(task_params: hyperparams.Params,

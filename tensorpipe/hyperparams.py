@@ -25,7 +25,7 @@ import keyword
 import re
 import sys
 import types
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 # pylint: disable=protected-access
 
@@ -309,6 +309,64 @@ def _Assign(container: Any, tokens: list, value: Any, owner: 'Params',
   return _MakeSequence(container, items)
 
 
+class TextLine(NamedTuple):
+  """One `key : value` line of the ToText format (see `TextLines`)."""
+  number: int  # 1-based, in the text given
+  key: str  # 'task.model.layers[0].dim'
+  value: str  # the value's text as ToText writes it, e.g. "'a : b'"
+
+
+def ParseTextLine(line: str) -> Optional[Tuple[str, str]]:
+  """(key, value text) of one line of the ToText format, or None.
+
+  The key is the text before the first ':' (keys hold none: names are
+  identifiers, indices '[i]'), the value the rest (which may hold ': ',
+  e.g. a quoted string or a dict), both stripped. None for a blank line, a
+  '#' comment and a line of any other form (no ':' or no key).
+  """
+  line = line.strip()
+  if not line or line.startswith('#'):
+    return None
+  key, sep, value = (s.strip() for s in line.partition(':'))
+  if not sep or not key:
+    return None
+  return key, value
+
+
+def TextLines(text: str, skip_malformed: bool = False) -> List[TextLine]:
+  """The `key : value` lines of `text` (the ToText format), in order.
+
+  The one parser of Params text: FromText, params.txt in a logdir
+  (logdir.py, export.py) and the workers' agreement all read it here.
+  ToText writes every value on one line (strings quoted with repr's
+  escapes, so no line break inside), hence one line per leaf.
+
+  Args:
+    text: lines of `key : value`; blank lines and '#' comments are skipped.
+    skip_malformed: skip lines of another form instead of raising (for a
+      file a person may have edited, read only for messages).
+
+  Raises:
+    ValueError: a line of another form, naming its number (1-based).
+  """
+  out = []
+  for number, line in enumerate(text.splitlines(), 1):
+    item = ParseTextLine(line)
+    if item is not None:
+      out.append(TextLine(number, *item))
+    elif not skip_malformed and line.strip() and (
+        not line.strip().startswith('#')):
+      raise ValueError(f'line {number}: {line.strip()!r} is not of the form '
+                       '"key : value"')
+  return out
+
+
+def TextValues(text: str, skip_malformed: bool = False) -> Dict[str, str]:
+  """{key: value text} of `TextLines(text)`; a key given twice keeps its
+  last value."""
+  return {line.key: line.value for line in TextLines(text, skip_malformed)}
+
+
 class Params:
   """A tree of named, documented hyperparameters with attribute access.
 
@@ -579,14 +637,11 @@ class Params:
     """
     self._CheckMutable('FromText')
     updates = {}
-    for line_number, line in enumerate(text.splitlines(), 1):
-      line = line.strip()
-      if not line or line.startswith('#'):
-        continue
-      key, sep, value_text = (s.strip() for s in line.partition(':'))
-      if not sep or not key:
-        raise ValueError(f'FromText line {line_number}: {line!r} is not of the '
-                         'form "key : value"')
+    try:
+      lines = TextLines(text)
+    except ValueError as e:
+      raise ValueError(f'FromText {e}') from None
+    for _, key, value_text in lines:
       old = self.Get(key)
       if isinstance(old, (list, tuple)) and _ContainsParams(old):
         raise ValueError(

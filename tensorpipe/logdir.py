@@ -30,9 +30,11 @@ import json
 import os
 import socket
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 from absl import logging
+
+from tensorpipe import hyperparams
 
 LOCK_FILE = 'trainer.lock'
 PARAMS_FILE = 'params.txt'
@@ -248,16 +250,6 @@ class LogdirLock:
     os.close(fd)
 
 
-def _ParseParamsText(text: str) -> Dict[str, str]:
-  """{key: value text} of Params.ToText() lines."""
-  out = {}
-  for line in text.splitlines():
-    key, sep, value = line.partition(' : ')
-    if sep:
-      out[key.strip()] = value.strip()
-  return out
-
-
 # Params keys (last dotted component) that say how long a run goes on, not
 # what it trains: extending a finished run with a larger --max_steps is the
 # same run, so WriteParams neither logs them as a change nor keeps a history
@@ -271,8 +263,30 @@ def _IsRunLength(key: str) -> bool:
 
 def _WithoutRunLength(text: str) -> str:
   """`text` without its RUN_LENGTH_KEYS lines."""
-  return '\n'.join(line for line in text.splitlines()
-                   if not _IsRunLength(line.partition(' : ')[0].strip()))
+
+  def RunLength(line: str) -> bool:
+    item = hyperparams.ParseTextLine(line)
+    return item is not None and _IsRunLength(item[0])
+
+  return '\n'.join(line for line in text.splitlines() if not RunLength(line))
+
+
+def _Values(text: str) -> Dict[str, str]:
+  """{key: value text} of params.txt (lines of another form skipped: the
+  file may have been edited, and is read here only for messages)."""
+  return hyperparams.TextValues(text, skip_malformed=True)
+
+
+def ChangedKeys(old_text: str, new_text: str,
+                ignore_run_length: bool = False) -> List[str]:
+  """The keys whose value differs (or that one text lacks), sorted.
+
+  With ignore_run_length, RUN_LENGTH_KEYS (max_steps) are left out.
+  """
+  old, new = _Values(old_text), _Values(new_text)
+  return [key for key in sorted(set(old) | set(new))
+          if old.get(key) != new.get(key) and
+          not (ignore_run_length and _IsRunLength(key))]
 
 
 def ParamsDiff(old_text: str, new_text: str,
@@ -281,15 +295,11 @@ def ParamsDiff(old_text: str, new_text: str,
 
   With ignore_run_length, RUN_LENGTH_KEYS (max_steps) are left out.
   """
-  old, new = _ParseParamsText(old_text), _ParseParamsText(new_text)
-  lines = []
-  for key in sorted(set(old) | set(new)):
-    if ignore_run_length and _IsRunLength(key):
-      continue
-    a, b = old.get(key, '(absent)'), new.get(key, '(absent)')
-    if a != b:
-      lines.append(f'  {key}: {_Short(a)} -> {_Short(b)}')
-  return '\n'.join(lines)
+  old, new = _Values(old_text), _Values(new_text)
+  return '\n'.join(
+      f'  {key}: {_Short(old.get(key, "(absent)"))} -> '
+      f'{_Short(new.get(key, "(absent)"))}'
+      for key in ChangedKeys(old_text, new_text, ignore_run_length))
 
 
 def _Short(value: str, limit: int = 80) -> str:
@@ -360,10 +370,35 @@ def ReadExperimentName(logdir: str) -> Optional[str]:
   """The `name` line of the logdir's params.txt, or None."""
   try:
     with open(os.path.join(logdir, PARAMS_FILE)) as f:
-      fields = _ParseParamsText(f.read())
+      fields = _Values(f.read())
   except (OSError, UnicodeDecodeError):
     return None
   name = fields.get('name')
   if name and len(name) >= 2 and name[0] == name[-1] and name[0] in '\'"':
     name = name[1:-1]
   return name or None
+
+
+def RunDescription(logdir: str, params_text: str) -> str:
+  """'a run of X ...': what the logdir holds, for the error of a checkpoint
+  that does not fit the Params `params_text` (checkpoints.RestoreNewest).
+
+  Names the keys of params.txt that differ and can change the variables:
+  not the input, the run length or the schedule (an optimizer change does
+  change the slots).
+  """
+  name = ReadExperimentName(logdir)
+  text = 'a run of ' + (name or 'another model (no params.txt)')
+  try:
+    with open(os.path.join(logdir, PARAMS_FILE)) as f:
+      keys = ChangedKeys(f.read(), params_text)
+  except OSError:
+    keys = []
+  keys = [key for key in keys if key.startswith('task.') and (
+      not key.startswith('task.train.') or
+      key.startswith('task.train.optimizer.'))]
+  if keys:
+    more = f' and {len(keys) - 5} more' if len(keys) > 5 else ''
+    text += (f' whose params.txt differs from these Params in '
+             f'{", ".join(keys[:5])}{more}')
+  return text

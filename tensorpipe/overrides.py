@@ -1,13 +1,18 @@
-"""--model_params_override text: parsing and applying to Params.
+"""What a run changes in an experiment's Params: overrides, CSV tables.
 
 Override text is what a user types after --model_params_override: items
 `key=value` or `key : value`, separated by ';' or newlines. It is turned
 into `Params.FromText` lines, which check every line before setting any.
+Then `RecordCsvSchedules` puts the table of a CSV schedule given as a path
+into the Params, so that params.txt records the table itself.
 """
 
-from typing import List
+import os
+from typing import Callable, List
 
+from tensorpipe import distribute
 from tensorpipe import hyperparams
+from tensorpipe import schedules
 
 
 def _SplitOverrideItems(text: str) -> List[str]:
@@ -86,3 +91,34 @@ def ApplyOverrides(p: hyperparams.Params, text: str) -> hyperparams.Params:
               "key='text'; numbers, True/False, None and lists as in Python)")
     raise ValueError(f'--model_params_override: {e}{hint}') from None
   return p
+
+
+def RecordCsvSchedules(p: hyperparams.Params,
+                       resolve: Callable[[str], str] = os.path.abspath
+                       ) -> List[str]:
+  """Puts the table of every CSV schedule given as a path into the Params.
+
+  A pipeline's `schedule` of 'path/z.csv' becomes `schedules.CsvParam`'s
+  'csv:...' text (in place), so params.txt records the table itself: the
+  run exports and evaluates anywhere once the file is gone, and a resume
+  whose file changed logs the change like any other hyper-parameter.
+
+  Args:
+    p: the experiment's Params (mutable), overrides applied.
+    resolve: maps a path as given to the one to read (the trainer resolves
+      relative paths against the user's directory, paths.UserPath).
+
+  Returns:
+    The paths read, in the order of the pipelines.
+
+  Raises:
+    ValueError: a file cannot be read, naming it.
+  """
+  read = []
+  for mp in distribute.PipelineParamsIn(p):
+    value = mp.schedule
+    if (isinstance(value, str) and value.endswith('.csv') and
+        not value.startswith(schedules.CSV_PREFIX)):
+      mp.schedule = schedules.CsvParam(resolve(value))
+      read.append(value)
+  return read

@@ -57,6 +57,27 @@ def ExitCode(signum: int) -> int:
   return 128 + int(signum)
 
 
+def StopAgreed(votes: float, requested: bool, num_replicas: int,
+               num_local_replicas: int) -> bool:
+  """The stop vote after a step: whether this process stops now.
+
+  Args:
+    votes: the step's STOP_VOTES, every replica's stop flag summed in the
+      step's all-reduce (distribute.TrainStep).
+    requested: whether this process has a stop request (`StopSignals`).
+    num_replicas, num_local_replicas: R in all and in this process.
+
+  With other processes only the votes count, the same number on every
+  worker: a worker that was not signalled stops with the one that was
+  (else it would wait in the next all-reduce forever), and a request that
+  came after the step's vote waits for the next step's. In one process the
+  request itself counts (also one made during an evaluation).
+  """
+  if num_replicas > num_local_replicas:
+    return votes > 0
+  return requested
+
+
 class StopRequested(Exception):
   """Training stopped on a signal after saving; the run can be resumed.
 

@@ -34,10 +34,9 @@ step, and the input position is in the checkpoint, so with
 of an uninterrupted run.
 """
 
-import itertools
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from absl import logging
 import numpy as np
@@ -45,34 +44,22 @@ import tensorflow as tf
 
 from tensorpipe import base_input
 from tensorpipe import base_layer
-from tensorpipe import checkpoints
-from tensorpipe import decode_metrics
 from tensorpipe import distribute
-from tensorpipe import errors
+from tensorpipe import evaluation
 from tensorpipe import finite_check
 from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
-from tensorpipe import overrides
 from tensorpipe import precise_bn
 from tensorpipe import preemption
 from tensorpipe import py_utils
-from tensorpipe import schedules
+from tensorpipe import run_checkpoints
 from tensorpipe import summaries
 from tensorpipe import tasks
 from tensorpipe.layers import normalization
 from tensorpipe.nested_map import NestedMap
 
-PARAMS_FILE = logdir_lib.PARAMS_FILE
-EVAL_FILE = summaries.EVAL_FILE
 # Key of TrainStep's result: True if every weight and slot is finite.
 WEIGHTS_FINITE = 'weights_finite'
-
-
-NonFiniteError = finite_check.NonFiniteError
-
-
-class CheckpointWriteError(OSError):
-  """A checkpoint could not be written (disk full, permissions)."""
 
 
 def EnableDeterminism(seed: int) -> None:
@@ -82,69 +69,8 @@ def EnableDeterminism(seed: int) -> None:
   tf.config.experimental.enable_op_determinism()
 
 
-# --model_params_override parsing lives in tensorpipe/overrides.py.
-ParseOverrides = overrides.ParseOverrides
-ApplyOverrides = overrides.ApplyOverrides
-WriteScalar = summaries.WriteScalar
-
-
-def StopAgreed(votes: float, requested: bool, num_replicas: int,
-               num_local_replicas: int) -> bool:
-  """The stop vote after a step: whether this process stops now.
-
-  Args:
-    votes: the step's STOP_VOTES, every replica's stop flag summed in the
-      step's all-reduce (distribute.TrainStep).
-    requested: whether this process has a stop request (preemption.py).
-    num_replicas, num_local_replicas: R in all and in this process.
-
-  With other processes only the votes count, the same number on every
-  worker: a worker that was not signalled stops with the one that was
-  (else it would wait in the next all-reduce forever), and a request that
-  came after the step's vote waits for the next step's. In one process the
-  request itself counts (also one made during an evaluation).
-  """
-  if num_replicas > num_local_replicas:
-    return votes > 0
-  return requested
-
-
-def RecordCsvSchedules(p: hyperparams.Params,
-                       resolve: Callable[[str], str] = os.path.abspath
-                       ) -> List[str]:
-  """Puts the table of every CSV schedule given as a path into the Params.
-
-  A pipeline's `schedule` of 'path/z.csv' becomes `schedules.CsvParam`'s
-  'csv:...' text (in place), so params.txt records the table itself: the
-  run exports and evaluates anywhere once the file is gone, and a resume
-  whose file changed logs the change like any other hyper-parameter.
-
-  Args:
-    p: the experiment's Params (mutable), overrides applied.
-    resolve: maps a path as given to the one to read (the trainer resolves
-      relative paths against the user's directory, paths.UserPath).
-
-  Returns:
-    The paths read, in the order of the pipelines.
-
-  Raises:
-    ValueError: a file cannot be read, naming it.
-  """
-  read = []
-  for mp in distribute.PipelineParamsIn(p):
-    value = mp.schedule
-    if (isinstance(value, str) and value.endswith('.csv') and
-        not value.startswith(schedules.CSV_PREFIX)):
-      mp.schedule = schedules.CsvParam(resolve(value))
-      read.append(value)
-  return read
-
-
 def _Scalars(metrics: Dict[str, Any]) -> Dict[str, float]:
   return {k: float(v) for k, v in metrics.items()}
-
-
-_FirstLine = errors.FirstLine
 
 
 class Trainer:
@@ -200,10 +126,13 @@ class Trainer:
     self._eval_input = None
     self._train_fn = None
     self._eval_fn = None
-    self._ckpt = None
-    self._manager = None
-    self._latest = None  # path of the newest checkpoint restored or saved
-    self._eval_ckpt = None
+    self._checkpoints = run_checkpoints.RunCheckpoints(
+        logdir, self._TrainingState, lambda: dict(
+            model=self.task, global_step=self.global_step), self._lock,
+        self._Warn,
+        # 'a run of X' for the error of a checkpoint that does not fit.
+        lambda: logdir_lib.RunDescription(logdir, self._params.ToText()),
+        tp.max_checkpoints_to_keep)
     self._checked_train_input = False
     self._checked_eval_input = False
 
@@ -217,12 +146,12 @@ class Trainer:
 
   @property
   def checkpoint_dir(self) -> str:
-    return os.path.join(self._logdir, checkpoints.CHECKPOINT_DIR)
+    return self._checkpoints.directory
 
   @property
   def latest_checkpoint(self) -> Optional[str]:
     """The newest checkpoint restored or saved by this trainer, or None."""
-    return self._latest
+    return self._checkpoints.latest
 
   def _Warn(self, message: str) -> None:
     self._log(f'WARNING: {message}')
@@ -241,32 +170,6 @@ class Trainer:
 
   def Unlock(self) -> None:
     self._lock.Release()
-
-  @property
-  def locked(self) -> bool:
-    return self._lock.held
-
-  def _RunDescription(self) -> str:
-    """'a run of X' for the error of a checkpoint that does not fit."""
-    name = logdir_lib.ReadExperimentName(self._logdir)
-    text = 'a run of ' + (name or 'another model (no params.txt)')
-    try:
-      with open(os.path.join(self._logdir, PARAMS_FILE)) as f:
-        diff = logdir_lib.ParamsDiff(f.read(), self._params.ToText())
-    except OSError:
-      diff = ''
-    # Only keys that can change the variables: not the input, the run length
-    # or the schedule (an optimizer change does change the slots).
-    keys = [key for key in (line.split(':', 1)[0].strip()
-                            for line in diff.splitlines())
-            if key.startswith('task.') and (
-                not key.startswith('task.train.') or
-                key.startswith('task.train.optimizer.'))]
-    if keys:
-      more = f' and {len(keys) - 5} more' if len(keys) > 5 else ''
-      text += (f' whose params.txt differs from these Params in '
-               f'{", ".join(keys[:5])}{more}')
-    return text
 
   # -- inputs and checkpoints --------------------------------------------
 
@@ -335,33 +238,12 @@ class Trainer:
       batch_size //= replicas  # what each replica's pipeline splits
     self.task.CheckInputSpec(ds.element_spec, batch_size, name)
 
-  def _Checkpoint(self) -> tf.train.Checkpoint:
-    """The tf.train.Checkpoint of the training state (built once)."""
-    if self._ckpt is None:
-      self._BuildOptimizer()
-      self._ckpt = tf.train.Checkpoint(
-          model=self.task, optimizer=self.optimizer,
-          global_step=self.global_step, train_iterator=self._TrainIterator())
-    return self._ckpt
-
-  def _TidyCheckpointDir(self) -> None:
-    """Removes killed saves' leftovers, rebuilds a damaged state file.
-
-    Only the lock holder may do this: the files could be another writer's.
-    """
-    if self._lock.held:
-      checkpoints.CleanUp(self.checkpoint_dir, self._Warn)
-      checkpoints.RepairStateFile(self.checkpoint_dir, self._Warn)
-
-  def _Manager(self) -> tf.train.CheckpointManager:
-    """The CheckpointManager that saves (made at the first save)."""
-    if self._manager is None:
-      self._TidyCheckpointDir()
-      self._manager = tf.train.CheckpointManager(
-          self._Checkpoint(), self.checkpoint_dir,
-          max_to_keep=self._params.task.train.max_checkpoints_to_keep,
-          step_counter=self.global_step)
-    return self._manager
+  def _TrainingState(self) -> Dict[str, Any]:
+    """What a training checkpoint holds (run_checkpoints.RunCheckpoints)."""
+    self._BuildOptimizer()
+    return dict(model=self.task, optimizer=self.optimizer,
+                global_step=self.global_step,
+                train_iterator=self._TrainIterator())
 
   def RestoreLatest(self) -> Optional[str]:
     """Restores the newest intact checkpoint of the logdir; returns its path.
@@ -373,12 +255,8 @@ class Trainer:
         another model or config (names the variables that differ).
       checkpoints.CheckpointError: checkpoint files exist, none is usable.
     """
-    path = checkpoints.RestoreNewest(
-        self._Checkpoint(), dict(model=self.task, optimizer=self.optimizer,
-                                 global_step=self.global_step),
-        self.checkpoint_dir, self._Warn, self._RunDescription)
+    path = self._checkpoints.RestoreTraining()
     if path:
-      self._latest = path
       self._log(f'restored {path} at step {int(self.global_step.numpy())}')
     return path
 
@@ -389,16 +267,7 @@ class Trainer:
       checkpoints.NoCheckpointError: the logdir has no checkpoint.
       checkpoints.CheckpointError: as RestoreLatest.
     """
-    if self._eval_ckpt is None:
-      self._eval_ckpt = tf.train.Checkpoint(model=self.task,
-                                            global_step=self.global_step)
-    path = checkpoints.RestoreNewest(
-        self._eval_ckpt, dict(model=self.task, global_step=self.global_step),
-        self.checkpoint_dir, self._Warn, self._RunDescription)
-    if not path:
-      raise checkpoints.NoCheckpointError(
-          f'no checkpoint in {self.checkpoint_dir}: nothing to evaluate; '
-          'check --logdir, or train first (--mode=train_and_eval)')
+    path = self._checkpoints.RestoreForEval()
     self._log(f'restored {path} at step {int(self.global_step.numpy())}')
     return path
 
@@ -406,26 +275,10 @@ class Trainer:
     """Saves a checkpoint of the current step; returns its path.
 
     Raises:
-      CheckpointWriteError: the files could not be written (disk full,
-        permissions); earlier checkpoints are intact.
+      run_checkpoints.CheckpointWriteError: the files could not be written
+        (disk full, permissions); earlier checkpoints are intact.
     """
-    manager = self._Manager()
-    try:
-      previous = self._latest
-      self._latest = manager.save(checkpoint_number=self.global_step)
-      checkpoints.TestKillInSave(self._latest, previous)
-      return self._latest
-    except (tf.errors.OpError, OSError) as e:
-      step = int(self.global_step.numpy())
-      if self._lock.held:
-        checkpoints.CleanUp(self.checkpoint_dir, self._Warn)
-      latest = checkpoints.CheckpointNumber(self._latest or '')
-      kept = (f'the last checkpoint, ckpt-{latest}, is intact'
-              if latest is not None else 'no earlier checkpoint exists')
-      raise CheckpointWriteError(
-          f'could not write the checkpoint of step {step} in '
-          f'{self.checkpoint_dir}: {_FirstLine(e)}; {kept}. Free space (or '
-          'fix the permissions) and run again to resume') from None
+    return self._checkpoints.Save(self.global_step)
 
   # -- steps ----------------------------------------------------------------
 
@@ -529,8 +382,9 @@ class Trainer:
     """Whether to stop after this step: every process decides alike."""
     if self._stop is None:
       return False
-    return StopAgreed(votes, self._stop.requested, self.topology.num_replicas,
-                      self.topology.num_local_replicas)
+    return preemption.StopAgreed(votes, self._stop.requested,
+                                 self.topology.num_replicas,
+                                 self.topology.num_local_replicas)
 
   def _NextBatch(self, iterator, inp, name: str, step: int):
     """next(iterator), with the input's one-line diagnosis of read errors."""
@@ -543,10 +397,6 @@ class Trainer:
           'task.train.max_steps') from None
     except tf.errors.OpError as e:
       raise base_input.DataFileError(inp.DescribeReadError(e)) from None
-
-  def _CheckFinite(self, values: Dict[str, float], step: int) -> None:
-    finite_check.CheckStep(values['loss'], values[WEIGHTS_FINITE], step,
-                           self._latest, self._NonFiniteVariables)
 
   def _NonFiniteVariables(self) -> str:
     paths = {id(v): path for path, v in
@@ -574,7 +424,8 @@ class Trainer:
       checkpoints.CheckpointError: the logdir's checkpoints are all damaged,
         or (IncompatibleCheckpointError) belong to another model or config.
       NonFiniteError: the loss or a weight became NaN / Inf (nothing saved).
-      CheckpointWriteError: a checkpoint could not be written.
+      run_checkpoints.CheckpointWriteError: a checkpoint could not be
+        written.
       preemption.StopRequested: a stop signal; the step reached is saved.
       base_input.DataFileError: the input's files are missing or damaged.
       ValueError: inputs that do not fit the model (see CheckInputs).
@@ -591,7 +442,7 @@ class Trainer:
     tp = self._params.task.train
     max_steps = tp.max_steps if max_steps is None else max_steps
     self.CheckInputs(train=True, evaluate=eval_fn is not None)
-    self._TidyCheckpointDir()
+    self._checkpoints.Tidy()
     restored = self.RestoreLatest()
     self.SyncReplicas(f'after restoring {restored}' if restored else
                       'after initialisation')
@@ -640,7 +491,8 @@ class Trainer:
         if self._stop is not None:
           self._stop.Arm()  # from now on a signal stops after a step
       step_time = time.perf_counter() - t0
-      self._CheckFinite(finite, step)
+      finite_check.CheckStep(finite['loss'], finite[WEIGHTS_FINITE], step,
+                             self.latest_checkpoint, self._NonFiniteVariables)
       log_now = step % tp.log_interval_steps == 0 or step == max_steps
       summary_now = step % tp.summary_interval_steps == 0
       if log_now or summary_now:
@@ -668,7 +520,8 @@ class Trainer:
     writer.close()
     if stop_now:
       raise preemption.StopRequested(self._stop.signum, step,
-                                     self._latest if self._is_chief else None)
+                                     self.latest_checkpoint if self._is_chief
+                                     else None)
     return last
 
   def RecomputeBatchNormStats(self, num_batches: int) -> int:
@@ -728,55 +581,17 @@ class Trainer:
       self.RestoreForEval()
     if self._eval_fn is None:
       self._eval_fn = self._BuildEvalFn()
-    per_batch = []
-    # Decoding metrics (e.g. BLEU) are the task's: the trainer only feeds
-    # them the eval batches.
-    decoded = self.task.CreateDecodeMetrics(eval_input)
     t0 = time.perf_counter()
-    batches = iter(dataset)
-    num_examples = 0
-    for i in itertools.count():
-      if eval_steps is not None and i >= eval_steps:
-        break
-      if self._stop is not None and self._stop.requested:
-        self._log(f'evaluation ended by '
-                  f'{preemption.SignalName(self._stop.signum)} after {i} '
-                  'batches: no eval results written')
-        return {}
-      try:
-        batch = next(batches)
-      except StopIteration:
-        break
-      except tf.errors.OpError as e:
-        raise base_input.DataFileError(
-            eval_input.DescribeReadError(e)) from None
-      per_batch.append({k: (float(v[0]), float(v[1]))
-                        for k, v in self._eval_fn(batch).items()})
-      # The last batch of a split may be padded (weights 0, base_input.py).
-      num_examples += int(decode_metrics.RealRows(batch).sum())
-      if decoded is not None:
-        decoded.Update(batch)
-    if not per_batch:
-      raise ValueError('the eval input gave no batch: its split has fewer '
-                       f'examples than batch_size='
-                       f'{self._params.eval_input.batch_size}')
-    metrics = self.task.AggregateMetrics(
-        [{k: v for k, v in m.items()} for m in per_batch])
-    metrics = self.task.PostProcessEvalMetrics(metrics)
-    if decoded is not None:
-      metrics.update(decoded.Finalize())
-      if decoded.Description():
-        self._log(decoded.Description())
-    metrics['num_batches'] = float(len(per_batch))
-    metrics['num_examples'] = float(num_examples)
+    metrics = evaluation.Evaluate(
+        self.task, self._eval_fn, eval_input, dataset, eval_steps,
+        self._params.eval_input.batch_size, self._stop, self._log)
+    if not metrics:
+      return metrics  # stopped by a signal: nothing written
     step = int(self.global_step.numpy())
     if self._is_chief:  # other workers evaluate the same weights
       summaries.WriteEvalResults(self._logdir, metrics, step, self._Warn)
     shown = ', '.join(f'{k} {v:.4f}' for k, v in sorted(metrics.items()))
-    self._log(f'eval at step {step} ({len(per_batch)} batches, '
+    self._log(f'eval at step {step} ({int(metrics["num_batches"])} batches, '
               f'{time.perf_counter() - t0:.1f} s): {shown}')
     return metrics
 
-
-# Public since the first release; the decoding metrics own it now.
-ComputeBleu = decode_metrics.ComputeBleu

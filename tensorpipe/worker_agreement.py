@@ -15,12 +15,15 @@ every other worker's:
 
 One digest per key, not one for everything: a single digest could say only
 that something differs. The digests travel through TF's coordination service
-key-value store (`CoordinationExchange`), which every multi-worker run has.
+key-value store (`StoreExchange` over run_life_cycle.CoordinationStore),
+which every multi-worker run has.
 """
 
 import hashlib
 import json
 from typing import Any, Callable, Dict, List, Mapping, Sequence
+
+from tensorpipe import hyperparams
 
 # The trainer flags that change which steps run and what they compute.
 STEP_FLAGS = ('--seed', '--deterministic', '--mode', '--eval_steps',
@@ -39,11 +42,8 @@ def KeyDigests(params_text: str, flags: Mapping[str, str]) -> Dict[str, str]:
     params_text: Params.ToText(), 'key : value' per line.
     flags: flag name -> value as text.
   """
-  out = {}
-  for line in params_text.splitlines():
-    key, sep, value = line.partition(':')
-    if sep:
-      out[key.strip()] = _Digest(value.strip())
+  out = {key: _Digest(value)
+         for key, value in hyperparams.TextValues(params_text).items()}
   for name, value in flags.items():
     out[name] = _Digest(str(value))
   return out
@@ -94,33 +94,21 @@ def CheckAgreement(worker_index: int, num_workers: int,
       '--model_params_override')
 
 
-def CoordinationExchange(num_workers: int, timeout_s: float
-                         ) -> Callable[[int, str], List[str]]:
-  """An `exchange` through TF's coordination service key-value store.
+def StoreExchange(store: Any, num_workers: int, timeout_s: float
+                  ) -> Callable[[int, str], List[str]]:
+  """An `exchange` through a key-value store shared by the workers.
 
   Each worker sets its own key and reads every other worker's, waiting up to
-  `timeout_s` for each. Needs a started multi-worker strategy.
+  `timeout_s` for each. `store`: Set(key, value) and Get(key, timeout_s),
+  TF's coordination service store in a run
+  (run_life_cycle.CoordinationStore), an in-memory one in tests.
   """
 
   def Exchange(worker_index: int, text: str) -> List[str]:
-    # pylint: disable=g-import-not-at-top
-    from tensorflow.python.eager import context
-    ctx = context.context()
-    ctx.set_config_key_value(f'{_KEY_PREFIX}{worker_index}', text)
-    out = []
-    for r in range(num_workers):
-      out.append(text if r == worker_index else ctx.get_config_key_value(
-          f'{_KEY_PREFIX}{r}', int(timeout_s * 1000)))
-    return out
+    store.Set(f'{_KEY_PREFIX}{worker_index}', text)
+    return [text if r == worker_index else
+            store.Get(f'{_KEY_PREFIX}{r}', timeout_s)
+            for r in range(num_workers)]
 
   return Exchange
 
-
-def ParamsValues(params_text: str) -> Dict[str, str]:
-  """{key: value text} of Params.ToText() lines."""
-  out = {}
-  for line in params_text.splitlines():
-    key, sep, value = line.partition(':')
-    if sep:
-      out[key.strip()] = value.strip()
-  return out

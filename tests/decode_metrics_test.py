@@ -31,6 +31,14 @@ class _TextsInput(synthetic_input.SyntheticSequenceInput):
 
 class BleuMetricsTest(tf.test.TestCase):
 
+  def testComputeBleu(self):
+    self.assertAllClose(decode_metrics.ComputeBleu(
+        ['the cat sat on the mat'], ['the cat sat on the mat']), 100.0)
+    # No word in common: no matching unigram, BLEU 0 (hand-computed values
+    # of partial matches: trainer_lib_oracle_test.py).
+    self.assertEqual(decode_metrics.ComputeBleu(
+        ['a dog ran far away'], ['the cat sat on the mat']), 0.0)
+
   def _Labels(self, batch):
     return tf.cast(batch.tgt_labels, tf.int32)
 

@@ -307,6 +307,7 @@ class ReplicaParamsTest(tf.test.TestCase):
   def testTrainerChecksTheGlobalBatchAgainstTheReplicas(self):
     # pylint: disable=g-import-not-at-top
     from tensorpipe import model_registry
+    from tensorpipe import overrides
     from tensorpipe import trainer_lib
     topology = distribute.LocalTopology([['/CPU:0', '/CPU:1'],
                                          ['/CPU:2', '/CPU:3']])
@@ -317,7 +318,7 @@ class ReplicaParamsTest(tf.test.TestCase):
          r'pipeline.*16')):
       p = model_registry.GetExperiment('consistency.Consistency16'
                                       ).ModelParams()
-      trainer_lib.ApplyOverrides(p, 'task.model.num_partitions=2; ' + override)
+      overrides.ApplyOverrides(p, 'task.model.num_partitions=2; ' + override)
       trainer = trainer_lib.Trainer(p, self.get_temp_dir(), topology=topology)
       with self.assertRaisesRegex(ValueError, error):
         trainer.CheckInputs(train=True, evaluate=False)

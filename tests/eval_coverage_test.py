@@ -187,11 +187,11 @@ class EvalCoverageTest(tf.test.TestCase):
       decoded = trainer.task.GreedyDecode(batch).numpy()
     hyps = [inp.IdsToString(row) for row in decoded]
     refs = [inp.IdsToString(row) for row in batch.tgt_labels.numpy()]
-    self.assertAllClose(metrics['bleu'], trainer_lib.ComputeBleu(hyps, refs))
+    self.assertAllClose(metrics['bleu'], decode_metrics.ComputeBleu(hyps, refs))
     # Two padding rows decoded as sentences would change the corpus BLEU.
     self.assertNotAlmostEqual(
-        trainer_lib.ComputeBleu(hyps + hyps[-1:] * 2, refs + refs[-1:] * 2),
-        trainer_lib.ComputeBleu(hyps, refs), places=3)
+        decode_metrics.ComputeBleu(hyps + hyps[-1:] * 2, refs + refs[-1:] * 2),
+        decode_metrics.ComputeBleu(hyps, refs), places=3)
 
 
 if __name__ == '__main__':

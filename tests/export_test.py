@@ -34,6 +34,7 @@ from tensorpipe import checkpoints
 from tensorpipe import export
 from tensorpipe import lr_schedules
 from tensorpipe import optimizers
+from tensorpipe import overrides
 from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import synthetic_input
@@ -107,7 +108,7 @@ class ExportTest(tf.test.TestCase):
                                dir=os.environ.get('TEST_TMPDIR'))
     cls.logdir = os.path.join(cls.tmp, 'run')
     p = Tiny().ModelParams()
-    trainer_lib.ApplyOverrides(p, _OVERRIDE)
+    overrides.ApplyOverrides(p, _OVERRIDE)
     cls.trainer = trainer_lib.Trainer(p, cls.logdir, log_fn=lambda _: None)
     cls.trainer.Train()
     cls.batches = [{'image': _Images(5, 1)}, {'image': _Images(13, 2)},
@@ -267,7 +268,7 @@ class ExportTest(tf.test.TestCase):
     shutil.copytree(os.path.join(self.logdir, 'checkpoints'),
                     os.path.join(logdir, 'checkpoints'))
     p = Tiny().ModelParams()
-    trainer_lib.ApplyOverrides(p, _OVERRIDE)
+    overrides.ApplyOverrides(p, _OVERRIDE)
     p.task.model.schedule = schedule
     with open(os.path.join(logdir, 'params.txt'), 'w') as f:
       f.write(p.ToText())
@@ -275,7 +276,7 @@ class ExportTest(tf.test.TestCase):
 
   def testCsvScheduleRunsExportWithoutTheFile(self):
     """A run trained with schedule='z.csv' records the table itself
-    (trainer_lib.RecordCsvSchedules): it exports once the file is gone. A
+    (overrides.RecordCsvSchedules): it exports once the file is gone. A
     run of before, whose params.txt names the path, fails naming the key
     and the fix, then exports with the override naming a copy."""
     table = '0F0,0F1,,,0B0,,0B1\r\n,1F0,1F1,1B0,,1B1\r\n'
@@ -284,7 +285,7 @@ class ExportTest(tf.test.TestCase):
       f.write(table)
     p = Tiny().ModelParams()
     p.task.model.schedule = path
-    self.assertEqual(trainer_lib.RecordCsvSchedules(p), [path])
+    self.assertEqual(overrides.RecordCsvSchedules(p), [path])
     recorded = p.task.model.schedule
     self.assertEqual(recorded, 'csv:0F0,0F1,,,0B0,,0B1/,1F0,1F1,1B0,,1B1')
     new_run = self._CsvRun('csv_new', recorded)

@@ -394,6 +394,49 @@ class ParamsTextTest(unittest.TestCase):
     p.FromText('# a comment\n\n  num_layers : 5  \n')
     self.assertEqual(p.num_layers, 5)
 
+  def testTextLinesReadEveryValueToTextWrites(self):
+    """The one parser of Params text: a key ends at the first ':', a value
+    may hold ' : ', quotes, escapes and line-break characters (repr writes
+    them escaped, so a value is one line)."""
+    p = hyperparams.Params()
+    p.Define('a', 'x : y', 'A string holding the separator.')
+    p.Define('b', '', 'An empty string.')
+    p.Define('c', 'line\nbreak\x1c\u2028', 'Line-break characters.')
+    p.Define('d', {'k : 1': [1, (2,)]}, 'A dict.')
+    p.Define('e', None, 'None.')
+    p.Define('layers', [_LayerParams(3)], 'Flattened with an index.')
+    text = p.ToText()
+    self.assertEqual(hyperparams.TextLines(text), [
+        (1, 'a', "'x : y'"),
+        (2, 'b', "''"),
+        (3, 'c', "'line\\nbreak\\x1c\\u2028'"),
+        (4, 'd', "{'k : 1': [1, (2,)]}"),
+        (5, 'e', 'None'),
+        (6, 'layers[0].cls', f'type/{__name__}.Layer'),
+        (7, 'layers[0].dim', '3'),
+    ])
+    self.assertEqual(hyperparams.TextValues(text)['a'], "'x : y'")
+    q = p.Copy()
+    q.Set(a='', b='z', c=None)
+    q.FromText(text)  # every value parses back from its text
+    self.assertEqual(q.ToText(), text)
+
+  def testTextLinesSkipBlankAndCommentLinesAndRejectOtherForms(self):
+    text = '# a comment\n\n  k : v  \nj:w\nk : last\n'
+    self.assertEqual(hyperparams.TextLines(text),
+                     [(3, 'k', 'v'), (4, 'j', 'w'), (5, 'k', 'last')])
+    self.assertEqual(hyperparams.TextValues(text), {'k': 'last', 'j': 'w'})
+    self.assertEqual(hyperparams.TextLines('k :\n')[0].value, '')
+    for bad, number in (('k v', 1), ('k : 1\n: v', 2)):
+      with self.assertRaisesRegex(ValueError, f'line {number}: .* is not of '
+                                  'the form "key : value"'):
+        hyperparams.TextLines(bad)
+    self.assertEqual(hyperparams.TextLines('k v\n: v\nk : 1',
+                                           skip_malformed=True),
+                     [(3, 'k', '1')])
+    self.assertIsNone(hyperparams.ParseTextLine('  # k : v'))
+    self.assertEqual(hyperparams.ParseTextLine(' k : a : b '), ('k', 'a : b'))
+
   def testListsOfParamsAreFlattenedWithIndices(self):
     p = hyperparams.Params()
     p.Define('layers', [_LayerParams(1), _LayerParams(2)], 'Layers.')

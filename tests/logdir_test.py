@@ -219,7 +219,7 @@ class ParamsHistoryTest(unittest.TestCase):
 
   def testChangedCsvScheduleIsLoggedInOneShortLine(self):
     """A resume whose CSV schedule file changed: the trainer records the
-    table (trainer_lib.RecordCsvSchedules), so the change is logged and the
+    table (overrides.RecordCsvSchedules), so the change is logged and the
     former params kept; the line tells the tables apart without pasting
     them."""
     row = ','.join(f'0F{t}' for t in range(40))
@@ -234,6 +234,31 @@ class ParamsHistoryTest(unittest.TestCase):
                      r'(?!\1)\w{8}\)$')
     self.assertLess(len(line), 200)
     self.assertIn(line, self.log[0])
+
+  def testRunDescriptionNamesTheKeysThatChangeTheVariables(self):
+    """What a checkpoint that does not fit is said to be: the run's name
+    and the differing task keys, not the input, run length or schedule
+    (an optimizer's keys do change the slots)."""
+    self.assertEqual(logdir_lib.RunDescription(self.logdir, 'name : 1\n'),
+                     'a run of another model (no params.txt)')
+    old = ("name : 'Exp'\ninput.batch_size : 8\ntask.dim : 4\n"
+           'task.train.max_steps : 10\ntask.train.optimizer.beta : 0.9\n')
+    logdir_lib.WriteParams(self.logdir, old, 0, self.log.append)
+    new = (old.replace('8', '16').replace(': 4', ': 5')
+           .replace('10', '20').replace('0.9', '0.8') + 'task.extra : 1\n')
+    self.assertEqual(
+        logdir_lib.ChangedKeys(old, new),
+        ['input.batch_size', 'task.dim', 'task.extra',
+         'task.train.max_steps', 'task.train.optimizer.beta'])
+    self.assertNotIn('task.train.max_steps',
+                     logdir_lib.ChangedKeys(old, new, ignore_run_length=True))
+    self.assertEqual(
+        logdir_lib.RunDescription(self.logdir, new),
+        "a run of Exp whose params.txt differs from these Params in "
+        'task.dim, task.extra, task.train.optimizer.beta')
+    many = ''.join(f'task.k{i} : {i}\n' for i in range(7))
+    self.assertTrue(logdir_lib.RunDescription(self.logdir, old + many)
+                    .endswith('task.k3, task.k4 and 2 more'))
 
   def testReadExperimentName(self):
     self.assertIsNone(logdir_lib.ReadExperimentName(self.logdir))

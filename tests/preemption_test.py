@@ -96,5 +96,24 @@ class StopSignalsTest(unittest.TestCase):
     self.assertIn("another worker's stop signal", str(other))
 
 
+class StopAgreedTest(unittest.TestCase):
+
+  def testStopVoteStopsEveryWorkerAfterTheSameStep(self):
+    """With other processes only the step's all-reduced votes decide; in
+    one process the request itself (trainer_lib_test checks that the step
+    sums the votes)."""
+    agreed = preemption.StopAgreed
+    # votes, requested here, R, local R -> stop
+    for votes, requested, r, local, stop in (
+        (1.0, False, 2, 1, True),    # the other worker was signalled
+        (2.0, True, 2, 1, True),     # both
+        (0.0, False, 2, 1, False),   # nobody
+        (0.0, True, 2, 1, False),    # asked after this step's vote: next
+        (0.0, True, 2, 2, True),     # one process: the request itself
+        (0.0, False, 1, 1, False)):
+      self.assertEqual(agreed(votes, requested, r, local), stop,
+                       (votes, requested, r, local))
+
+
 if __name__ == '__main__':
   unittest.main()

@@ -24,10 +24,10 @@ import tensorflow as tf
 from tensorpipe import devices
 from tensorpipe import hyperparams
 from tensorpipe import microbatch
+from tensorpipe import overrides
 from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import test_utils
-from tensorpipe import trainer_lib
 from tensorpipe.layers import composite
 from tensorpipe.layers import conv
 from tensorpipe.layers import dropout
@@ -275,7 +275,7 @@ def OverrideQuotedSemicolon():
   p = hyperparams.Params()
   p.Define('name', 'x', 'A name.')
   p.Define('steps', 1, 'Steps.')
-  trainer_lib.ApplyOverrides(p, "name='a;b'; steps=3")
+  overrides.ApplyOverrides(p, "name='a;b'; steps=3")
   return p.name, p.steps
 
 
@@ -302,7 +302,7 @@ def Override(text):
   p = hyperparams.Params()
   p.Define('task', pipeline.TensorPipeLayer.Params().Set(layers=FCs(2)),
            'The model.')
-  return lambda: trainer_lib.ApplyOverrides(p, text)
+  return lambda: overrides.ApplyOverrides(p, text)
 
 
 def SetAttr(obj, name, value):

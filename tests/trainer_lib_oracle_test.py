@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import base_experiment
+from tensorpipe import decode_metrics
 from tensorpipe import lr_schedules
 from tensorpipe import optimizers
 from tensorpipe import pipeline
@@ -270,7 +271,7 @@ class BleuTest(tf.test.TestCase):
          (11 / 12 * 9 / 10 * 7 / 8 * 5 / 6)**0.25),
     ]
     for hyps, refs, want in cases:
-      self.assertAllClose(trainer_lib.ComputeBleu(hyps, refs), 100 * want,
+      self.assertAllClose(decode_metrics.ComputeBleu(hyps, refs), 100 * want,
                           rtol=1e-9, msg=(hyps, refs))
 
 

@@ -16,13 +16,17 @@ from tensorflow.python.framework import config as tf_config  # pylint: disable=g
 from tensorpipe import base_experiment
 from tensorpipe import base_layer
 from tensorpipe import checkpoints
+from tensorpipe import decode_metrics
 from tensorpipe import distribute
+from tensorpipe import finite_check
 from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
 from tensorpipe import lr_schedules
 from tensorpipe import optimizers
 from tensorpipe import pipeline
 from tensorpipe import py_utils
+from tensorpipe import run_checkpoints
+from tensorpipe import summaries
 from tensorpipe import synthetic_input
 from tensorpipe import tasks
 from tensorpipe import test_utils
@@ -132,7 +136,7 @@ class TrainerLibTest(tf.test.TestCase):
     logdir = self.get_temp_dir()
     trainer = self._Trainer(logdir)
     trainer.Train(max_steps=2)
-    text = open(os.path.join(logdir, trainer_lib.PARAMS_FILE)).read()
+    text = open(os.path.join(logdir, logdir_lib.PARAMS_FILE)).read()
     self.assertIn('task.train.max_steps : 6', text)
     restored = _Tiny().ModelParams()
     restored.FromText(text)  # the file is valid Params text
@@ -140,7 +144,7 @@ class TrainerLibTest(tf.test.TestCase):
     self.assertEqual(metrics['num_batches'], 2.0)
     for key in ('accuracy', 'acc5', 'loss'):
       self.assertIn(key, metrics)
-    saved = json.load(open(os.path.join(logdir, trainer_lib.EVAL_FILE)))
+    saved = json.load(open(os.path.join(logdir, summaries.EVAL_FILE)))
     self.assertEqual(saved['step'], 2)
     tags = set()
     for f in tf.io.gfile.glob(os.path.join(logdir, 'train', '*')):
@@ -193,7 +197,7 @@ class TrainerLibTest(tf.test.TestCase):
         decoded = trainer.task.GreedyDecode(batch).numpy()
       hyps += [inp.IdsToString(row) for row in decoded]
       refs += [inp.IdsToString(row) for row in batch.tgt_labels.numpy()]
-    want = trainer_lib.ComputeBleu(hyps, refs)
+    want = decode_metrics.ComputeBleu(hyps, refs)
     self.assertGreater(want, 0.0)
     self.assertAllClose(metrics['bleu'], want)
     self.assertAllClose(metrics['perplexity'], np.exp(metrics['log_pplx']))
@@ -241,42 +245,11 @@ class TrainerLibTest(tf.test.TestCase):
                                 r'>= 1'):
       trainer.RecomputeBatchNormStats(0)
 
-  def testComputeBleu(self):
-    self.assertAllClose(trainer_lib.ComputeBleu(
-        ['the cat sat on the mat'], ['the cat sat on the mat']), 100.0)
-    # No word in common: no matching unigram, BLEU 0 (hand-computed values
-    # of partial matches: trainer_lib_oracle_test.py).
-    self.assertEqual(trainer_lib.ComputeBleu(
-        ['a dog ran far away'], ['the cat sat on the mat']), 0.0)
-
-  def testParseOverrides(self):
-    text = trainer_lib.ParseOverrides(
-        'task.train.max_steps=7; input.batch_size : 4\n# comment\n'
-        "task.name='x'")
-    self.assertEqual(text.splitlines(), [
-        'task.train.max_steps : 7', 'input.batch_size : 4',
-        "task.name : 'x'"])
-    p = _Tiny().ModelParams()
-    trainer_lib.ApplyOverrides(
-        p, 'task.model.num_micro_batches=4;task.train.lr_schedule.peak=0.1')
-    self.assertEqual(p.task.model.num_micro_batches, 4)
-    self.assertEqual(p.task.train.lr_schedule.peak, 0.1)
-
   def testStopVoteStopsEveryWorkerAfterTheSameStep(self):
     """The multi-worker stop vote: TrainStep sums every replica's stop flag
-    in the step's all-reduce (here 2 replicas in one process), and with
-    other processes only that sum decides."""
-    agreed = trainer_lib.StopAgreed
-    # votes, requested here, R, local R -> stop
-    for votes, requested, r, local, stop in (
-        (1.0, False, 2, 1, True),    # the other worker was signalled
-        (2.0, True, 2, 1, True),     # both
-        (0.0, False, 2, 1, False),   # nobody
-        (0.0, True, 2, 1, False),    # asked after this step's vote: next
-        (0.0, True, 2, 2, True),     # one process: the request itself
-        (0.0, False, 1, 1, False)):
-      self.assertEqual(agreed(votes, requested, r, local), stop,
-                       (votes, requested, r, local))
+    in the step's all-reduce (here 2 replicas in one process); with other
+    processes only that sum decides (preemption.StopAgreed, its table in
+    preemption_test.py)."""
     p = _Tiny().ModelParams()  # the smallest replicated step
     p.task.model.Set(num_partitions=1, layers=[
         pooling.GlobalPoolingLayer.Params().Set(name='gap'),
@@ -289,74 +262,6 @@ class TrainerLibTest(tf.test.TestCase):
     for flag, votes in ((True, 2.0), (False, 0.0)):
       values = trainer._RunStep(batch, flag)  # pylint: disable=protected-access
       self.assertEqual(float(values[distribute.STOP_VOTES]), votes)
-
-  def testCsvSchedulePathsAreRecordedAsTheirTable(self):
-    """The trainer calls RecordCsvSchedules after the overrides: a path
-    (relative ones resolved as the trainer resolves --logdir) becomes the
-    table's text; names and recorded tables stay as they are."""
-    folder = self.get_temp_dir()
-    with open(os.path.join(folder, 'z.csv'), 'w', newline='') as f:
-      f.write('0F0,0F1,,,0B0,,0B1\r\n,1F0,1F1,1B0,,1B1\r\n\r\n')
-    p = _Tiny().ModelParams()
-    trainer_lib.ApplyOverrides(p, "task.model.schedule='runs/z.csv'")
-    read = trainer_lib.RecordCsvSchedules(
-        p, lambda path: os.path.join(folder, os.path.basename(path)))
-    self.assertEqual(read, ['runs/z.csv'])
-    table = 'csv:0F0,0F1,,,0B0,,0B1/,1F0,1F1,1B0,,1B1'
-    self.assertEqual(p.task.model.schedule, table)
-    self.assertIn(f"task.model.schedule : '{table}'", p.ToText())
-    self.assertEqual(trainer_lib.RecordCsvSchedules(p), [])  # recorded
-    p.task.model.schedule = '1f1b'
-    self.assertEqual(trainer_lib.RecordCsvSchedules(p), [])
-    self.assertEqual(p.task.model.schedule, '1f1b')
-    p.task.model.schedule = os.path.join(folder, 'gone.csv')
-    with self.assertRaisesRegex(ValueError, r"schedule CSV '.*gone.csv' "
-                                'cannot be read'):
-      trainer_lib.RecordCsvSchedules(p)
-
-  def testOverrideErrorsAreClear(self):
-    p = _Tiny().ModelParams()
-    with self.assertRaisesRegex(ValueError, "Did you mean 'num_micro_batches'"):
-      trainer_lib.ApplyOverrides(p, 'task.model.num_micro_batch=4')
-    with self.assertRaisesRegex(ValueError, "max_steps.*'ten'.*quote"):
-      trainer_lib.ApplyOverrides(p, 'task.train.max_steps=ten')
-    with self.assertRaisesRegex(ValueError, 'max_steps.*type int'):
-      trainer_lib.ApplyOverrides(p, "task.train.max_steps='ten'")
-    with self.assertRaisesRegex(ValueError, 'not of the form key=value'):
-      trainer_lib.ApplyOverrides(p, 'task.train.max_steps')
-    with self.assertRaisesRegex(ValueError, 'has no value'):
-      trainer_lib.ApplyOverrides(p, 'task.train.max_steps=')
-    self.assertEqual(p.task.train.max_steps, 6)  # unchanged after errors
-
-  def testSemicolonInsideAQuotedOverrideValue(self):
-    self.assertEqual(
-        trainer_lib.ParseOverrides(
-            "task.name='a;b'; input.name=\"c;'d\";task.name='it\\'s;x'\n"
-            "task.name='open;\ninput.batch_size=4").splitlines(),
-        ["task.name : 'a;b'", 'input.name : "c;\'d"',
-         "task.name : 'it\\'s;x'", "task.name : 'open;",
-         'input.batch_size : 4'])
-    p = _Tiny().ModelParams()
-    trainer_lib.ApplyOverrides(p, "task.name='a;b';task.train.max_steps=3")
-    self.assertEqual((p.task.name, p.task.train.max_steps), ('a;b', 3))
-    with self.assertRaisesRegex(ValueError, r"task.name.*unterminated"):
-      trainer_lib.ApplyOverrides(p, "task.name='open;\ninput.batch_size=4")
-
-  def testOverrideOfAListOfLayerParamsFails(self):
-    p = _Tiny().ModelParams()
-    with self.assertRaisesRegex(
-        ValueError, r"--model_params_override: FromText: 'task.model.layers' "
-        r'holds Params in a list of length 5.*indexed keys, e.g. '
-        r'"task.model.layers\[0\]'):
-      trainer_lib.ApplyOverrides(p, 'task.model.layers=[]')
-    self.assertLen(p.task.model.layers, 5)
-
-  def testDeeplyNestedOverrideIsAValueError(self):
-    p = _Tiny().ModelParams()
-    with self.assertRaisesRegex(ValueError, r'input_shapes.*more than 100 '
-                                'levels'):
-      trainer_lib.ApplyOverrides(
-          p, 'task.model.input_shapes=' + '[' * 5000 + ']' * 5000)
 
   def testBadTrainSettingsRaise(self):
     p = _Tiny().ModelParams()
@@ -516,7 +421,7 @@ class TrainerRecoveryTest(tf.test.TestCase):
       # Evaluation takes no lock and restores the newest checkpoint.
       metrics = self._Trainer(logdir).Evaluate()
       self.assertEqual(metrics['num_batches'], 2.0)
-      with open(os.path.join(logdir, trainer_lib.EVAL_FILE)) as f:
+      with open(os.path.join(logdir, summaries.EVAL_FILE)) as f:
         self.assertEqual(json.load(f)['step'], 4)
     finally:
       holder.Unlock()
@@ -537,7 +442,7 @@ class TrainerRecoveryTest(tf.test.TestCase):
 
   def testAnotherModelsCheckpointIsRefusedAndParamsTxtKept(self):
     logdir = self._CopyOfFour()
-    params_file = os.path.join(logdir, trainer_lib.PARAMS_FILE)
+    params_file = os.path.join(logdir, logdir_lib.PARAMS_FILE)
     with open(params_file) as f:
       original = f.read()
     wider = _TinyParams()
@@ -568,7 +473,7 @@ class TrainerRecoveryTest(tf.test.TestCase):
 
   def testChangedHyperParametersAreLoggedAndKept(self):
     logdir = self._CopyOfFour()
-    params_file = os.path.join(logdir, trainer_lib.PARAMS_FILE)
+    params_file = os.path.join(logdir, logdir_lib.PARAMS_FILE)
     with open(params_file) as f:
       original = f.read()
     changed = _TinyParams(l2_regularizer_weight=0.0)
@@ -595,7 +500,7 @@ class TrainerRecoveryTest(tf.test.TestCase):
     self.assertEqual([line for line in log if 'differ' in line], [])
     self.assertEqual(sorted(f for f in os.listdir(logdir) if 'params' in f),
                      ['params.txt'])
-    with open(os.path.join(logdir, trainer_lib.PARAMS_FILE)) as f:
+    with open(os.path.join(logdir, logdir_lib.PARAMS_FILE)) as f:
       self.assertEqual(f.read(), longer.ToText())
 
   def testNonFiniteUpdateIsNeverSaved(self):
@@ -606,7 +511,7 @@ class TrainerRecoveryTest(tf.test.TestCase):
     trainer = self._Trainer(fresh, params=_TinyParams(
         lr_schedule=inf_lr, save_interval_steps=1))
     with self.assertRaisesRegex(
-        trainer_lib.NonFiniteError,
+        finite_check.NonFiniteError,
         r'training stopped at step 1: the update made weights or optimizer '
         r'slots non-finite \(model/\S+, .*\); no checkpoint was saved; lower the '
         'learning rate'):
@@ -618,7 +523,7 @@ class TrainerRecoveryTest(tf.test.TestCase):
     trainer = self._Trainer(logdir, params=_TinyParams(
         lr_schedule=inf_lr, save_interval_steps=1))
     with self.assertRaisesRegex(
-        trainer_lib.NonFiniteError,
+        finite_check.NonFiniteError,
         'step 5: .*the newest checkpoint, ckpt-4, is finite and stays the '
         'latest'):
       trainer.Train()
@@ -661,7 +566,7 @@ class TrainerRecoveryTest(tf.test.TestCase):
     # folder goes and a folder where the metrics file goes.
     with open(os.path.join(logdir, 'eval'), 'w') as f:
       f.write('not a folder')
-    os.makedirs(os.path.join(logdir, trainer_lib.EVAL_FILE))
+    os.makedirs(os.path.join(logdir, summaries.EVAL_FILE))
     log = []
     metrics = self._Trainer(logdir, log=log).Evaluate()
     self.assertEqual(metrics['num_batches'], 2.0)
@@ -702,7 +607,7 @@ class TrainerRecoveryTest(tf.test.TestCase):
           'No space left on device')
     with mock.patch.object(tf.train.CheckpointManager, 'save', Full):
       with self.assertRaisesRegex(
-          trainer_lib.CheckpointWriteError,
+          run_checkpoints.CheckpointWriteError,
           r'could not write the checkpoint of step 6 in .*: .*No space left '
           r'on device; the last checkpoint, ckpt-4, is intact\. Free space'):
         trainer.Train()

@@ -103,14 +103,15 @@ def _Errors():
   # pylint: disable=g-import-not-at-top
   from tensorpipe import base_input
   from tensorpipe import checkpoints
+  from tensorpipe import finite_check
   from tensorpipe import hyperparams
   from tensorpipe import logdir as logdir_lib
-  from tensorpipe import trainer_lib
+  from tensorpipe import run_checkpoints
   setup = (ValueError, TypeError, OSError, RecursionError, RuntimeError,
            hyperparams.UnknownParamError, logdir_lib.LogdirLockedError,
            checkpoints.CheckpointError)
   import tensorflow as tf
-  run = (trainer_lib.NonFiniteError, trainer_lib.CheckpointWriteError,
+  run = (finite_check.NonFiniteError, run_checkpoints.CheckpointWriteError,
          base_input.DataFileError, FloatingPointError,
          # What a collective raises when another worker died or hangs.
          tf.errors.UnavailableError, tf.errors.AbortedError,
@@ -118,82 +119,16 @@ def _Errors():
   return setup, run
 
 
-def _NumPartitions(p) -> int:
-  """Largest num_partitions / len(partitions) of any pipeline in the Params."""
-  best = 1
-  for key, value in p.IterParams():
-    if hasattr(value, 'IterParams'):
-      best = max(best, _NumPartitions(value))
-    if key == 'num_partitions' and isinstance(value, int):
-      best = max(best, value)
-    if key == 'partitions' and isinstance(value, (list, tuple)):
-      best = max(best, len(value))
-  return best
-
-
-def _WaitForPeers(cluster) -> None:
-  """Waits for the other workers (tensorpipe/peer_wait.py), with signals on.
+def _ParamsFromFlags():
+  """The experiment's Params with the flags' overrides; checks the flags.
 
   Raises:
-    _UserError: a worker missing after --peer_wait_s, or our port in use.
+    _UserError: a missing or bad flag, override or CSV schedule file.
   """
-  from tensorpipe import peer_wait  # pylint: disable=g-import-not-at-top
-  own = cluster.tasks[cluster.worker_index]
-  peers = [t for i, t in enumerate(cluster.tasks) if i != cluster.worker_index]
-  try:
-    seconds = peer_wait.WaitForPeers(own, peers, FLAGS.peer_wait_s,
-                                     logging.info)
-  except (peer_wait.PeersMissingError, peer_wait.PortInUseError) as e:
-    raise _UserError(f'{type(e).__name__}: {e}') from None
-  logging.info('%s: every worker answers (%.1f s)', own[0],
-               seconds)
-
-
-def _MakeTopology(num_partitions: int, cluster, timeouts):
-  """distribute.MakeTopology; a cluster's failed registration -> _UserError
-  naming the peers (cluster.RegistrationError)."""
   # pylint: disable=g-import-not-at-top
-  import tensorflow as tf
-  from tensorpipe import cluster as cluster_lib
-  from tensorpipe import distribute
-  # pylint: enable=g-import-not-at-top
-  try:
-    return distribute.MakeTopology(FLAGS.num_replicas, num_partitions,
-                                   cluster, timeouts)
-  except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
-    if cluster is None:
-      raise
-    raise _UserError(cluster_lib.RegistrationError(
-        cluster, e.message, FLAGS.peer_wait_s)) from None
-
-
-def _CheckWorkersAgree(cluster, p) -> None:
-  """Every worker runs the same Params and step flags, or all stop here."""
-  from tensorpipe import worker_agreement as agree  # pylint: disable=g-import-not-at-top
-  text = p.ToText()
-  flag_values = agree.StepFlagValues(FLAGS)
-  values = dict(agree.ParamsValues(text), **flag_values)
-  try:
-    agree.CheckAgreement(
-        cluster.worker_index, cluster.num_workers,
-        agree.KeyDigests(text, flag_values),
-        agree.CoordinationExchange(cluster.num_workers, FLAGS.peer_wait_s),
-        values)
-  except ValueError as e:
-    raise _UserError(f'ValueError: {e}') from None
-
-
-def _Setup(stop: preemption.StopSignals):
-  """Flags -> trainer; raises _UserError for user mistakes."""
-  # Nothing here may run a TensorFlow op before the devices are configured.
-  # pylint: disable=g-import-not-at-top
-  from tensorpipe import cluster as cluster_lib
-  from tensorpipe import distribute
-  from tensorpipe import logdir as logdir_lib
   from tensorpipe import model_registry
-  from tensorpipe import trainer_lib
+  from tensorpipe import overrides
   # pylint: enable=g-import-not-at-top
-  import tensorpipe  # pylint: disable=g-import-not-at-top
   if not FLAGS.model:
     raise _UserError('--model is required, e.g. --model='
                      'image.fashion_mnist.ResNet4x8; --model=list lists the '
@@ -207,14 +142,14 @@ def _Setup(stop: preemption.StopSignals):
   try:
     exp = model_registry.GetExperiment(FLAGS.model)
     p = exp.ModelParams()
-    trainer_lib.ApplyOverrides(p, FLAGS.model_params_override)
+    overrides.ApplyOverrides(p, FLAGS.model_params_override)
     if FLAGS.max_steps is not None:
       p.task.train.max_steps = FLAGS.max_steps
     if FLAGS.eval_steps is not None:
       p.task.train.eval_steps = FLAGS.eval_steps
     # A CSV schedule given as a path is recorded as its table: params.txt
     # then needs no file to export, and a changed file shows on resume.
-    trainer_lib.RecordCsvSchedules(p, paths.UserPath)
+    overrides.RecordCsvSchedules(p, paths.UserPath)
   except ValueError as e:
     raise _UserError(str(e)) from None
   if FLAGS.num_cpu_devices is not None and FLAGS.num_cpu_devices < 1:
@@ -228,6 +163,13 @@ def _Setup(stop: preemption.StopSignals):
   if FLAGS.eval_steps is not None and FLAGS.eval_steps < 1:
     raise _UserError(f'--eval_steps={FLAGS.eval_steps} must be >= 1 (leave '
                      'it unset to read the whole eval split)')
+  return p
+
+
+def _ClusterFromFlags():
+  """The cluster of --worker_hosts / TF_CONFIG, or None; checks the flags
+  that go with it."""
+  from tensorpipe import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   try:
     cluster = cluster_lib.ClusterFromFlagsOrEnvironment(FLAGS.worker_hosts,
                                                         FLAGS.task_index)
@@ -238,48 +180,43 @@ def _Setup(stop: preemption.StopSignals):
   if not FLAGS.peer_wait_s > 0:
     raise _UserError(f'--peer_wait_s={FLAGS.peer_wait_s:g} must be > 0 '
                      '(seconds to wait for the other workers at start-up)')
+  return cluster
+
+
+def _Setup(stop: preemption.StopSignals):
+  """Flags -> (trainer, life cycle); raises _UserError for user mistakes."""
+  # Nothing here may run a TensorFlow op before the devices are configured.
+  # pylint: disable=g-import-not-at-top
+  from tensorpipe import distribute
+  from tensorpipe import run_life_cycle
+  from tensorpipe import trainer_lib
+  from tensorpipe import worker_agreement
+  import tensorpipe
+  # pylint: enable=g-import-not-at-top
+  p = _ParamsFromFlags()
+  cluster = _ClusterFromFlags()
   logdir = paths.UserPath(FLAGS.logdir)
-  lock = logdir_lib.LogdirLock(logdir)
-  if FLAGS.mode != 'eval' and (cluster is None or cluster.is_chief):
-    # First of all, so that a second trainer on this logdir stops at once;
-    # held until exit (the kernel drops it if the process is killed).
-    try:
-      lock.Acquire()
-    except (logdir_lib.LogdirLockedError, OSError) as e:
-      raise _UserError(f'{type(e).__name__}: {console.OneLine(e)}') from None
-    atexit.register(lock.Release)  # also when setup fails below
-  num_partitions = _NumPartitions(p.task)
-  local_replicas = 1 if cluster is not None else FLAGS.num_replicas
-  num_devices = (FLAGS.num_cpu_devices if FLAGS.num_cpu_devices is not None
-                 else local_replicas * num_partitions)
-  tensorpipe.SetNumLogicalCpuDevices(num_devices)
-  if FLAGS.deterministic:
-    trainer_lib.EnableDeterminism(FLAGS.seed)
+  life = run_life_cycle.RunLifeCycle(
+      logdir, cluster, stop, take_lock=FLAGS.mode != 'eval',
+      peer_wait_s=FLAGS.peer_wait_s)
+  atexit.register(life.Unlock)  # also when setup fails below
+  num_partitions = distribute.MaxNumPartitions(p.task)
+
+  def SetupDevices():
+    local_replicas = 1 if cluster is not None else FLAGS.num_replicas
+    tensorpipe.SetNumLogicalCpuDevices(
+        FLAGS.num_cpu_devices if FLAGS.num_cpu_devices is not None
+        else local_replicas * num_partitions)
+    if FLAGS.deterministic:
+      trainer_lib.EnableDeterminism(FLAGS.seed)
+
   setup_errors, _ = _Errors()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorpipe import errors  # pylint: disable=g-import-not-at-top
-  trainer = None
   try:
-    # Before any other TF op: a cluster starts this process's server.
-    timeouts = None
-    if cluster is not None:
-      stop.Release()  # the peer wait is Python: a signal acts at once
-      try:
-        _WaitForPeers(cluster)
-      finally:
-        stop.Hold()
-      timeouts = cluster_lib.FaultTimeouts(
-          cluster_register_timeout_s=FLAGS.peer_wait_s)
-    try:
-      topology = _MakeTopology(num_partitions, cluster, timeouts)
-    finally:
-      # Again: a cluster's coordination service gave SIGTERM to TF's
-      # preemption notifier. Then a signal held during the registration
-      # acts (exit 143 / 130 before the first step).
-      stop.Install()
-      stop.Release()
-    if cluster is not None:
-      _CheckWorkersAgree(cluster, p)
+    topology = life.Start(p, num_partitions, FLAGS.num_replicas,
+                          worker_agreement.StepFlagValues(FLAGS),
+                          SetupDevices)
     if FLAGS.recompute_bn_stats and topology.num_replicas > 1:
       raise ValueError(
           f'--recompute_bn_stats runs in one process, but this run has '
@@ -293,61 +230,22 @@ def _Setup(stop: preemption.StopSignals):
                    topology.num_local_replicas - 1, list(topology.groups),
                    ' (chief)' if topology.is_chief else '')
     trainer = trainer_lib.Trainer(p, logdir, log_fn=logging.info,
-                                  topology=topology, lock=lock, stop=stop)
+                                  topology=topology, lock=life.lock, stop=stop)
     # Builds and checks the inputs now, so a missing data set or a batch the
     # model cannot take fails before training (and before any tracing).
     trainer.CheckInputs(train=FLAGS.mode != 'eval',
                         evaluate=FLAGS.mode != 'train')
+  except run_life_cycle.StartError as e:
+    life.Unlock()
+    raise _UserError(str(e)) from None
   except setup_errors as e:
-    lock.Release()
+    life.Unlock()
     raise _UserError(f'{type(e).__name__}: {console.OneLine(e)}') from None
   except tf.errors.OpError as e:
     # A worker that answered the peer wait but did not register with TF.
-    lock.Release()
+    life.Unlock()
     raise _UserError(f'{type(e).__name__}: {errors.FirstLine(e)}') from None
-  return trainer, cluster
-
-
-# Set by the chief when it has finished; the other workers wait for it.
-_CHIEF_DONE_KEY = 'tensorpipe/trainer/chief_done'
-
-
-def _LeaveLast(cluster, exit_code: int) -> None:
-  """The chief of a cluster exits after the other workers.
-
-  The chief hosts TF's coordination service: a worker still tearing TF down
-  after the chief has gone logs "Failed to send RPC to coordination service
-  ... Connection refused", and one whose teardown stops its heartbeats makes
-  the chief log "tasks are unhealthy". So the other workers wait until the
-  chief has finished (its last save can take seconds on a loaded machine,
-  and a worker gone for the 10 s heartbeat timeout is reported as
-  unhealthy; a waiting worker still sends heartbeats), then end at once
-  (nothing is left to do or write: os._exit skips TF's teardown), and the
-  chief waits until their ports close (peer_wait.WaitForExit).
-  """
-  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.eager import context
-  from tensorpipe import peer_wait
-  # pylint: enable=g-import-not-at-top
-  if cluster is None:
-    return
-  if not cluster.is_chief:
-    try:
-      context.context().get_config_key_value(_CHIEF_DONE_KEY, 60_000)
-    except Exception:  # pylint: disable=broad-except
-      pass  # the chief has gone or is stuck: leave now, as before
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(exit_code)  # pylint: disable=protected-access
-  try:
-    context.context().set_config_key_value(_CHIEF_DONE_KEY, '1')
-  except Exception:  # pylint: disable=broad-except
-    pass  # a worker then leaves after its 60 s wait
-  peers = [t for i, t in enumerate(cluster.tasks) if i != cluster.worker_index]
-  left = peer_wait.WaitForExit(peers, timeout_s=30.0)
-  if left:
-    logging.warning('%s still running 30 s after this worker finished',
-                    ', '.join(left))
+  return trainer, life
 
 
 def _Run(trainer, stop: preemption.StopSignals) -> None:
@@ -386,21 +284,22 @@ def _Main(argv):
       if FLAGS.mode == 'eval' else
       preemption.StopSignals.BEFORE_FIRST_STEP)).Install()
   if not (FLAGS.worker_hosts or os.environ.get('TF_CONFIG', '').strip()):
-    # Held since the imports (top of this file); a cluster's _Setup releases
-    # them where Python can act: around the peer wait, after registering.
+    # Held since the imports (top of this file); a cluster's life cycle
+    # (tensorpipe/run_life_cycle.py) releases them where Python can act:
+    # around the peer wait, after registering.
     stop.Release()
   try:
-    trainer, cluster = _Setup(stop)
+    trainer, life = _Setup(stop)
   except _UserError as e:
     print(f'trainer: error: {e}', file=sys.stderr)
     return 2
   setup_errors, run_errors = _Errors()
   try:
     _Run(trainer, stop)
-    _LeaveLast(cluster, 0)
+    life.Finish(0)
   except preemption.StopRequested as e:
     print(f'trainer: {e}', file=sys.stderr)
-    _LeaveLast(cluster, e.exit_code)
+    life.Finish(e.exit_code)
     return e.exit_code
   except run_errors as e:
     if trainer.topology.num_replicas > 1 and not isinstance(
@@ -423,7 +322,7 @@ def _Main(argv):
           file=sys.stderr)
     return 2
   finally:
-    trainer.Unlock()
+    life.Unlock()
   return 0
 
 

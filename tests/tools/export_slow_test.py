@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import model_registry
+from tensorpipe import overrides
 from tensorpipe import py_utils
 from tensorpipe import test_utils
 from tensorpipe import trainer_lib
@@ -83,7 +84,7 @@ class ExportSlowTest(tf.test.TestCase):
     """(images, labels, logits) of the trainer's eval step on its first eval
     batch (256 test images), with the run's weights and Params."""
     p = model_registry.GetExperiment(_MODEL).ModelParams()
-    trainer_lib.ApplyOverrides(p, _OVERRIDES)
+    overrides.ApplyOverrides(p, _OVERRIDES)
     trainer = trainer_lib.Trainer(p, self.logdir, log_fn=lambda _: None)
     trainer.RestoreForEval()
     batch = next(iter(trainer.EvalInput().Dataset()))
@@ -137,7 +138,7 @@ class ExportSlowTest(tf.test.TestCase):
     result = self._Export(export_dir)
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     p = model_registry.GetExperiment(_MODEL).ModelParams()
-    trainer_lib.ApplyOverrides(p, _OVERRIDES)
+    overrides.ApplyOverrides(p, _OVERRIDES)
     p.task.train.eval_steps = None  # the whole split
     trainer = trainer_lib.Trainer(p, self.logdir, log_fn=lambda _: None)
     metrics = trainer.Evaluate()
