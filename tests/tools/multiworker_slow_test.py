@@ -140,7 +140,10 @@ class LoneWorkerTest(unittest.TestCase):
         'start every worker with the same cluster, or wait longer with '
         '--peer_wait_s'])
     self.assertNotIn('Traceback', run.stderr)
-    self.assertLess(seconds, 15)
+    # 5 s of waiting plus the process's start-up (TensorFlow's import and
+    # the model's build: 3 s on a quiet 2-core machine, 15 s when it is
+    # shared); TF's own registration barrier would wait over 60 s.
+    self.assertLess(seconds, 35)
 
 
 if __name__ == '__main__':
