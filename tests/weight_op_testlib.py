@@ -19,6 +19,12 @@ import tensorflow as tf
 from tensorpipe import py_utils
 
 
+def _Dense(g):
+  """A gradient as a tensor (a gather's IndexedSlices summed into rows, as
+  a pipeline sums it)."""
+  return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+
+
 def AssertWeightOpsSplit(test: tf.test.TestCase, layer: Any,
                          inputs: Sequence[Any], op_weights: Sequence[str],
                          fprop: Optional[Callable[..., Any]] = None) -> list:
@@ -53,7 +59,7 @@ def AssertWeightOpsSplit(test: tf.test.TestCase, layer: Any,
     tape.watch(flat)
     with py_utils.CollectWeightOps() as calls:
       loss = Loss(fprop(theta, *inputs))
-  want = tape.gradient(loss, flat)
+  want = [_Dense(g) for g in tape.gradient(loss, flat)]
   got_keys = [keys[index[id(c.w)]] if id(c.w) in index else '<not theta>'
               for c in calls]
   test.assertEqual(list(op_weights), got_keys)
@@ -69,14 +75,14 @@ def AssertWeightOpsSplit(test: tf.test.TestCase, layer: Any,
       unconnected_gradients=tf.UnconnectedGradients.ZERO)
   got = [None] * len(flat)
   for i, g in zip(others, dws):
-    got[i] = g
+    got[i] = _Dense(g)
   # W: each op's dw from its (x, dz), summed in call order.
   for c, dz in zip(split_calls, dzs):
     i = index[id(c.w)]
     with tf.GradientTape() as tape:
       tape.watch(c.w)
       z = c.fn(c.x, c.w)
-    g = tape.gradient(z, c.w, output_gradients=dz)
+    g = _Dense(tape.gradient(z, c.w, output_gradients=dz))
     got[i] = g if got[i] is None else got[i] + g
   for key, a, b in zip(keys, want, got):
     if a is None:
