@@ -90,3 +90,32 @@ def AssertWeightOpsSplit(test: tf.test.TestCase, layer: Any,
     else:
       test.assertAllEqual(a, b, msg=key)
   return calls
+
+
+# The kernels that take a weight gradient (besides a MatMul with
+# transpose_a: a 2-D dw = x^T dz): the filter gradients of the
+# convolutions, the embedding's scatter-add.
+_DW_KERNELS = ('Conv2DBackpropFilter', 'Conv3DBackpropFilterV2',
+               'DepthwiseConv2dNativeBackpropFilter', 'UnsortedSegmentSum')
+
+
+def IsWeightGradient(node) -> bool:
+  """Whether a NodeDef is a weight-gradient kernel (see _DW_KERNELS)."""
+  if node.op == 'MatMul':
+    return node.attr['transpose_a'].b
+  return node.op in _DW_KERNELS
+
+
+def LiveNodes(f) -> list:
+  """The nodes of FunctionDef `f` that its outputs depend on: what runs
+  once TF instantiates it (it prunes the rest, e.g. the filter gradient
+  that a convolution's gradient function builds for an unwatched filter)."""
+  nodes = {n.name: n for n in f.node_def}
+  todo = list(f.ret.values()) + list(f.control_ret.values())
+  live = set()
+  while todo:
+    name = todo.pop().lstrip('^').split(':')[0]
+    if name in nodes and name not in live:
+      live.add(name)
+      todo += list(nodes[name].input)
+  return [nodes[name] for name in live]
