@@ -92,43 +92,44 @@ def CountFlops(graph: tf.Graph) -> float:
   Returns:
     The FLOPs, a float.
   """
-  flops = 0.0
+  return sum((OpFlops(op) for op in graph.get_operations()), 0.0)
 
-  def Size(shape) -> int:
-    dims = shape.as_list() if shape.rank is not None else None
-    if dims is None or any(d is None for d in dims):
-      return 0
-    return int(np.prod(dims, dtype=np.int64)) if dims else 1
 
-  for op in graph.get_operations():
-    kind = op.type
-    if kind in _FREE_OPS or not op.outputs:
-      continue
-    out = op.outputs[0].shape
-    if kind == 'MatMul':
-      a = op.inputs[0].shape
-      k = a[0] if op.get_attr('transpose_a') else a[-1]
-      flops += 2.0 * Size(out) * (k or 0)
-    elif kind.startswith('BatchMatMul'):
-      a = op.inputs[0].shape
-      k = a[-2] if op.get_attr('adj_x') else a[-1]
-      flops += 2.0 * Size(out) * (k or 0)
-    elif kind in _CONV_OPS:
-      taps = Size(op.inputs[1].shape[:-1])
-      flops += 2.0 * Size(out) * taps
-    elif kind == 'DepthwiseConv2dNative':
-      taps = Size(op.inputs[1].shape[:2])
-      flops += 2.0 * Size(out) * taps
-    elif kind in _TRANSPOSED_CONV_OPS:
-      taps = Size(op.inputs[1].shape[:-1])
-      flops += 2.0 * Size(op.inputs[2].shape) * taps
-    elif kind == 'Einsum':
-      flops += _EinsumFlops(op)
-    elif kind in _POOL_OPS:
-      ksize = op.get_attr('ksize') if 'ksize' in op.node_def.attr else [1]
-      flops += float(Size(out)) * float(np.prod(ksize))
-    elif kind in _REDUCTION_OPS:
-      flops += float(Size(op.inputs[0].shape))
-    elif op.outputs[0].dtype.is_floating:
-      flops += float(_ELEMENTWISE_COST.get(kind, 1)) * Size(out)
-  return flops
+def _Size(shape) -> int:
+  dims = shape.as_list() if shape.rank is not None else None
+  if dims is None or any(d is None for d in dims):
+    return 0
+  return int(np.prod(dims, dtype=np.int64)) if dims else 1
+
+
+def OpFlops(op: tf.Operation) -> float:
+  """The FLOPs of one op of a traced graph, by the rules of `CountFlops`."""
+  kind = op.type
+  if kind in _FREE_OPS or not op.outputs:
+    return 0.0
+  out = op.outputs[0].shape
+  if kind == 'MatMul':
+    a = op.inputs[0].shape
+    k = a[0] if op.get_attr('transpose_a') else a[-1]
+    return 2.0 * _Size(out) * (k or 0)
+  if kind.startswith('BatchMatMul'):
+    a = op.inputs[0].shape
+    k = a[-2] if op.get_attr('adj_x') else a[-1]
+    return 2.0 * _Size(out) * (k or 0)
+  if kind in _CONV_OPS:
+    return 2.0 * _Size(out) * _Size(op.inputs[1].shape[:-1])
+  if kind == 'DepthwiseConv2dNative':
+    return 2.0 * _Size(out) * _Size(op.inputs[1].shape[:2])
+  if kind in _TRANSPOSED_CONV_OPS:
+    taps = _Size(op.inputs[1].shape[:-1])
+    return 2.0 * _Size(op.inputs[2].shape) * taps
+  if kind == 'Einsum':
+    return _EinsumFlops(op)
+  if kind in _POOL_OPS:
+    ksize = op.get_attr('ksize') if 'ksize' in op.node_def.attr else [1]
+    return float(_Size(out)) * float(np.prod(ksize))
+  if kind in _REDUCTION_OPS:
+    return float(_Size(op.inputs[0].shape))
+  if op.outputs[0].dtype.is_floating:
+    return float(_ELEMENTWISE_COST.get(kind, 1)) * _Size(out)
+  return 0.0

@@ -9,7 +9,8 @@ allocating weights (NoAllocation), and walking a Keras object's sublayers.
 Keras private APIs TensorPipe relies on, all used through this module
 (tested with Keras 3.15.1, the version TF 2.21 installs and requirements.txt
 pins; re-check each on a Keras upgrade, keras_layer_test,
-keras_graph_test and keras_build_test fail if one changes):
+keras_graph_test, keras_build_test and keras_weight_ops_test fail if one
+changes):
 
   | private API                                   | used by                |
   |-----------------------------------------------|------------------------|
@@ -27,6 +28,16 @@ keras_graph_test and keras_build_test fail if one changes):
   |   reads (derived from `adapt_mean` /          |   KerasLayer's         |
   |   `adapt_variance`, or from `input_mean`)     |   Normalization call,  |
   |                                               |   to_keras             |
+  | `keras.src.backend.common.stateless_scope`    | SubstitutedValue:      |
+  |   (`get_stateless_scope().get_current_value`) |   keras_weight_ops     |
+  | `keras.src.backend.get_autocast_scope`,       | AutocastOf:            |
+  |   `AutocastScope.maybe_cast`,                 |   keras_weight_ops     |
+  |   `Variable._autocast`                        |                        |
+  | `Dense` / `EinsumDense` / `BaseConv._kernel`, | RawKernel,             |
+  |   `Embedding._embeddings`,                    |   RawEmbeddings,       |
+  |   `Conv1D._compute_causal_padding`            |   keras_weight_ops     |
+  | `keras.src.backend.set_keras_mask`            | SetKerasMask:          |
+  |                                               |   keras_weight_ops     |
 
 keras_graph reads the functional config layout that `keras.Model.get_config`
 writes (`inbound_nodes` args/kwargs, `__keras_tensor__` with
@@ -267,3 +278,42 @@ def WeightOrder(model: Any, layers: Optional[Sequence[Any]] = None
                        f'{model.name!r} belongs to no layer of the model')
     order.append(owner[id(w)])
   return order
+
+
+def SubstitutedValue(variable) -> Optional[Any]:
+  """The tensor a StatelessScope substitutes for a Keras variable, as it
+  was given (not autocast); None outside a scope that maps it."""
+  from keras.src.backend.common import stateless_scope  # pylint: disable=g-import-not-at-top
+  scope = stateless_scope.get_stateless_scope()
+  if scope is None:
+    return None
+  return scope.get_current_value(variable)
+
+
+def AutocastOf(variable) -> Optional[Any]:
+  """The cast Keras applies to `variable`'s value when it is read here (a
+  function of the value; its AutocastScope, under mixed precision), or
+  None where it applies none. Keras' own `maybe_cast`, kept for a later
+  call outside the scope (a weight-gradient cell)."""
+  from keras.src import backend  # pylint: disable=g-import-not-at-top
+  scope = backend.get_autocast_scope()
+  if scope is None or not getattr(variable, '_autocast', True):
+    return None
+  return scope.maybe_cast
+
+
+def RawKernel(layer) -> Any:
+  """The kernel variable of a Dense, EinsumDense or convolution (its
+  `kernel` property derives a tensor under LoRA or quantization)."""
+  return layer._kernel  # pylint: disable=protected-access
+
+
+def RawEmbeddings(layer) -> Any:
+  """The table variable of an Embedding (see RawKernel)."""
+  return layer._embeddings  # pylint: disable=protected-access
+
+
+def SetKerasMask(tensor, mask) -> None:
+  """Attaches a Keras mask to a tensor, as Keras' layers do in `call`."""
+  from keras.src.backend import set_keras_mask  # pylint: disable=g-import-not-at-top
+  set_keras_mask(tensor, mask)

@@ -556,12 +556,14 @@ def WeightOp(fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], x: tf.Tensor,
   op, from the x and dz that I kept). A layer routes its weight ops
   through this (FCLayer's matmul, the four projections of
   MultiHeadedAttention, the kernels of Conv2DLayer, DepthwiseConv2DLayer
-  and SeparableConv2DLayer, EmbeddingLayer's lookup with x = the ids); `fn`
+  and SeparableConv2DLayer, EmbeddingLayer's lookup with x = the ids, and
+  in a KerasLayer the kernels of Keras' Dense, EinsumDense, Conv1D/2D/3D
+  and ReversibleEmbedding: keras_weight_ops.py); `fn`
   must depend on its two arguments and Python values only (the engine
   calls it again in the W cell), and w must be the layer's weight as it
   comes in theta (cast inside fn). Weights used elsewhere (biases, batch
-  norm) and layers that do not use this (KerasLayer) get their gradients
-  in I. A weight that goes through a weight op must go through weight ops
+  norm) and layers that do not use this (other Keras layers) get their
+  gradients in I. A weight that goes through a weight op must go through weight ops
   only: the I cell does not differentiate it, so a use outside its ops
   would lose its share of the gradient.
   """

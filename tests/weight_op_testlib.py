@@ -10,13 +10,25 @@ routed weight's gradient as the vjp of fn(x, .) with the dz that I kept.
 - the split gradients (I, then W) equal the unsplit tape's bit for bit (the
   same kernels on the same tensors), for every weight: a weight used outside
   its ops (a term the W cell cannot see) or a dz lost shows here.
+
+`LiveNodes` / `IsWeightGradient` find the weight-gradient kernels a traced
+cell runs; `WeightGradientFlopsPerCell` counts each cell's weight-gradient
+FLOPs (tensorpipe/flops.py), for the share that runs in W cells.
 """
 
+import re
 from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from tensorpipe import flops
 from tensorpipe import py_utils
+
+
+def _Dense(g):
+  """A gradient as a tensor (a gather's IndexedSlices summed into rows, as
+  a pipeline sums it)."""
+  return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
 
 
 def AssertWeightOpsSplit(test: tf.test.TestCase, layer: Any,
@@ -53,7 +65,7 @@ def AssertWeightOpsSplit(test: tf.test.TestCase, layer: Any,
     tape.watch(flat)
     with py_utils.CollectWeightOps() as calls:
       loss = Loss(fprop(theta, *inputs))
-  want = tape.gradient(loss, flat)
+  want = [_Dense(g) for g in tape.gradient(loss, flat)]
   got_keys = [keys[index[id(c.w)]] if id(c.w) in index else '<not theta>'
               for c in calls]
   test.assertEqual(list(op_weights), got_keys)
@@ -69,14 +81,14 @@ def AssertWeightOpsSplit(test: tf.test.TestCase, layer: Any,
       unconnected_gradients=tf.UnconnectedGradients.ZERO)
   got = [None] * len(flat)
   for i, g in zip(others, dws):
-    got[i] = g
+    got[i] = _Dense(g)
   # W: each op's dw from its (x, dz), summed in call order.
   for c, dz in zip(split_calls, dzs):
     i = index[id(c.w)]
     with tf.GradientTape() as tape:
       tape.watch(c.w)
       z = c.fn(c.x, c.w)
-    g = tape.gradient(z, c.w, output_gradients=dz)
+    g = _Dense(tape.gradient(z, c.w, output_gradients=dz))
     got[i] = g if got[i] is None else got[i] + g
   for key, a, b in zip(keys, want, got):
     if a is None:
@@ -84,3 +96,93 @@ def AssertWeightOpsSplit(test: tf.test.TestCase, layer: Any,
     else:
       test.assertAllEqual(a, b, msg=key)
   return calls
+
+
+# The kernels that take a weight gradient (besides a MatMul with
+# transpose_a: a 2-D dw = x^T dz): the filter gradients of the
+# convolutions, the embedding's scatter-add.
+_DW_KERNELS = ('Conv2DBackpropFilter', 'Conv3DBackpropFilterV2',
+               'DepthwiseConv2dNativeBackpropFilter', 'UnsortedSegmentSum')
+
+
+def IsWeightGradient(node) -> bool:
+  """Whether a NodeDef is a weight-gradient kernel (see _DW_KERNELS)."""
+  if node.op == 'MatMul':
+    return node.attr['transpose_a'].b
+  return node.op in _DW_KERNELS
+
+
+def LiveNodes(f) -> list:
+  """The nodes of FunctionDef `f` that its outputs depend on: what runs
+  once TF instantiates it (it prunes the rest, e.g. the filter gradient
+  that a convolution's gradient function builds for an unwatched filter)."""
+  nodes = {n.name: n for n in f.node_def}
+  todo = list(f.ret.values()) + list(f.control_ret.values())
+  live = set()
+  while todo:
+    name = todo.pop().lstrip('^').split(':')[0]
+    if name in nodes and name not in live:
+      live.add(name)
+      todo += list(nodes[name].input)
+  return [nodes[name] for name in live]
+
+
+def _Ancestors(tensors) -> set:
+  seen, todo = set(), [t.op for t in tensors]
+  while todo:
+    op = todo.pop()
+    if op not in seen:
+      seen.add(op)
+      todo += [t.op for t in op.inputs] + list(op.control_inputs)
+  return seen
+
+
+def _CellWeightGradientFlops(graph) -> float:
+  """The FLOPs (flops.OpFlops) of a cell's weight-gradient work: the ops
+  its outputs need only for its weight-gradient sums (an AddN onto a
+  running sum that comes in as an argument: grad_sum.Accumulate), not for
+  any other output (activations, input gradients, the (x, dz) kept)."""
+  sums = {op for op in graph.get_operations() if op.type == 'AddN' and any(
+      t.op.type == 'Placeholder' for t in op.inputs)}
+
+  def Source(t):
+    op = t.op
+    while op.type == 'Identity' and op.inputs:
+      op = op.inputs[0].op
+    return op
+  grads = [t for t in graph.outputs if Source(t) in sums]
+  taken = {id(t) for t in grads}
+  others = [t for t in graph.outputs if id(t) not in taken] + [
+      op.outputs[0] for op in graph.control_outputs if op.outputs]
+  only = _Ancestors(grads) - _Ancestors(others)
+  return sum(flops.OpFlops(op) for op in only)
+
+
+def WeightGradientFlopsPerCell(graph, cells) -> dict:
+  """{(op, stage): weight-gradient FLOPs of one such cell} of a traced
+  schedule-engine step.
+
+  Args:
+    graph: the step's traced graph (concrete function's); the cells are the
+      branch functions of its switching loops (device d's switch_case_<d>,
+      branch b > 0 runs cells[d][b - 1]).
+    cells: schedule_program.Compile(schedule).cells.
+
+  Raises:
+    AssertionError: a cell traced twice (several loops) with other FLOPs.
+  """
+  found, todo, seen = {}, [graph], set()
+  while todo:
+    # FuncGraph._functions: the functions traced into a graph (TF 2.21).
+    for name, f in getattr(todo.pop(), '_functions', {}).items():
+      sub = getattr(f, 'graph', None)
+      if sub is None or name in seen:
+        continue
+      seen.add(name)
+      todo.append(sub)
+      m = re.search(r'switch_case(?:_(\d+))?_indexed_case_branch(\d+)_', name)
+      if m and int(m.group(2)):
+        cell = cells[int(m.group(1) or 0)][int(m.group(2)) - 1]
+        n = _CellWeightGradientFlops(sub)
+        assert found.setdefault(cell, n) == n, (cell, found[cell], n)
+  return found

@@ -24,6 +24,11 @@ of the sublayers whose state or randomness a pipeline must control:
     them from the weights in effect, inside the call (DeriveStateInCalls);
     the Keras objects of the cost model and of keras_graph get the same
     `call`.
+  * Dense, EinsumDense, Conv1D/2D/3D and ReversibleEmbedding (exact
+    classes, not quantized): the kernel op goes through
+    `py_utils.WeightOp`, so the zero-bubble schedules defer its weight
+    gradient to their W cells (keras_weight_ops.py); bit for bit Keras'
+    own `call`.
 
 The mode of the call (`training`) is passed to every Keras object
 (WithMode), as Keras' functional call passes it to every layer: Keras
@@ -51,6 +56,7 @@ import tensorflow as tf
 
 from tensorpipe import errors
 from tensorpipe import keras_utils
+from tensorpipe import keras_weight_ops
 from tensorpipe import py_utils
 from tensorpipe.layers import normalization
 
@@ -327,7 +333,9 @@ def DeriveStateInCalls(obj) -> None:
 def BindPipelineCalls(obj, path: str, seeds: Dict[int, int],
                       variables: Dict[int, tf.Variable]
                       ) -> List[KerasBatchNormStats]:
-  """Rebinds the `call` of obj's BatchNormalization and Dropout sublayers.
+  """Rebinds the `call` of obj's BatchNormalization and Dropout sublayers,
+  and routes the kernel ops of its Dense, EinsumDense, convolution and
+  ReversibleEmbedding sublayers (keras_weight_ops.RouteWeightOps).
 
   Args:
     obj: the built Keras object, its variables rebound to TensorPipe ones.
@@ -350,6 +358,7 @@ def BindPipelineCalls(obj, path: str, seeds: Dict[int, int],
     elif isinstance(layer, keras.layers.Dropout):
       object.__setattr__(layer, 'call', functools.partial(
           _DropoutCall, layer, seeds[id(layer)]))
+  keras_weight_ops.RouteWeightOps(obj)
   return reporters
 
 
