@@ -117,9 +117,13 @@ elif [ "$every_slow" = 1 ]; then
     slow_result="FAIL (${#failed[@]} of ${#slow_files[@]} files: ${list%; })"
   fi
 else
-  echo "test: pytest -m slow (${#slow_files[@]} files)"
-  # --durations: each end-to-end test's time, for the tier's budget.
-  run_pytest -q -m slow --durations=0 "${slow_files[@]}"
+  echo "test: pytest -m slow (${#slow_files[@]} files, 2 xdist workers)"
+  # Two workers, each taking whole files (--dist loadfile: trainer_slow_test
+  # trains its uninterrupted reference run once per class): the tier's
+  # trainer subprocesses use about one core each, so two at a time fill the
+  # 2 cores of CI (6.3 -> about 4 minutes on 2 cores). --durations: each
+  # end-to-end test's time, for the tier's budget.
+  run_pytest -q -m slow -n 2 --dist loadfile --durations=0 "${slow_files[@]}"
   slow_result="$result"
 fi
 
