@@ -130,8 +130,8 @@ def SimulateDataParallel(table: schedules.Schedule,
   devices; then stage k's weight gradients (grad_bytes[k]) are ring
   all-reduced among the R copies of stage k. By default each stage has its
   own link (stage k of every replica on its own accelerator with its own
-  NIC), so the K all-reduces run concurrently and the step waits for the slowest;
-  `shared_link` puts them on one link per replica instead.
+  NIC), so the K all-reduces run concurrently and the step waits for the
+  slowest; `shared_link` puts them on one link per replica instead.
 
   The all-reduces start after the whole backward pass, not overlapped with
   it: TensorPipeLayer's backward is one tf.while_loop whose weight-gradient
