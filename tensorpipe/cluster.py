@@ -165,9 +165,13 @@ class Cluster:
       raise ValueError(f'rpc_layer={self.rpc_layer!r} is not supported; use '
                        '"grpc" (or leave it out)')
 
+  def _JobTasks(self) -> List[Tuple[str, int, str]]:
+    """(job, index, 'host:port') of every task in replica order."""
+    chief = [] if self.chief is None else [('chief', 0, self.chief)]
+    return chief + [('worker', i, a) for i, a in enumerate(self.workers)]
+
   def _Named(self) -> List[Tuple[str, str]]:
-    named = [] if self.chief is None else [('chief[0]', self.chief)]
-    return named + [(f'worker[{i}]', a) for i, a in enumerate(self.workers)]
+    return [(f'{job}[{i}]', a) for job, i, a in self._JobTasks()]
 
   @property
   def tasks(self) -> List[Tuple[str, str]]:
@@ -417,6 +421,13 @@ def _TaskName(job: str, index: int) -> str:
   return f'/job:{job}/replica:0/task:{index}'
 
 
+def _LeaderTaskName(cluster: Cluster) -> str:
+  """TF's name of the task hosting the coordination service: the chief,
+  else worker 0."""
+  return (_TaskName('chief', 0) if cluster.chief is not None else
+          _TaskName('worker', 0))
+
+
 def RegistrationError(cluster: Cluster, message: str, timeout_s: float,
                       flag: str = '--peer_wait_s') -> str:
   """One line for a start-up whose registration with TF did not complete.
@@ -434,21 +445,19 @@ def RegistrationError(cluster: Cluster, message: str, timeout_s: float,
     timeout_s: the registration timeout.
     flag: the setting that changes `timeout_s`.
   """
-  by_tf_name = {}
-  for name, address in cluster.tasks:
-    job, _, index = name.rstrip(']').partition('[')
-    by_tf_name[_TaskName(job, int(index))] = (name, address)
+  # TF's task name -> the task as `tasks` names it, in replica order:
+  # /job:worker/replica:0/task:1 -> ('worker[1]', 'h1:2222').
+  by_tf_name = {_TaskName(job, i): (f'{job}[{i}]', a)
+                for job, i, a in cluster._JobTasks()}  # pylint: disable=protected-access
   own = _TaskName(cluster.task_type, cluster.task_index)
-  leader = (_TaskName('chief', 0) if cluster.chief is not None else
-            _TaskName('worker', 0))
+  leader = _LeaderTaskName(cluster)
   found = []
-  head, marker, tail = message.partition('timed out task names:')
+  _, marker, tail = message.partition('timed out task names:')
   if marker:
     found = re.findall(r'/job:\w+/replica:\d+/task:\d+',
                        tail.split('\n\n')[0])
   elif 'RegisterTask' in message and own != leader:
     found = [leader]
-  del head
   found = [t for t in dict.fromkeys(found) if t in by_tf_name and t != own]
   reported = bool(found)
   if not found:
@@ -480,10 +489,8 @@ def ConfigureCoordinationService(cluster: Cluster,
   jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=n)
           for job, n in (('chief', 0 if cluster.chief is None else 1),
                          ('worker', len(cluster.workers))) if n]
-  leader = (_TaskName('chief', 0) if cluster.chief is not None else
-            _TaskName('worker', 0))
   context.context().configure_coordination_service(
-      service_type='standalone', service_leader=leader,
+      service_type='standalone', service_leader=_LeaderTaskName(cluster),
       enable_health_check=True,
       cluster_register_timeout_in_ms=int(
           timeouts.cluster_register_timeout_s * 1000),

@@ -462,8 +462,7 @@ def _CheckScheduleFiles(p: hyperparams.Params, params_path: str) -> None:
     if key.rpartition('.')[2] != 'schedule' or len(value) < 2:
       continue
     path = value[1:-1]
-    if not path.endswith('.csv') or path.startswith('csv:') or (
-        os.path.isfile(path)):
+    if not overrides.IsCsvSchedulePath(path) or os.path.isfile(path):
       continue
     raise ExportError(
         f'{key}={path!r} ({params_path}) cannot be read: building the '

@@ -165,12 +165,13 @@ class LogdirLock:
       return
     try:
       os.makedirs(self._logdir, exist_ok=True)
-      probe = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
       raise _Unusable(self._logdir, e) from None
-    os.close(probe)
     for _ in range(10):
-      fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+      except OSError as e:
+        raise _Unusable(self._logdir, e) from None
       try:
         previous = self._Lock(fd)
         # The file may have been unlinked by a holder releasing it between

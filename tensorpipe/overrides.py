@@ -93,6 +93,13 @@ def ApplyOverrides(p: hyperparams.Params, text: str) -> hyperparams.Params:
   return p
 
 
+def IsCsvSchedulePath(value: object) -> bool:
+  """Whether a pipeline's `schedule` value names a CSV file ('z.csv'), not
+  a table recorded by `schedules.CsvParam` ('csv:...') nor a name."""
+  return schedules.IsCsvParam(value) and not value.startswith(
+      schedules.CSV_PREFIX)
+
+
 def RecordCsvSchedules(p: hyperparams.Params,
                        resolve: Callable[[str], str] = os.path.abspath
                        ) -> List[str]:
@@ -117,8 +124,7 @@ def RecordCsvSchedules(p: hyperparams.Params,
   read = []
   for mp in distribute.PipelineParamsIn(p):
     value = mp.schedule
-    if (isinstance(value, str) and value.endswith('.csv') and
-        not value.startswith(schedules.CSV_PREFIX)):
+    if IsCsvSchedulePath(value):
       mp.schedule = schedules.CsvParam(resolve(value))
       read.append(value)
   return read

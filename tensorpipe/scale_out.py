@@ -27,6 +27,11 @@ from tensorpipe import schedules
 from tensorpipe import simulator
 
 
+# The simulated cells after which a stage's weight gradients exist: B, or
+# W with the I/W split (an I cell makes only the input gradient).
+_WEIGHT_GRAD_PHASES = ('backward', 'weight_grad')
+
+
 def RingAllReduceTime(num_bytes: float, num_replicas: int,
                       bytes_per_second: float,
                       latency_s: float = 0.0) -> float:
@@ -125,18 +130,18 @@ def SimulateDataParallel(table: schedules.Schedule,
   devices; then stage k's weight gradients (grad_bytes[k]) are ring
   all-reduced among the R copies of stage k. By default each stage has its
   own link (stage k of every replica on its own accelerator with its own
-  NIC), so the K
-  all-reduces run concurrently and the step waits for the slowest;
-  `shared_link` puts them on one link per replica instead.
+  NIC), so the K all-reduces run concurrently and the step waits for the
+  slowest; `shared_link` puts them on one link per replica instead.
 
   The all-reduces start after the whole backward pass, not overlapped with
   it: TensorPipeLayer's backward is one tf.while_loop whose weight-gradient
   sums are loop state, so no stage's gradient exists outside the loop before
   the loop ends, and the strategy all-reduces what the loop returns.
   `overlapped_step_time` gives the bound for an implementation that would
-  start stage k's all-reduce at the end of its last backward cell (stage
-  K - 1 finishes first: its cell for micro-batch 0 runs K - 1 ticks before
-  stage 0's).
+  start stage k's all-reduce at the end of its last cell that makes weight
+  gradients, a B cell or, with the I/W split, a W cell (stage K - 1
+  finishes first: its cell for micro-batch 0 runs K - 1 ticks before stage
+  0's).
 
     pipe = simulator.SimulateSchedule(table, forward_costs, backward_costs, ...)
     A_k = RingAllReduceTime(grad_bytes[k], R, bandwidth, latency)
@@ -177,7 +182,7 @@ def SimulateDataParallel(table: schedules.Schedule,
   backward_end = pipe.forward_time + pipe.backward_time
   last_cell = [0.0] * len(gb)
   for c in pipe.cells:
-    if c.phase == 'backward':
+    if c.phase in _WEIGHT_GRAD_PHASES:
       last_cell[c.k] = max(last_cell[c.k], c.end)
   starts, ends = _LinkSchedule([backward_end] * len(gb), times, shared_link)
   _, early_ends = _LinkSchedule(last_cell, times, shared_link)

@@ -226,8 +226,7 @@ def _Result(cells: List[SimCell], num_devices: int, fixed_overhead: float,
                    backward_time=bwd_end - fwd_end, busy=busy,
                    bubble_fraction=bubble, cells=cells, schedule=schedule,
                    max_in_flight=_MaxInFlight(cells, num_devices),
-                   max_stash=_MaxInFlight(cells, num_devices,
-                                          ('input_grad', 'weight_grad')))
+                   max_stash=_MaxStash(cells, num_devices))
 
 
 def SimulateSchedule(table: schedules.Schedule,
@@ -356,26 +355,37 @@ def _TableCells(table: schedules.Schedule, cost: Dict[str, List[float]],
   return out
 
 
-def _MaxInFlight(cells: Sequence[SimCell], num_partitions: int,
-                 phases=('forward', 'backward')) -> List[int]:
-  """Per device, the most micro-batches whose forward has started and whose
-  backward (B or I) has not ended (a cell ending frees before one starting
-  at the same time takes); with phases ('input_grad', 'weight_grad'), the
-  I-to-W stash: from an I's end to its W's end."""
-  first, last = phases
-  ends = ('backward', 'input_grad') if last == 'backward' else (last,)
+def _PeakHeld(num_devices: int, takes: Sequence[Tuple[int, float]],
+              frees: Sequence[Tuple[int, float]]) -> List[int]:
+  """Per device, the most items held at once: each (k, time) of `takes`
+  takes one on device k, each of `frees` frees one (at the same time a
+  free comes before a take)."""
   peak = []
-  for k in range(num_partitions):
-    events = sorted(
-        [(c.start if first == 'forward' else c.end, 1) for c in cells
-         if c.k == k and c.phase == first] +
-        [(c.end, -1) for c in cells if c.k == k and c.phase in ends])
+  for k in range(num_devices):
+    events = sorted([(t, 1) for d, t in takes if d == k] +
+                    [(t, -1) for d, t in frees if d == k])
     held = top = 0
     for _, delta in events:
       held += delta
       top = max(top, held)
     peak.append(top)
   return peak
+
+
+def _MaxInFlight(cells: Sequence[SimCell], num_devices: int) -> List[int]:
+  """Per device, the most micro-batches whose forward has started and whose
+  backward (B or I) has not ended."""
+  return _PeakHeld(
+      num_devices, [(c.k, c.start) for c in cells if c.phase == 'forward'],
+      [(c.k, c.end) for c in cells if c.phase in ('backward', 'input_grad')])
+
+
+def _MaxStash(cells: Sequence[SimCell], num_devices: int) -> List[int]:
+  """Per device, the most I-to-W stashes held: from an I's end to its W's
+  end."""
+  return _PeakHeld(
+      num_devices, [(c.k, c.end) for c in cells if c.phase == 'input_grad'],
+      [(c.k, c.end) for c in cells if c.phase == 'weight_grad'])
 
 
 def ActivationPeak(max_in_flight: Sequence[int],

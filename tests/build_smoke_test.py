@@ -41,7 +41,8 @@ class BuildSmokeTest(unittest.TestCase):
             'tensorpipe.schedule_builders', 'tensorpipe.schedule_program',
             'tensorpipe.simulator', 'tensorpipe.partitioning',
             'tensorpipe.peer_wait', 'tensorpipe.preemption',
-            'tensorpipe.worker_agreement', 'tensorpipe.checks')
+            'tensorpipe.worker_agreement', 'tensorpipe.checks',
+            'tensorpipe.logdir', 'tensorpipe.model_registry')
     code = ('import sys\n' + ''.join(f'import {m}\n' for m in pure) +
             'print(sorted(m for m in sys.modules if m == "tensorflow" or '
             'm.startswith("keras")))')
@@ -56,6 +57,17 @@ class BuildSmokeTest(unittest.TestCase):
     self.assertEqual(tensorpipe.layers.__name__, 'tensorpipe.layers')
     with self.assertRaisesRegex(AttributeError, "no attribute 'nope'"):
       tensorpipe.nope  # pylint: disable=pointless-statement
+
+  def test_every_top_level_name_resolves_to_its_module(self):
+    # Every lazily imported name, not only the three above: a wrong module
+    # in the table would otherwise surface only in the user's first call.
+    for name in tensorpipe.__all__:
+      with self.subTest(name=name):
+        value = getattr(tensorpipe, name)
+        if name != 'layers':
+          module = getattr(value, '__module__', None)
+          self.assertIsNotNone(module, name)
+          self.assertIs(getattr(sys.modules[module], name), value)
 
 
 if __name__ == '__main__':

@@ -68,6 +68,22 @@ class RegistrationErrorTest(unittest.TestCase):
         'worker[1] at h1:2222, worker[2] at h2:2222 accept' + end.replace(
             ' within 5 s:', ' within 5 s (TF named no task):'))
 
+  def testWithAChiefTheChiefIsTheLeaderAndNamedAsSuch(self):
+    """A cluster with a chief job: TF's leader is /job:chief/replica:0/task:0
+    (a worker whose leader did not answer names chief[0]), and TF's
+    worker task names map to the workers, after the chief."""
+    end = (' accepts connections but did not register within 5 s: is '
+           'another program using that port (a worker of another run, a '
+           'stale process)? Stop it or give the workers other ports and '
+           'start every worker again, or wait longer with --peer_wait_s')
+    chief = cluster.Cluster(('h1:2222', 'h2:2222', 'h3:2222'), 'chief', 0,
+                            chief='h0:2222')
+    self.assertEqual(cluster.RegistrationError(chief, _LEADER_ERROR, 5),
+                     'worker[2] at h3:2222' + end)
+    self.assertEqual(
+        cluster.RegistrationError(chief.WithTask('worker', 0), _TASK_ERROR,
+                                  5), 'chief[0] at h0:2222' + end)
+
 
 class ParseTfConfigTest(unittest.TestCase):
 

@@ -89,6 +89,14 @@ class OverridesTest(tf.test.TestCase):
                                 'cannot be read'):
       overrides.RecordCsvSchedules(p)
 
+  def testIsCsvSchedulePathTellsAFileFromARecordedTableOrAName(self):
+    """The one test of 'a CSV file to read' (the trainer records it, export
+    checks that it is there)."""
+    for value, is_path in (('z.csv', True), ('/runs/z.csv', True),
+                           ('csv:0F0,0B0', False), ('csv:x.csv', False),
+                           ('1f1b', False), ('zb_h1', False), (None, False)):
+      self.assertEqual(overrides.IsCsvSchedulePath(value), is_path, value)
+
   def testOverrideErrorsAreClear(self):
     p = _Params()
     with self.assertRaisesRegex(ValueError, "Did you mean 'num_micro_batches'"):

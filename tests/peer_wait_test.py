@@ -86,7 +86,10 @@ class PeerWaitTest(unittest.TestCase):
     self.assertRegex(str(out['error']),
                      rf'^worker\[1\] at {missing} did not start within 0.5 '
                      r's .*--peer_wait_s$')
-    self.assertLess(time.monotonic() - t0, 2.0)
+    # Ends soon after the 0.5 s wait (probes of a closed port are refused
+    # at once); the bound itself is asserted exactly on an injected clock
+    # below, so this one leaves a shared machine's scheduling a margin.
+    self.assertLess(time.monotonic() - t0, 4.0)
     self.assertTrue(lines)
     self.assertIn(f'worker[0]: waiting for worker[1] at {missing}', lines[0])
 

@@ -58,6 +58,20 @@ class DataParallelTest(unittest.TestCase):
     self.assertEqual(res.overlapped_step_time, 13.5)
     self.assertEqual(res.Throughput(examples_per_replica=31), 2 * 31 / 15.5)
 
+  def testWithTheIWSplitTheAllReduceWaitsForTheLastWCell(self):
+    # zb_h1, K=2, T=2, f=1, b=2 split as I=1, W=1, no recompute:
+    #   k=0  F0 F1 .  I0 W0 I1 W1      both devices' last W ends at 7,
+    #   k=1  .  F0 I0 F1 I1 W0 W1      the pipeline's end.
+    # A stage's gradients exist only after its last W: A = [2, 6] from 7,
+    # so overlapping gains nothing (an I cell makes no weight gradient).
+    res = scale_out.SimulateDataParallel(
+        schedule_builders.Build('zb_h1', 2, 2), [1, 1], [2, 2], [2, 6], 2,
+        1.0, recompute=False)
+    self.assertEqual(res.pipeline.step_time, 7.0)
+    self.assertEqual(res.allreduce_start, (7.0, 7.0))
+    self.assertEqual(res.step_time, 13.0)
+    self.assertEqual(res.overlapped_step_time, 13.0)
+
   def testSharedLinkSerialisesTheStages(self):
     # One link: AR1 (ready first on ties) 9..15, then AR0 15..17;
     # overlapped: AR1 7..13, AR0 13..15.

@@ -39,6 +39,8 @@ from typing import IO, List, Optional, Sequence
 from absl import app
 from absl import flags
 
+from tensorpipe import preemption
+
 _HOST = '127.0.0.1'
 _POLL_S = 0.05
 
@@ -124,23 +126,16 @@ def _HowItEnded(returncode: int) -> str:
   """'failed with exit code 3', 'stopped by SIGTERM (exit code 143)' (the
   trainer's exit after a stop signal: 128 + N), 'was killed by SIGKILL'."""
   if returncode < 0:
-    return f'was killed by {_SignalName(-returncode)}'
-  if returncode - 128 in (signal.SIGTERM, signal.SIGINT):
-    return (f'stopped by {_SignalName(returncode - 128)} (exit code '
-            f'{returncode})')
+    return f'was killed by {preemption.SignalName(-returncode)}'
+  if returncode - 128 in preemption.STOP_SIGNALS:
+    return (f'stopped by {preemption.SignalName(returncode - 128)} (exit '
+            f'code {returncode})')
   return f'failed with exit code {returncode}'
-
-
-def _SignalName(signum: int) -> str:
-  try:
-    return signal.Signals(signum).name
-  except ValueError:
-    return f'signal {signum}'
 
 
 def ExitCode(returncode: int) -> int:
   """A process's exit status as a shell reports it (signal N -> 128 + N)."""
-  return 128 - returncode if returncode < 0 else returncode
+  return preemption.ExitCode(-returncode) if returncode < 0 else returncode
 
 
 @dataclasses.dataclass
@@ -326,10 +321,9 @@ def main(argv: Sequence[str],
 
   def OnSignal(signum, frame):
     del frame
-    stop.Request(128 + signum)
+    stop.Request(preemption.ExitCode(signum))
 
-  old = {s: signal.signal(s, OnSignal) for s in (signal.SIGINT,
-                                                 signal.SIGTERM)}
+  old = {s: signal.signal(s, OnSignal) for s in preemption.STOP_SIGNALS}
   try:
     result = Launch(list(argv[1:]), fv.num_workers, port_base=fv.port_base,
                     worker_module=fv.worker_module,

@@ -15,6 +15,7 @@ from tensorpipe import base_layer
 from tensorpipe import checks
 from tensorpipe import py_utils
 from tensorpipe.layers import dropout
+from tensorpipe.layers import linear
 
 # Added to the logits of masked positions. Large but finite so that a query
 # whose keys are all masked gets a uniform (not NaN) distribution.
@@ -22,11 +23,6 @@ _MASK_LOGIT = -1e9
 # Approximate FLOPs per attention logit: scale, mask add, softmax (exp, sum,
 # divide), i.e. ~5.
 _SOFTMAX_FLOPS_PER_LOGIT = 5
-
-
-def _MatMul(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
-  """A projection's weight op: x [rows, d] @ w [d, h], w cast to x's dtype."""
-  return tf.matmul(x, tf.cast(w, x.dtype))
 
 
 def CausalMask(length: int, dtype=tf.float32) -> tf.Tensor:
@@ -113,7 +109,8 @@ class MultiHeadedAttention(base_layer.BaseLayer):
     gradient to their W cells; the bias comes from the cast theta.
     """
     shape = x.shape
-    y = py_utils.WeightOp(_MatMul, tf.reshape(x, [-1, shape[-1]]), raw[w])
+    y = py_utils.WeightOp(linear.MatMul, tf.reshape(x, [-1, shape[-1]]),
+                          raw[w])
     if self.params.use_bias:
       y += theta[b]
     return tf.reshape(y, tf.concat([tf.shape(x)[:-1], tf.shape(y)[-1:]], 0))

@@ -8,6 +8,12 @@ from tensorpipe import py_utils
 from tensorpipe.layers import activations
 
 
+def MatMul(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+  """A projection's weight op (py_utils.WeightOp): x [rows, d] @ w [d, h],
+  the weight cast to x's dtype by the op itself."""
+  return tf.matmul(x, tf.cast(w, x.dtype))
+
+
 class FCLayer(base_layer.BaseLayer):
   """Fully connected layer: activation(x @ w + b) over the last axis.
 
@@ -73,14 +79,12 @@ class FCLayer(base_layer.BaseLayer):
     w = theta.w
     theta = self.CastTheta(theta)
     x = tf.cast(x, self.fprop_dtype)
-    # The matmul casts its weight itself (py_utils.WeightOp).
-    matmul = lambda a, w: tf.matmul(a, tf.cast(w, a.dtype))
     if x.shape.rank == 2:
-      y = py_utils.WeightOp(matmul, x, w)
+      y = py_utils.WeightOp(MatMul, x, w)
     else:
       # A 2-D matmul (rather than a broadcast batch matmul) keeps the
       # gradient of w a single matmul.
-      y = py_utils.WeightOp(matmul, tf.reshape(x, [-1, p.input_dim]), w)
+      y = py_utils.WeightOp(MatMul, tf.reshape(x, [-1, p.input_dim]), w)
       y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [p.output_dim]], 0))
       y.set_shape(x.shape[:-1].concatenate([p.output_dim]))
     if p.bias:
