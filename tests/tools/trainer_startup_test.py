@@ -127,7 +127,10 @@ class TrainerStartupTest(unittest.TestCase):
     self.assertEqual((code, own), (143, [
         'trainer: stopped by SIGTERM before the first step: nothing new to '
         'save; run the same command to resume']))
-    self.assertLess(time.monotonic() - sent, _WAIT_S + 5)
+    # Held until TF's registration call returns (_WAIT_S), then the stop:
+    # the exit code and line above are what a swallowed signal changes; the
+    # bound only rules out a hang (shared machines: a wide margin).
+    self.assertLess(time.monotonic() - sent, _WAIT_S + 30)
 
 
 if __name__ == '__main__':
