@@ -123,6 +123,24 @@ def NewKerasObject(p, seed: int):
   return obj
 
 
+def _RecordedInputs(p, obj):
+  """Symbolic (args, kwargs, shape) to call `obj` on: the recorded
+  input_shape, else its build_config's; None when neither is recorded."""
+  dtype = p.input_dtype or obj.compute_dtype
+  shapes = PerExampleShape(p)
+  build = (p.keras_config or {}).get('build_config') or {}
+  if shapes is not None:
+    return (SymbolicInputs(shapes, dtype),), {}, shapes
+  if 'input_shape' in build:
+    what = build['input_shape']
+    return (keras.KerasTensor(what, dtype=dtype),), {}, what
+  if 'shapes_dict' in build:
+    what = build['shapes_dict']
+    return (), {k[:-len('_shape')]: keras.KerasTensor(v, dtype=dtype)
+                for k, v in what.items()}, what
+  return None
+
+
 def _BuildSublayers(p, obj, seed: int) -> None:
   """Calls a built object with unbuilt sublayers once, symbolically.
 
@@ -136,34 +154,23 @@ def _BuildSublayers(p, obj, seed: int) -> None:
   unbuilt = [l.name for l in keras_utils.FlattenLayers(obj) if not l.built]
   if not unbuilt:
     return
-  dtype = p.input_dtype or obj.compute_dtype
-  shapes = PerExampleShape(p)
-  build = (p.keras_config or {}).get('build_config') or {}
-  if shapes is not None:
-    args, kwargs, what = (SymbolicInputs(shapes, dtype),), {}, shapes
-  elif 'input_shape' in build:
-    what = build['input_shape']
-    args, kwargs = (keras.KerasTensor(what, dtype=dtype),), {}
-  elif 'shapes_dict' in build:
-    what = build['shapes_dict']
-    args, kwargs = (), {k[:-len('_shape')]: keras.KerasTensor(v, dtype=dtype)
-                        for k, v in what.items()}
-  else:
-    args, kwargs, what = None, {}, None
+  name = type(obj).__name__
+  problem = (f'{Owner(p)}: Keras {name} {obj.name!r} comes back from its '
+             f'config marked built, but its sublayers {unbuilt} are not, and ')
+  fix = (f'; give {name} a build() method that builds its sublayers (e.g. '
+         'self.dense.build(input_shape))')
+  recorded = _RecordedInputs(p, obj)
+  if recorded is None:
+    raise ValueError(problem + 'its config records no input shape to build '
+                     'them on' + fix)
+  args, kwargs, what = recorded
   try:
-    if args is None:
-      raise ValueError('its config records no input shape')
     with keras_utils.SeededPythonRandom(seed + 1):
       obj(*args, **kwargs)
   except Exception as e:  # pylint: disable=broad-except
-    first = errors.FirstLine(e)
     raise ValueError(
-        f'{Owner(p)}: Keras {type(obj).__name__} {obj.name!r} comes back '
-        f'from its config marked built, but its sublayers {unbuilt} are '
-        f'not, and calling it on symbolic inputs of its recorded shape '
-        f'{what} failed ({first}); give {type(obj).__name__} a build() '
-        'method that builds its sublayers (e.g. self.dense.build('
-        'input_shape))') from None
+        problem + f'calling it on symbolic inputs of its recorded shape '
+        f'{what} failed ({errors.FirstLine(e)})' + fix) from None
 
 
 def BuildKerasObject(p, seed: int):
