@@ -45,8 +45,8 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import hyperparams
-from tensorpipe import pipeline_1f1b
 from tensorpipe import py_utils
+from tensorpipe import schedule_builders
 
 # Key of TrainStep's result with `stop`: the stop flags summed over replicas.
 STOP_VOTES = 'stop_votes'
@@ -183,7 +183,7 @@ def ReplicaParams(task_params: hyperparams.Params,
           f'TensorPipeLayer {pipe.name!r} sets devices={pipe.devices!r}; with '
           'data-parallel replicas each replica uses its own device group: '
           'leave devices=None')
-    k = (len(pipe.partitions) // pipeline_1f1b.NumStagesPerDevice(pipe)
+    k = (len(pipe.partitions) // schedule_builders.NumStagesPerDevice(pipe)
          if pipe.partitions is not None else pipe.num_partitions)
     if k > len(group):
       raise ValueError(f'TensorPipeLayer {pipe.name!r} has {k} partitions but '

@@ -29,6 +29,7 @@ from tensorpipe import microbatch
 from tensorpipe import optimizers
 from tensorpipe import pipeline
 from tensorpipe import py_utils
+from tensorpipe import schedules
 from tensorpipe.layers import composite
 from tensorpipe.layers import losses
 from tensorpipe.layers import transformer
@@ -233,7 +234,8 @@ class BaseTask(base_layer.BaseLayer):
 def _TrainsWith1F1B(model: base_layer.BaseLayer) -> bool:
   """Whether `model` trains with the loss inside it (schedule not 'gpipe')."""
   return (isinstance(model, pipeline.TensorPipeLayer) and
-          model.params.schedule != 'gpipe' and py_utils.IsTraining())
+          schedules.LossInside(model.params.schedule) and
+          py_utils.IsTraining())
 
 
 def _AccumulationCast(x: tf.Tensor) -> tf.Tensor:
