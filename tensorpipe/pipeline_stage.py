@@ -5,7 +5,9 @@ micro-batch (`Stage.Call`). The executors (schedule_engine's loops,
 schedule_unrolled's unrolled table) carry flat lists of tensors, so each
 call first traces every stage once to learn what crosses its boundaries
 (`InferSpecs`: one frozen `StageSpecs` per stage), and the cells then call
-it on flat tensors (`Stage.FlatCall`).
+it on flat tensors (`Stage.FlatCall`). One call of a pipeline is one
+`PipelineCall` (thetas on their devices, stacked inputs, specs, T), made
+once by the layer and passed down to the training wrappers and executors.
 
 Below that, the cell algebra both executors share, each written once:
 

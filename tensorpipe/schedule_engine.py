@@ -100,9 +100,8 @@ class _Engine:
     stages, thetas, specs = call.stages, call.thetas, call.specs
     mb_size = call.mb_size
     self.stages, self.thetas, self.specs = stages, thetas, specs
-    self.program, self.flat_stacked, self.end = (program, call.flat_stacked,
-                                                 end)
-    self.mb_size, self.acc, self.devices = mb_size, acc, call.devices
+    self.flat_stacked, self.devices = call.flat_stacked, call.devices
+    self.program, self.end, self.acc, self.mb_size = program, end, acc, mb_size
     self.first, self.last = first, last
     self.num_s, self.num_d = len(stages), program.num_devices
     self.num_mb = program.table.num_micro_batches
