@@ -37,6 +37,7 @@ from typing import Any, List
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import checks
 from tensorpipe import py_utils
 from tensorpipe.layers import activations
 from tensorpipe.layers import composite
@@ -293,10 +294,8 @@ class NASCellLayer(base_layer.BaseLayer):
         len(p.used_hiddenstates) != 7 or all(p.used_hiddenstates)):
       raise ValueError(f'{name}: used_hiddenstates={p.used_hiddenstates!r} '
                        'must be 7 flags, not all 1')
-    for key in ('num_filters', 'cur_channels'):
-      v = getattr(p, key)
-      if not isinstance(v, int) or v <= 0:
-        raise ValueError(f'{name}: {key}={v!r} must be a positive int')
+    checks.CheckPositiveInts(name, num_filters=p.num_filters,
+                             cur_channels=p.cur_channels)
     if p.stride not in (1, 2):
       raise ValueError(f'{name}: stride={p.stride!r} must be 1 or 2')
     if not 0.0 < p.drop_path_keep_prob <= 1.0:

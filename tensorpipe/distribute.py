@@ -46,8 +46,8 @@ import tensorflow as tf
 
 from tensorpipe import checks
 from tensorpipe import hyperparams
-from tensorpipe import pipeline_1f1b
 from tensorpipe import py_utils
+from tensorpipe import schedule_builders
 
 # Key of TrainStep's result with `stop`: the stop flags summed over replicas.
 STOP_VOTES = 'stop_votes'
@@ -170,7 +170,7 @@ def NumPartitions(pipe: hyperparams.Params) -> int:
   (num_stages_per_device, or the schedule's own); else `num_partitions`.
   """
   if pipe.partitions is not None:
-    return len(pipe.partitions) // pipeline_1f1b.NumStagesPerDevice(pipe)
+    return len(pipe.partitions) // schedule_builders.NumStagesPerDevice(pipe)
   return pipe.num_partitions
 
 

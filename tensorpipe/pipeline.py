@@ -36,22 +36,16 @@ Pseudo-code of one training step (`recompute=True`):
         dx_k, dtheta_k += vjp(F_k, saved[k][t], dy_k)    # recompute + backprop
   moving stats of batch norm <- stats summed over all micro-batches
 
-The recompute is written as an explicit backward `tf.while_loop` (a
-`tf.custom_gradient` over the whole pipeline) rather than `tf.recompute_grad`
-inside the forward loop: autodiff of a `tf.while_loop` stacks every tensor
-the loop body's gradient needs, and with `tf.recompute_grad` in the body that
-still included the partition's inputs and made it much slower than the
-forward-plus-backward cost (see tools/benchmark). `recompute_impl=
-'tf_recompute_grad'` keeps that formulation for comparison (the engine's
-forward run with `Ends(autodiff='recompute_grad')`).
-
+The layer builds; the training wrappers (pipeline_train.py) run. Each call
+makes one `pipeline_stage.PipelineCall` (thetas on their devices, stacked
+inputs, specs, T) and hands it with its table to GPipe's wrappers (FProp:
+the explicit recompute as one tf.custom_gradient, or a forward loop that
+TF's autodiff differentiates with `recompute_impl='tf_recompute_grad'` or
+without recompute) or to the loss-inside step (FPropLoss,
+FPropLossAndGrads: every schedule but GPipe, `schedules.LossInside`).
 With one partition and one micro-batch (K=1, T=1) nothing is pipelined:
 FProp then calls the partition directly, without loops, and skips the
-recompute (it would save no memory there). The loops run one clock tick at
-a time (parallel_iterations=1), which bounds the weight gradients in flight;
-the backward loop adds each tick's weight gradients inside its tf.cond so
-bubble ticks cost no weight-sized add. A stage's boundary structures are
-traced once per call (`pipeline_stage.InferSpecs`). Inside `timeline.Record()` (at
+recompute (it would save no memory there). Inside `timeline.Record()` (at
 trace time) every stage call also records tf.timestamp() before and after
 (and after the recomputed forward), for tools/benchmark's timeline; all of
 it goes through one `timeline.Probe`, which builds nothing when off.
@@ -72,23 +66,22 @@ masks are drawn per example (py_utils.StatelessUniform), so they do not depend
 on K or T and the recompute pass reproduces them.
 """
 
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import checks
 from tensorpipe import devices as devices_lib
 from tensorpipe import grad_sum
 from tensorpipe import hyperparams
 from tensorpipe import microbatch
 from tensorpipe import partitioning
-from tensorpipe import pipeline_1f1b
 from tensorpipe import pipeline_stage
+from tensorpipe import pipeline_train
 from tensorpipe import py_utils
 from tensorpipe import schedule_builders
-from tensorpipe import schedule_engine
-from tensorpipe import schedule_program
 from tensorpipe import schedules
 from tensorpipe import timeline
 from tensorpipe.layers import composite
@@ -98,20 +91,6 @@ from tensorpipe.nested_map import NestedMap
 _NoAutoGraph = tf.autograph.experimental.do_not_convert
 
 _RECOMPUTE_IMPLS = ('explicit', 'tf_recompute_grad')
-# One clock tick in flight at a time. tf.while_loop's default (10) lets later
-# ticks start early; with per-tick weight gradients that kept up to 10
-# copies of every partition's dtheta alive (dense16, K=1, T=8: 543 MB peak
-# above idle instead of 111 MB) and made the unrecomputed loop's autodiff 3x
-# slower. GPipe's schedule is tick-synchronous anyway: within a tick the K
-# partitions still run concurrently on their devices.
-_PARALLEL_ITERATIONS = 1
-
-
-class _ForwardResult(NamedTuple):
-  """What the forward pass hands on."""
-  outputs: List[tf.Tensor]        # last stage's flat outputs, [T, N/T, ...]
-  stats: List[List[List[tf.Tensor]]]  # per stage and layer, summed over t
-  saved: Optional[List[List[tf.Tensor]]]  # per stage, inputs [T, ...]
 
 
 class TensorPipeLayer(base_layer.BaseLayer):
@@ -209,7 +188,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     stage_params, plan = self._ResolvePartitions(p)
     self._CheckUniqueLayerNames(stage_params)
     self._devices = devices_lib.ResolveDevices(
-        p.devices, len(stage_params) // pipeline_1f1b.NumStagesPerDevice(p))
+        p.devices, len(stage_params) // schedule_builders.NumStagesPerDevice(p))
     self._WarnIfDevicesShared()
     if p.recompute_impl not in _RECOMPUTE_IMPLS:
       raise ValueError(f'recompute_impl={p.recompute_impl!r} is not one of '
@@ -221,7 +200,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
       raise ValueError(f'TensorPipeLayer {p.name!r}: unroll_ticks='
                        f'{p.unroll_ticks!r} must be an int >= 1 (ticks per '
                        'loop iteration; 1 turns unrolling off)')
-    pipeline_1f1b.CheckScheduleParams(p, len(self._devices))
+    schedule_builders.CheckScheduleParams(p, len(self._devices))
     grad_sum.CheckMode(p.grad_sum, f'TensorPipeLayer {p.name!r}')
     if p.grad_sum == 'pairwise' and not (p.recompute and
                                          p.recompute_impl == 'explicit'):
@@ -232,7 +211,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
           'recompute TF or the unrolled 1F1B schedule adds the gradients); '
           "set recompute=True, recompute_impl='explicit', or "
           "grad_sum='sequential'")
-    placement = pipeline_1f1b.StageDevices(p, len(self._devices))
+    placement = schedule_builders.StageDevices(p, len(self._devices))
     stages = []
     for k, layer_ps in enumerate(stage_params):
       device = self._devices[placement[k]]
@@ -269,7 +248,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
         if not part:
           raise ValueError(f'TensorPipeLayer {p.name!r}: partition {k} is '
                            'empty; every partition needs at least one layer')
-      v = pipeline_1f1b.NumStagesPerDevice(p)
+      v = schedule_builders.NumStagesPerDevice(p)
       if len(parts) % v:
         raise ValueError(
             f'TensorPipeLayer {p.name!r}: {len(parts)} partitions (stages) do '
@@ -287,9 +266,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     if not layers:
       raise ValueError(f'TensorPipeLayer {p.name!r}: layers is empty')
     k = p.num_partitions
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-      raise ValueError(f'num_partitions={k!r} must be a positive int')
-    v = pipeline_1f1b.NumStagesPerDevice(p)
+    checks.CheckPositiveInts('', num_partitions=k)
+    v = schedule_builders.NumStagesPerDevice(p)
     if k * v > len(layers):
       what = (f'num_partitions={k}' if v == 1 else
               f'num_partitions={k} x num_stages_per_device={v} = {k * v} '
@@ -432,13 +410,15 @@ class TensorPipeLayer(base_layer.BaseLayer):
 
   @_NoAutoGraph
   def FPropLoss(self, theta: NestedMap, inputs: Tuple[Any, ...], targets: Any,
-                loss_fn: pipeline_1f1b.LossFn, normalizer: Any) -> NestedMap:
-    """Training with schedule='1f1b': the loss, differentiable by a tape.
+                loss_fn: pipeline_train.LossFn, normalizer: Any) -> NestedMap:
+    """Training with the loss inside ('1f1b' and every schedule but
+    'gpipe'): the loss, differentiable by a tape.
 
-    Runs the whole 1F1B step (forward, loss and backward of every
-    micro-batch) and returns the loss under a tf.custom_gradient whose
-    gradient is upstream x the weight gradients computed there, so a
-    task's loss built on it trains with `tape.gradient` unchanged.
+    Runs the whole step (`pipeline_train.FPropLoss`: forward, loss and
+    backward of every micro-batch) and returns the loss under a
+    tf.custom_gradient whose gradient is upstream x the weight gradients
+    computed there, so a task's loss built on it trains with
+    `tape.gradient` unchanged.
 
     Args:
       theta: this layer's weights.
@@ -457,13 +437,18 @@ class TensorPipeLayer(base_layer.BaseLayer):
       NestedMap(loss=sum of loss sums / normalizer, metrics=name -> (sum of
       value sums, sum of weights)); the metrics get no gradient.
     """
-    return pipeline_1f1b.FPropLoss(
-        self, theta, self._Check1F1BInputs(inputs), targets, loss_fn,
-        normalizer)
+    inputs, num_mb = self._CheckLossInsideInputs(inputs)
+    pipeline_train.CheckLossFn(loss_fn)
+    with py_utils.BatchAxis(self.params.batch_dim):
+      call = self._Call(theta, inputs, num_mb)
+      loss, metrics = pipeline_train.FPropLoss(
+          call, self._LossInsideTable(num_mb), targets, loss_fn, normalizer,
+          py_utils.IsTraining())
+    return NestedMap(loss=loss, metrics=metrics)
 
   @_NoAutoGraph
   def FPropLossAndGrads(self, theta: NestedMap, inputs: Tuple[Any, ...],
-                        targets: Any, loss_fn: pipeline_1f1b.LossFn,
+                        targets: Any, loss_fn: pipeline_train.LossFn,
                         normalizer: Any) -> NestedMap:
     """As `FPropLoss`, but also returns the gradients (no tape needed).
 
@@ -471,13 +456,20 @@ class TensorPipeLayer(base_layer.BaseLayer):
       NestedMap(loss, metrics, grads): grads holds d loss / d theta in
       theta's structure (theta.partition_<k>).
     """
-    return pipeline_1f1b.FPropLossAndGrads(
-        self, theta, self._Check1F1BInputs(inputs), targets, loss_fn,
-        normalizer)
+    inputs, num_mb = self._CheckLossInsideInputs(inputs)
+    pipeline_train.CheckLossFn(loss_fn)
+    with py_utils.BatchAxis(self.params.batch_dim):
+      call = self._Call(theta, inputs, num_mb)
+      res, grads = pipeline_train.FPropLossAndGrads(
+          call, self._LossInsideTable(num_mb), targets, loss_fn, normalizer,
+          py_utils.IsTraining())
+    return NestedMap(loss=res.loss, metrics=res.metrics, grads=NestedMap(
+        {f'partition_{k}': g for k, g in enumerate(grads)}))
 
-  def _Check1F1BInputs(self, inputs) -> Tuple[Any, ...]:
+  def _CheckLossInsideInputs(self, inputs) -> Tuple[Tuple[Any, ...], int]:
+    """(inputs as a tuple, T), or ValueError for GPipe or no inputs."""
     p = self.params
-    if p.schedule == 'gpipe':
+    if not schedules.LossInside(p.schedule):
       raise ValueError(f'TensorPipeLayer {p.name!r}: FPropLoss / '
                        'FPropLossAndGrads run a schedule with the loss inside '
                        "the pipeline, but schedule='gpipe'; set "
@@ -491,13 +483,37 @@ class TensorPipeLayer(base_layer.BaseLayer):
     num_mb = microbatch.NumMicroBatches(batch, p.num_micro_batches,
                                         p.micro_batch_size)
     self._CheckInputShapes(inputs, num_mb)
-    return inputs
+    return inputs, num_mb
+
+  def _Call(self, theta: NestedMap, inputs: Tuple[Any, ...],
+            num_mb: int) -> pipeline_stage.PipelineCall:
+    """The per-call object of one call on `inputs` (T = num_mb)."""
+    p = self.params
+    return pipeline_stage.PipelineCall.Make(
+        self._stages, self._devices,
+        [theta[f'partition_{k}'] for k in range(len(self._stages))], inputs,
+        num_mb, p.batch_dim, recompute=p.recompute, grad_sum=p.grad_sum,
+        unroll_ticks=p.unroll_ticks)
+
+  def _LossInsideTable(self, num_mb: int) -> schedules.Schedule:
+    p = self.params
+    return schedule_builders.FromParam(
+        p.schedule, len(self._devices), num_mb,
+        schedule_builders.NumStagesPerDevice(p))
+
+  def _GPipeTable(self, num_mb: int) -> schedules.Schedule:
+    """GPipe's table, or with v stages per device (inference of an
+    interleaved pipeline) a forward-only one."""
+    kk = len(self._devices)
+    if len(self._stages) == kk:
+      return schedule_builders.Build('gpipe', kk, num_mb)
+    return schedule_builders.ForwardOnly(self._placement, kk, num_mb)
 
   def _FPropOnBatchAxis(self, theta: NestedMap, *inputs):
     p = self.params
     if not inputs:
       raise ValueError('TensorPipeLayer.FProp needs at least one input')
-    if p.schedule != 'gpipe' and py_utils.IsTraining():
+    if schedules.LossInside(p.schedule) and py_utils.IsTraining():
       raise ValueError(
           f'TensorPipeLayer {p.name!r} has schedule='
           f'{schedules.Label(p.schedule)!r}, which '
@@ -507,37 +523,22 @@ class TensorPipeLayer(base_layer.BaseLayer):
     batch = microbatch.BatchSize(inputs, p.batch_dim)
     num_mb = microbatch.NumMicroBatches(batch, p.num_micro_batches,
                                         p.micro_batch_size)
-    mb_size = batch // num_mb
     self._CheckInputShapes(inputs, num_mb)
     training = py_utils.IsTraining()
     # The timeline enters here, the one place: every cell stamps through it.
     probe = timeline.ActiveProbe()
     if len(self._stages) == 1 and num_mb == 1:
       return self._SingleCall(theta, inputs, training, probe)
-    thetas = []
-    for k, stage in enumerate(self._stages):
-      with tf.device(stage.device):
-        thetas.append(tf.nest.map_structure(
-            tf.identity, list(theta[f'partition_{k}'])))
-    stacked = microbatch.Split(inputs, num_mb, p.batch_dim)
-    specs = pipeline_stage.InferSpecs(self._stages, thetas, stacked,
-                                      mb_size)
-    flat_stacked = microbatch.FlattenTensors(stacked)
-    if training and p.recompute and p.recompute_impl == 'explicit':
-      result = self._RecomputedPipeline(specs, flat_stacked, thetas, num_mb,
-                                        mb_size)
-    else:
-      # TF's autodiff differentiates the loop: in training, each stage's
-      # gradient on its device, under tf.recompute_grad with recompute.
-      autodiff = ('' if not training else
-                  'recompute_grad' if p.recompute else 'place')
-      result = self._ForwardLoop(specs, flat_stacked, thetas, num_mb,
-                                 mb_size, save_inputs=False,
-                                 autodiff=autodiff)
+    call = self._Call(theta, inputs, num_mb)
+    table = self._GPipeTable(num_mb)
     if training:
-      self._ReportStats(specs, result.stats)
+      # The explicit recompute, or TF's autodiff of the forward loop.
+      result = pipeline_train.GPipeTrain(call, table, p.recompute_impl)
+      pipeline_train.ReportCallStats(call, result.stats)
+    else:
+      result = pipeline_train.GPipeForward(call, table)
     with tf.device(self._stages[-1].device):
-      out = microbatch.PackTensors(specs[-1].out_struct, result.outputs)
+      out = microbatch.PackTensors(call.specs[-1].out_struct, result.outputs)
       return microbatch.Merge(out, p.batch_dim)
 
   def _SingleCall(self, theta, inputs, training, probe):
@@ -560,8 +561,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     if training:
       with tf.device(stage.device):
         flat_stats = pipeline_stage.FlatStats(collected)
-        for (layer, _), flat in zip(collected, flat_stats):
-          py_utils.AddBatchStats(layer, py_utils.BatchStats.Pack(flat))
+      pipeline_train.ReportStats(
+          [stage], [[layer for layer, _ in collected]], [flat_stats])
     return out
 
   def _CheckInputShapes(self, inputs, num_mb):
@@ -584,97 +585,3 @@ class TensorPipeLayer(base_layer.BaseLayer):
                                owner=f'TensorPipeLayer {p.name!r}')
     except NotImplementedError:
       pass
-
-  def _ReportStats(self, specs, stats) -> None:
-    """Hands each batch-norm layer its statistics summed over micro-batches."""
-    for stage, spec, stage_stats in zip(self._stages, specs, stats):
-      for layer, flat in zip(spec.stats_layers, stage_stats):
-        with tf.device(stage.device):
-          py_utils.AddBatchStats(layer, py_utils.BatchStats.Pack(flat))
-
-  def _Run(self, specs, flat_stacked, thetas, num_mb, mb_size, ends,
-           backward: bool, acc=None) -> schedule_engine.Sums:
-    """GPipe's forward (or backward) pass: its table's F (B) ticks, run by
-    the schedule engine with one tick in flight."""
-    kk, num_s = len(self._devices), len(self._stages)
-    if num_s == kk:
-      # GPipe's table: F ticks [0, span), then B ticks [span, 2 span).
-      table = schedule_builders.Build('gpipe', kk, num_mb)
-      span = table.num_ticks // 2
-    else:
-      # v stages per device (inference of an interleaved pipeline): each
-      # device runs its stages' forward cells in GPipe's order (micro-batch
-      # t of stage s on tick t + s), each as early as it can.
-      orders = [[] for _ in range(kk)]
-      for t, s in sorted(((t, s) for t in range(num_mb)
-                          for s in range(num_s)), key=lambda x: sum(x)):
-        orders[self._placement[s]].append(schedules.Action('F', t, s))
-      table = schedules.FromOrders(orders, num_mb, num_s,
-                                   name='gpipe_forward')
-      span = table.num_ticks
-    first = span if backward else 0
-    return schedule_engine.Run(
-        self._stages, thetas, specs, schedule_program.Compile(table),
-        flat_stacked, ends, mb_size, acc, self._devices, first=first,
-        end=first + span, unroll_ticks=self.params.unroll_ticks,
-        parallel_iterations=_PARALLEL_ITERATIONS)
-
-  def _ForwardLoop(self, specs, flat_stacked, thetas, num_mb, mb_size,
-                   save_inputs, autodiff='') -> _ForwardResult:
-    """The forward pass (the first loop of the pseudo-code).
-
-    Args:
-      specs: per stage, its `pipeline_stage.StageSpecs`.
-      flat_stacked: the flat inputs split into micro-batches, [T, N/T, ...].
-      thetas: per stage, its weights (a list per layer).
-      num_mb: T.
-      mb_size: N / T.
-      save_inputs: whether to return every stage's inputs (for a recompute).
-      autodiff: '' or how TF's autodiff will differentiate the loop
-        (schedule_engine.Ends: 'place', 'recompute_grad').
-
-    Returns:
-      A `_ForwardResult`; its `saved` is None unless `save_inputs`.
-    """
-    sums = self._Run(specs, flat_stacked, thetas, num_mb, mb_size,
-                     schedule_engine.Ends(outputs=True,
-                                          save_inputs=save_inputs,
-                                          autodiff=autodiff),
-                     backward=False)
-    return _ForwardResult(sums.outputs, sums.stats, sums.saved)
-
-  def _RecomputedPipeline(self, specs, flat_stacked, thetas, num_mb, mb_size
-                          ) -> _ForwardResult:
-    """Forward pass + explicit backward pass, as one tf.custom_gradient."""
-    arg_struct = (list(flat_stacked), thetas)
-    # The stats leave the pipeline without a gradient (FlatStats).
-    result_struct = (list(specs[-1].out_specs),
-                     [spec.StatsSpecs() for spec in specs])
-
-    @tf.custom_gradient
-    def Pipeline(*args):
-      f_stacked, f_thetas = tf.nest.pack_sequence_as(arg_struct, list(args))
-      fwd = self._ForwardLoop(specs, f_stacked, f_thetas, num_mb, mb_size,
-                              save_inputs=True)
-      forward_ctx = py_utils.Current()
-
-      def Grad(*dys):
-        dys, _ = tf.nest.pack_sequence_as(result_struct, list(dys))
-        dys = [tf.zeros_like(o) if d is None else d
-               for d, o in zip(dys, fwd.outputs)]
-        # The recompute must draw the forward pass's dropout masks even when
-        # tape.gradient runs outside the forward's StepSeed block.
-        with py_utils.RestoreContext(forward_ctx):
-          sums = self._Run(
-              specs, f_stacked, f_thetas, num_mb, mb_size,
-              schedule_engine.Ends(dys=dys, saved=fwd.saved,
-                                   input_grads=True),
-              backward=True,
-              acc=grad_sum.GradSum(self.params.grad_sum, num_mb))
-        return tf.nest.flatten((sums.d_inputs, sums.dthetas))
-
-      return tf.nest.flatten((fwd.outputs, fwd.stats)), Grad
-
-    outputs, stats = tf.nest.pack_sequence_as(
-        result_struct, list(Pipeline(*tf.nest.flatten(arg_struct))))
-    return _ForwardResult(outputs, stats, None)

@@ -26,10 +26,15 @@ names the commit; the tests compare against tables transcribed from it).
 
 Adding a schedule: one builder here (or `Register(name, builder)` from user
 code) and one literal grid test in tests/schedule_table_test.py.
+
+The schedule facts a `TensorPipeLayer`'s Params imply are here too:
+`CheckScheduleParams` (what its settings cannot run), `NumStagesPerDevice`
+(v) and `StageDevices` (each stage's device); `ForwardOnly` is the forward
+table of inference over v stages per device.
 """
 
 import numbers
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from tensorpipe import schedules
 from tensorpipe.schedules import Action, FromOrders, Schedule
@@ -345,3 +350,107 @@ def FromParam(value: str, num_devices: int,
                                   num_stages_per_device)
   return Build(value, num_devices, num_micro_batches or 2 * num_devices,
                num_stages_per_device)
+
+
+def ForwardOnly(stage_device: Sequence[int], num_devices: int,
+                num_micro_batches: int) -> Schedule:
+  """Forward cells only, in GPipe's order (micro-batch t of stage s on tick
+  t + s), each as early as its device allows: the forward table of a
+  pipeline with several stages per device (inference of an interleaved
+  pipeline). stage_device: per stage, its device."""
+  num_s = len(stage_device)
+  orders = [[] for _ in range(num_devices)]
+  for t, s in sorted(((t, s) for t in range(num_micro_batches)
+                      for s in range(num_s)), key=sum):
+    orders[stage_device[s]].append(Action('F', t, s))
+  return FromOrders(orders, num_micro_batches, num_s, name='gpipe_forward')
+
+
+# -- Schedule facts of a TensorPipeLayer's Params ----------------------------
+
+# The stages per device of a schedule defined on more than one, taken when
+# num_stages_per_device is None (the default); every other schedule: 1.
+_OWN_STAGES_PER_DEVICE = {'zb_v': 2}
+
+
+def NumStagesPerDevice(p: Any) -> int:
+  """v of a TensorPipeLayer's Params: num_stages_per_device, or where it is
+  None the schedule's own (2 for 'zb_v', else 1).
+
+  Raises:
+    ValueError: num_stages_per_device is neither None nor an int >= 1.
+  """
+  v = p.num_stages_per_device
+  if v is None:
+    return (_OWN_STAGES_PER_DEVICE.get(p.schedule, 1)
+            if isinstance(p.schedule, str) else 1)
+  if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    raise ValueError(f'TensorPipeLayer {p.name!r}: num_stages_per_device='
+                     f'{v!r} must be an int >= 1 (stages per device: 2 or '
+                     "more for schedule='interleaved_1f1b'), or None for "
+                     "the schedule's own")
+  return v
+
+
+def CheckScheduleParams(p: Any, num_devices: int) -> None:
+  """ValueError for a TensorPipeLayer `schedule` its settings cannot run.
+
+  'gpipe' runs with the loss outside the pipeline (`schedules.LossInside`);
+  every other registered table ('1f1b', 'interleaved_1f1b', 'zb_h1',
+  'zb_v', one registered by the user) and every CSV table runs on the
+  engine with the loss inside.
+  """
+  v = NumStagesPerDevice(p)
+  if not schedules.IsCsvParam(p.schedule) and (
+      not isinstance(p.schedule, str) or p.schedule not in Names()):
+    raise ValueError(f'TensorPipeLayer {p.name!r}: schedule='
+                     f'{schedules.Label(p.schedule)!r} is not one of '
+                     f'{Names()}; use '
+                     "schedule='gpipe' (default), '1f1b' or "
+                     "'interleaved_1f1b', a CSV table (a path ending in "
+                     "'.csv', or schedules.CsvParam(path)), or register a "
+                     'table builder with schedule_builders.Register(name, '
+                     'builder)')
+  if not schedules.LossInside(p.schedule):
+    if v != 1:
+      raise ValueError(
+          f'TensorPipeLayer {p.name!r}: schedule={p.schedule!r} runs one '
+          f'stage per device, got num_stages_per_device={v}; use '
+          "schedule='interleaved_1f1b' for several stages per device, or "
+          'num_stages_per_device=1')
+    return
+  # At the step's T when it is set; else (micro_batch_size) the placement
+  # and the ops, which do not depend on T, from a table for T = 2K
+  # (interleaved 1F1B needs a multiple of K, ZB-V at least 2K - 1) or a
+  # CSV table's own T.
+  tt = p.num_micro_batches
+  tt = tt if isinstance(tt, int) and not isinstance(tt, bool) and tt > 0 else (
+      None)
+  try:
+    table = FromParam(p.schedule, num_devices, tt, v)
+  except ValueError as e:
+    raise ValueError(f'TensorPipeLayer {p.name!r}: {e}') from None
+  split = [a for row in table.grid for a in row if a and a.op in 'IW']
+  if split and p.grad_sum != 'sequential':
+    raise ValueError(
+        f'TensorPipeLayer {p.name!r}: schedule='
+        f'{schedules.Label(p.schedule)!r} splits the backward pass into '
+        'input- and weight-gradient cells (I, W), which '
+        f"add weight gradients as they come; grad_sum={p.grad_sum!r} needs "
+        "whole backward cells: use grad_sum='sequential' or "
+        "schedule='1f1b'")
+  if p.recompute_impl != 'explicit':
+    raise ValueError(
+        f'TensorPipeLayer {p.name!r}: schedule='
+        f'{schedules.Label(p.schedule)!r} recomputes in its own loop, so '
+        f'recompute_impl={p.recompute_impl!r} does not '
+        "apply; leave recompute_impl='explicit'")
+
+
+def StageDevices(p: Any, num_devices: int) -> List[int]:
+  """Per stage, the index of its device under `p.schedule` (S = K v)."""
+  if not schedules.LossInside(p.schedule):
+    return list(range(num_devices))
+  table = FromParam(p.schedule, num_devices, None, NumStagesPerDevice(p))
+  place = table.StageDevice()
+  return [place[s] for s in range(table.num_stages)]

@@ -6,23 +6,119 @@ not a loop (schedule_engine.Run) but one stage call per cell in the graph:
 each forward cell under its own GradientTape, its backward (or I) cell
 taking that tape's gradient. The graph holds 2 S T stage calls (3 with I
 and W), so it grows with T; `UNROLLED_CELLS_WARNING` says where tracing
-gets slow.
+gets slow. The cells are the stage's cell algebra (pipeline_stage:
+`TapedCall`, `Vjp`, `WeightGrads`), as in the engine's loops.
 """
 
 from absl import logging
 import tensorflow as tf
 
-from tensorpipe import grad_sum
-from tensorpipe import py_utils
-from tensorpipe import schedule_engine
+from tensorpipe import pipeline_stage
 from tensorpipe import timeline
 
 # Past this many stage calls, tracing takes long enough to warn.
 UNROLLED_CELLS_WARNING = 256
 
 
-def Run(stages, thetas, specs, program, flat_stacked, loss_of, loss_specs,
-        normalizer, mb_size, devices) -> schedule_engine.Sums:
+class _Cells:
+  """The unrolled table's cells and what each leaves for a later one.
+
+  Each cell method runs one cell on device d's tick and returns (its
+  timeline row, the tensors the device's next cell waits for).
+  """
+
+  def __init__(self, call, program, loss_of, loss_specs, normalizer):
+    stages, thetas, specs = call.stages, call.thetas, call.specs
+    mb_size = call.mb_size
+    self.stages, self.thetas, self.specs = stages, thetas, specs
+    self.flat_stacked, self.loss_of = call.flat_stacked, loss_of
+    self.normalizer, self.mb_size = normalizer, mb_size
+    self.probe = timeline.ActiveProbe()
+    self.outs, self.dxs_of, self.pending, self.stashed = {}, {}, {}, {}
+    self.dthetas = [[tf.zeros_like(w) for w in tf.nest.flatten(th)]
+                    for th in thetas]
+    self.split = {(a.micro_batch, a.stage) for row in program.table.grid
+                  for a in row if a and a.op == 'I'}
+    self.weight_ops = {s: pipeline_stage.TraceWeightOps(
+        stages[s], specs[s], thetas[s], mb_size)
+                       for s in {st for _, st in self.split}}
+    self.stats = [[pipeline_stage.Zeros(ss) for ss in spec.StatsSpecs()]
+                  for spec in specs]
+    self.sums = pipeline_stage.Zeros(loss_specs)
+
+  def Forward(self, s, t, m):
+    """F: the stage call of micro-batch t under a tape kept for its B."""
+    probe, spec = self.probe, self.specs[s]
+    last = s == len(self.stages) - 1
+    x = ([tf.gather(v, t) for v in self.flat_stacked] if s == 0 else
+         self.outs.pop((t, s - 1)))
+    start = probe.Stamp(x)
+    # A split backward (I, W) watches no weight op's weight (I builds no
+    # dw kernel; W takes each op's dw itself).
+    split = (m, s) in self.split
+    watched = pipeline_stage.Watched(
+        len(tf.nest.flatten(self.thetas[s])), self.weight_ops.get(s, []),
+        split)
+    losses = []
+
+    def LossHead(y, unused_dys):
+      l, metrics = self.loss_of(y, t)
+      losses.append([l] + metrics)
+      return [l / self.normalizer], None
+    # Stage 0's inputs are data: no gradient for them.
+    cell = pipeline_stage.TapedCall(
+        self.stages[s], spec, self.thetas[s], x, t, self.mb_size,
+        watch_inputs=s > 0, watched=watched, split=split,
+        head=LossHead if last else pipeline_stage.FloatOutputs(spec),
+        dys=None, deps=start)
+    if last:
+      self.sums = [u + v for u, v in zip(self.sums, losses[-1])]
+    else:
+      self.outs[(t, s)] = cell.outputs
+    self.stats[s] = pipeline_stage.Add(self.stats[s], cell.stats)
+    self.pending[(t, s)] = (cell, watched)
+    end = probe.Stamp([cell.outputs, cell.stats])
+    # (With the timeline on, the next cell's start follows this end.)
+    return (start + probe.Missing(1) + end,
+            cell.outputs + tf.nest.flatten(cell.stats) + end)
+
+  def WeightGrad(self, s, t):
+    """W: each weight op's dw from the (x, dz) its I cell kept."""
+    xs, dzs = self.stashed.pop((t, s))
+    start = self.probe.Stamp(dzs)
+    with tf.control_dependencies(start):
+      self.dthetas[s] = pipeline_stage.WeightGrads(
+          self.weight_ops[s], self.thetas[s], xs, dzs, self.dthetas[s])
+    end = self.probe.Stamp(self.dthetas[s])
+    return start + self.probe.Missing(1) + end, self.dthetas[s] + end
+
+  def Backward(self, s, t, op):
+    """B (or I: no weight op's dw; each op's (x, dz) kept for W): the
+    gradient of the tape its F cell kept."""
+    cell, watched = self.pending.pop((t, s))
+    theta_flat = tf.nest.flatten(self.thetas[s])
+    zs = [call.z for call in cell.calls] if op == 'I' else []
+    dy = (None if s == len(self.stages) - 1 else
+          self.dxs_of.pop((t, s + 1)))
+    start = self.probe.Stamp(cell.ys + (dy or []))
+    with tf.control_dependencies(start):
+      dxs, dzs, dws = pipeline_stage.Vjp(
+          cell.tape, cell.ys, (cell.xs, zs, [theta_flat[i] for i in watched]),
+          dy)
+    self.dthetas[s] = pipeline_stage.AccumulateAt(self.dthetas[s], watched,
+                                                  dws)
+    if op == 'I':
+      self.stashed[(t, s)] = ([call.x for call in cell.calls], list(dzs))
+    if s > 0:
+      self.dxs_of[(t, s)] = list(dxs)
+    # A backward row without a recompute is (start, -1, end).
+    end = self.probe.Stamp([dxs, self.dthetas[s]])
+    return (start + self.probe.Missing(1) + end,
+            list(dxs) + self.dthetas[s] + end)
+
+
+def Run(call: pipeline_stage.PipelineCall, program, loss_of, loss_specs,
+        normalizer) -> pipeline_stage.Sums:
   """A compiled schedule without recompute: the table unrolled in Python.
 
   Each forward cell runs under its own GradientTape, built when the step is
@@ -33,11 +129,12 @@ def Run(stages, thetas, specs, program, flat_stacked, loss_of, loss_specs,
   dependency on the previous cell of the same device makes each device run
   its cells in the table's order (the dataflow alone would let every
   forward run first, as in GPipe). The graph holds 2 S T stage calls, so it
-  grows with T (the loop's does not).
+  grows with T (the loop's does not). loss_of, loss_specs, normalizer: as
+  `schedule_ends.LossInside`'s.
   """
-  num_s, num_d = len(stages), program.num_devices
+  num_s, num_d = len(call.stages), program.num_devices
+  devices = call.devices
   num_mb = program.table.num_micro_batches
-  probe = timeline.ActiveProbe()
   if 2 * num_s * num_mb > UNROLLED_CELLS_WARNING:
     logging.warning(
         'Schedule %r without recompute unrolls its table: S=%d stages x '
@@ -45,15 +142,8 @@ def Run(stages, thetas, specs, program, flat_stacked, loss_of, loss_specs,
         'tracing slow; use recompute=True (a loop whose graph does not grow '
         'with T) or fewer micro-batches', program.table.name, num_s, num_mb,
         2 * num_s * num_mb, UNROLLED_CELLS_WARNING)
-  outs, dxs_of, pending, stashed = {}, {}, {}, {}
-  dthetas = [[tf.zeros_like(w) for w in tf.nest.flatten(th)]
-             for th in thetas]
-  split = {(a.micro_batch, a.stage) for row in program.table.grid
-           for a in row if a and a.op == 'I'}
-  weight_ops = {s: schedule_engine.TraceWeightOps(stages[s], specs[s], thetas[s], mb_size)
-                for s in {st for _, st in split}}
-  stats = [[schedule_engine.Zeros(ss) for ss in spec.StatsSpecs()] for spec in specs]
-  sums = schedule_engine.Zeros(loss_specs)
+  cells = _Cells(call, program, loss_of, loss_specs, normalizer)
+  probe = cells.probe
   previous = [[] for _ in range(num_d)]  # per device: its last cell's results
   rows = [[] for _ in range(num_d)]      # per device: timeline rows
   for c in range(program.num_ticks):
@@ -63,83 +153,19 @@ def Run(stages, thetas, specs, program, flat_stacked, loss_of, loss_specs,
         rows[d].append(probe.Missing(3))
         continue
       s, t = a.stage, program.real[a.micro_batch]
-      stage, spec = stages[s], specs[s]
-      theta_flat = tf.nest.flatten(thetas[s])
-      # A split backward (I, W) watches no weight op's weight (I builds no
-      # dw kernel; W takes each op's dw itself).
-      op_idx = ([i for i, _, _, _ in weight_ops[s]]
-                if (a.micro_batch, s) in split else [])
-      watched = [i for i in range(len(theta_flat)) if i not in op_idx]
       with tf.device(devices[d]), tf.control_dependencies(previous[d]):
         if a.op == 'F':
-          x = ([tf.gather(v, t) for v in flat_stacked] if s == 0 else
-               outs.pop((t, s - 1)))
-          start = probe.Stamp(x)
-          with tf.GradientTape(watch_accessed_variables=False) as tape, \
-              tf.control_dependencies(start):
-            # Stage 0's inputs are data: no gradient for them.
-            xs = [x[i] for i in spec.float_in] if s > 0 else []
-            tape.watch(xs)
-            tape.watch([theta_flat[i] for i in watched])
-            th = tf.nest.pack_sequence_as(thetas[s], theta_flat)
-            with py_utils.CollectWeightOps(tape if op_idx else None) as calls:
-              y, cell_stats = stage.FlatCall(spec.in_struct, th, list(x), t,
-                                             mb_size)
-            if s == num_s - 1:
-              l, m = loss_of(y, t)
-              ys = [l / normalizer]
-              sums = [u + v for u, v in zip(sums, [l] + m)]
-            else:
-              ys = [y[i] for i in spec.float_out]
-              outs[(t, s)] = y
-          stats[s] = tf.nest.map_structure(lambda u, v: u + v, stats[s],
-                                           cell_stats)
-          pending[(t, s)] = (tape, xs, ys, calls, watched)
-          end = probe.Stamp([y, cell_stats])
-          rows[d].append(start + probe.Missing(1) + end)
-          # (With the timeline on, the next cell's start follows this end.)
-          previous[d] = y + tf.nest.flatten(cell_stats) + end
+          row, previous[d] = cells.Forward(s, t, a.micro_batch)
         elif a.op == 'W':
-          start = probe.Stamp(stashed[(t, s)][1])
-          dtheta = list(dthetas[s])
-          with tf.control_dependencies(start):
-            for (i, _, _, fn), x, dz in zip(weight_ops[s],
-                                            *stashed.pop((t, s))):
-              with tf.GradientTape(watch_accessed_variables=False) as tape:
-                tape.watch(theta_flat[i])
-                z = fn(x, theta_flat[i])
-              dtheta[i] = grad_sum.Accumulate(dtheta[i], tape.gradient(
-                  z, theta_flat[i], output_gradients=dz))
-          dthetas[s] = dtheta
-          end = probe.Stamp(dtheta)
-          rows[d].append(start + probe.Missing(1) + end)
-          previous[d] = dtheta + end
+          row, previous[d] = cells.WeightGrad(s, t)
         else:
-          tape, xs, ys, calls, watched = pending.pop((t, s))
-          zs = [call.z for call in calls] if a.op == 'I' else []
-          dy = None if s == num_s - 1 else dxs_of.pop((t, s + 1))
-          start = probe.Stamp(ys + (dy or []))
-          with tf.control_dependencies(start):
-            dxs, dzs, dws = tape.gradient(
-                ys, (xs, zs, [theta_flat[i] for i in watched]),
-                output_gradients=dy,
-                unconnected_gradients=tf.UnconnectedGradients.ZERO)
-          dtheta = list(dthetas[s])
-          for i, g in zip(watched, dws):
-            dtheta[i] = grad_sum.Accumulate(dtheta[i], g)
-          dthetas[s] = dtheta
-          if a.op == 'I':
-            stashed[(t, s)] = ([call.x for call in calls], list(dzs))
-          if s > 0:
-            dxs_of[(t, s)] = list(dxs)
-          # A backward row without a recompute is (start, -1, end).
-          end = probe.Stamp([dxs, dthetas[s]])
-          rows[d].append(start + probe.Missing(1) + end)
-          previous[d] = list(dxs) + dthetas[s] + end
-  assert not (outs or dxs_of or pending or stashed), (outs, dxs_of, pending)
+          row, previous[d] = cells.Backward(s, t, a.op)
+      rows[d].append(row)
+  assert not (cells.outs or cells.dxs_of or cells.pending or cells.stashed), (
+      cells.outs, cells.dxs_of, cells.pending)
   if probe.recording:
     for d in range(num_d):
       with tf.device(devices[d]):
         probe.Add('table', d, num_d, num_mb, tf.stack([
             tf.stack(row) for row in rows[d]]), table=program.table)
-  return schedule_engine.Sums(sums, dthetas, stats)
+  return pipeline_stage.Sums(cells.sums, cells.dthetas, cells.stats)

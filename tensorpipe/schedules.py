@@ -146,6 +146,11 @@ class Schedule:
     return {a: (d, c) for d, row in enumerate(self.grid)
             for c, a in enumerate(row) if a is not None}
 
+  @property
+  def loss_inside(self) -> bool:
+    """`LossInside` of the table's name."""
+    return LossInside(self.name)
+
   def StageDevice(self) -> Dict[int, int]:
     """Maps each stage that appears in the table to its device."""
     return {a.stage: d for d, row in enumerate(self.grid)
@@ -439,6 +444,16 @@ def FromOrders(orders: Sequence[Sequence[Action]],
       done[a] = tick
     tick += 1
   return Schedule(grid, num_micro_batches, num_stages, name=name, slots=slots)
+
+
+# The schedules whose loss is outside the pipeline (FProp, then a tape).
+LOSS_OUTSIDE = ('gpipe',)
+
+
+def LossInside(value: object) -> bool:
+  """Whether a `TensorPipeLayer.schedule` value (a name or a CSV table)
+  trains with the loss inside the pipeline (FPropLoss): all but GPipe."""
+  return not (isinstance(value, str) and value in LOSS_OUTSIDE)
 
 
 # -- CSV tables as `TensorPipeLayer.schedule` values -------------------------

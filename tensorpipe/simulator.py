@@ -289,7 +289,7 @@ def SimulateSchedule(table: schedules.Schedule,
              num_cores=float(num_cores or table.num_devices),
              ticks_in_flight=ticks_in_flight)
   if loss_outside is None:
-    loss_outside = table.name == 'gpipe'
+    loss_outside = not table.loss_inside
   cells = _TableCells(table, cost, rc, run, loss_outside)
   return _Result(cells, table.num_devices, fixed_overhead, table.name)
 

@@ -23,12 +23,14 @@ import tensorflow as tf
 from tensorpipe import base_input
 from tensorpipe import base_layer
 from tensorpipe import decode_metrics
+from tensorpipe import errors
 from tensorpipe import hyperparams
 from tensorpipe import lr_schedules
 from tensorpipe import microbatch
 from tensorpipe import optimizers
 from tensorpipe import pipeline
 from tensorpipe import py_utils
+from tensorpipe import schedules
 from tensorpipe.layers import composite
 from tensorpipe.layers import losses
 from tensorpipe.layers import transformer
@@ -181,7 +183,7 @@ class BaseTask(base_layer.BaseLayer):
         microbatch.NumMicroBatches(batch_size, mp.num_micro_batches,
                                    mp.micro_batch_size)
       except (ValueError, TypeError) as e:
-        first = (str(e).strip().splitlines() or [''])[0]
+        first = errors.FirstLine(e)
         raise type(e)(f'{name}.batch_size={batch_size} does not fit the '
                       f'pipeline task.model: {first}') from None
 
@@ -233,7 +235,8 @@ class BaseTask(base_layer.BaseLayer):
 def _TrainsWith1F1B(model: base_layer.BaseLayer) -> bool:
   """Whether `model` trains with the loss inside it (schedule not 'gpipe')."""
   return (isinstance(model, pipeline.TensorPipeLayer) and
-          model.params.schedule != 'gpipe' and py_utils.IsTraining())
+          schedules.LossInside(model.params.schedule) and
+          py_utils.IsTraining())
 
 
 def _AccumulationCast(x: tf.Tensor) -> tf.Tensor:

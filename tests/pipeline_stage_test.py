@@ -1,4 +1,5 @@
-"""Tests for tensorpipe.pipeline_stage: boundary specs and flat stage calls."""
+"""Tests for tensorpipe.pipeline_stage: boundary specs, flat stage calls and
+the cell algebra the executors share."""
 
 import dataclasses
 
@@ -80,6 +81,108 @@ class FlatCallTest(tf.test.TestCase):
         for g, w in zip(got, want.Flatten(), strict=True):
           self.assertAllEqual(g, w)
       flat_in = flat_out
+
+
+def _FcStage():
+  """One FCLayer stage (3 -> 4, a py_utils.WeightOp matmul), its theta and
+  specs for micro-batches of 2."""
+  stage = _Stages()[0]
+  theta = [stage.layers[0].theta]
+  x = tf.random.stateless_normal([2, 3], seed=[3, 4])
+  spec, = pipeline_stage.InferSpecs([stage], [theta], (x[None],), 2)
+  return stage, theta, spec, x
+
+
+class CellAlgebraTest(tf.test.TestCase):
+
+  def testTapedCallVjpEqualsTapeGradient(self):
+    stage, theta, spec, x = _FcStage()
+    dy = tf.random.stateless_normal([2, 4], seed=[5, 6])
+    flat = tf.nest.flatten(theta)
+    cell = pipeline_stage.TapedCall(
+        stage, spec, theta, [x], tf.constant(0), 2, watch_inputs=True,
+        watched=range(len(flat)), split=False,
+        head=pipeline_stage.FloatOutputs(spec), dys=[dy])
+    dxs, dws = pipeline_stage.Vjp(cell.tape, cell.ys, (cell.xs, flat),
+                                  cell.dys)
+    with tf.GradientTape() as tape:
+      tape.watch([x] + flat)
+      y = stage.layers[0].FProp(theta[0], x)
+    want = tape.gradient(y, [x] + flat, output_gradients=dy)
+    self.assertAllClose(dxs[0], want[0])
+    for got, w in zip(dws, want[1:], strict=True):
+      self.assertAllClose(got, w)
+
+  def testVjpGivesZerosForAnUnconnectedSource(self):
+    a, b = tf.constant([1.0, 2.0]), tf.constant(3.0)
+    with tf.GradientTape() as tape:
+      tape.watch([a, b])
+      y = 2.0 * a
+    da, db = pipeline_stage.Vjp(tape, [y], [a, b], None)
+    self.assertAllEqual(da, [2.0, 2.0])
+    self.assertAllEqual(db, 0.0)
+
+  def testSplitBackwardThenWeightGradsEqualsTheWholeBackward(self):
+    """I (no dw of the weight op) + W (dw from the kept x and dz) give the
+    weight gradients of one whole backward cell."""
+    stage, theta, spec, x = _FcStage()
+    dy = tf.random.stateless_normal([2, 4], seed=[7, 8])
+    flat = tf.nest.flatten(theta)
+    ops = pipeline_stage.TraceWeightOps(stage, spec, theta, 2)
+    self.assertLen(ops, 1)
+    self.assertEqual(flat[ops[0].index].shape, [3, 4])
+    whole = pipeline_stage.Watched(len(flat), ops, split=False)
+    watched = pipeline_stage.Watched(len(flat), ops, split=True)
+    self.assertEqual(whole, list(range(len(flat))))
+    self.assertNotIn(ops[0].index, watched)
+    zeros = [tf.zeros_like(w) for w in flat]
+
+    def Backward(watched, split):
+      cell = pipeline_stage.TapedCall(
+          stage, spec, theta, [x], tf.constant(0), 2, watch_inputs=False,
+          watched=watched, split=split,
+          head=pipeline_stage.FloatOutputs(spec), dys=[dy])
+      zs = [call.z for call in cell.calls] if split else []
+      _, dzs, dws = pipeline_stage.Vjp(
+          cell.tape, cell.ys, ([], zs, [flat[i] for i in watched]),
+          cell.dys)
+      return cell, dzs, pipeline_stage.AccumulateAt(zeros, watched, dws)
+    _, _, want = Backward(whole, False)
+    cell, dzs, dtheta = Backward(watched, True)
+    self.assertAllEqual(dtheta[ops[0].index], zeros[ops[0].index])
+    got = pipeline_stage.WeightGrads(ops, theta, [c.x for c in cell.calls],
+                                     dzs, dtheta)
+    for g, w in zip(got, want, strict=True):
+      self.assertAllClose(g, w)
+
+  def testCellCallAutodiffVariantsGiveThePlainGradient(self):
+    stage, theta, spec, x = _FcStage()
+    flat = tf.nest.flatten(theta)
+    grads = []
+    for autodiff in pipeline_stage.AUTODIFF:
+      call = pipeline_stage.CellCall(stage, spec, theta, 2, autodiff)
+      with tf.GradientTape() as tape:
+        tape.watch([x] + flat)
+        (y,), _ = call([x], tf.constant(0))
+        loss = tf.reduce_sum(tf.sin(y))
+      grads.append(tape.gradient(loss, [x] + flat))
+    for other in grads[1:]:
+      for g, w in zip(other, grads[0], strict=True):
+        self.assertAllClose(g, w)
+
+  def testCellCallRejectsAnUnknownAutodiff(self):
+    stage, theta, spec, _ = _FcStage()
+    with self.assertRaisesRegex(ValueError, "autodiff='tape'"):
+      pipeline_stage.CellCall(stage, spec, theta, 2, 'tape')
+
+  def testAddAndZeros(self):
+    zeros = pipeline_stage.Zeros([tf.TensorSpec([2]), tf.TensorSpec([])])
+    self.assertAllEqual(zeros[0], [0.0, 0.0])
+    got = pipeline_stage.Add([zeros, [zeros[1]]],
+                             [[tf.ones([2]), 2.0], [3.0]])
+    self.assertAllEqual(got[0][0], [1.0, 1.0])
+    self.assertAllEqual(got[0][1], 2.0)
+    self.assertAllEqual(got[1][0], 3.0)
 
 
 if __name__ == '__main__':

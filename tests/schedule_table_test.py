@@ -323,5 +323,76 @@ class RegistryTest(unittest.TestCase):
       schedule_builders.Build('test_broken', 1, 1)
 
 
+class ForwardOnlyTest(unittest.TestCase):
+
+  def testTwoStagesPerDeviceRunGPipesForwardOrderAsEarlyAsTheyCan(self):
+    # Stages 0, 2 on device 0; 1, 3 on device 1 (interleaved placement).
+    table = schedule_builders.ForwardOnly([0, 1, 0, 1], 2, 3)
+    self.assertEqual(table.name, 'gpipe_forward')
+    self.assertEqual(_Rows(table), [
+        # 0 1   2   3   4   5   6     (t + s ascending, then t)
+        '0F0 0F1 2F0 0F2 2F1 2F2',
+        '.   1F0 1F1 3F0 1F2 3F1 3F2',
+    ])
+
+
+class _Params:
+  """The TensorPipeLayer Params fields the schedule facts read."""
+
+  def __init__(self, schedule, v=None, **kwargs):
+    self.name, self.schedule, self.num_stages_per_device = 'pipe', schedule, v
+    self.num_micro_batches, self.grad_sum = 4, 'sequential'
+    self.recompute_impl = 'explicit'
+    self.__dict__.update(kwargs)
+
+
+class ScheduleFactsTest(unittest.TestCase):
+
+  def testOnlyGPipeHasTheLossOutside(self):
+    self.assertFalse(schedules.LossInside('gpipe'))
+    self.assertFalse(schedule_builders.Build('gpipe', 2, 2).loss_inside)
+    for name in ('1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v'):
+      self.assertTrue(schedules.LossInside(name), name)
+    table = schedule_builders.Build('1f1b', 2, 2)
+    self.assertTrue(table.loss_inside)
+    self.assertTrue(schedules.LossInside(
+        schedules.CSV_PREFIX + table.ToCsv().replace('\n', '/')))
+
+  def testStagesPerDeviceAndTheirDevices(self):
+    self.assertEqual(schedule_builders.NumStagesPerDevice(_Params('zb_v')), 2)
+    self.assertEqual(schedule_builders.NumStagesPerDevice(_Params('1f1b')), 1)
+    self.assertEqual(
+        schedule_builders.NumStagesPerDevice(_Params('interleaved_1f1b', 3)),
+        3)
+    with self.assertRaisesRegex(ValueError, r'num_stages_per_device=0 must '
+                                r'be an int >= 1'):
+      schedule_builders.NumStagesPerDevice(_Params('1f1b', 0))
+    self.assertEqual(schedule_builders.StageDevices(_Params('gpipe'), 3),
+                     [0, 1, 2])
+    self.assertEqual(
+        schedule_builders.StageDevices(_Params('interleaved_1f1b', 2), 2),
+        [0, 1, 0, 1])
+    self.assertEqual(schedule_builders.StageDevices(_Params('zb_v'), 2),
+                     [0, 1, 1, 0])
+
+  def testCheckScheduleParamsRefusals(self):
+    schedule_builders.CheckScheduleParams(_Params('gpipe'), 2)
+    schedule_builders.CheckScheduleParams(_Params('zb_h1'), 2)
+    with self.assertRaisesRegex(ValueError, r"schedule='gpipe' runs one "
+                                r'stage per device'):
+      schedule_builders.CheckScheduleParams(_Params('gpipe', 2), 2)
+    with self.assertRaisesRegex(ValueError, r"schedule='nope' is not one "
+                                r'of'):
+      schedule_builders.CheckScheduleParams(_Params('nope'), 2)
+    with self.assertRaisesRegex(ValueError, r"grad_sum='pairwise' needs "
+                                r'whole backward cells'):
+      schedule_builders.CheckScheduleParams(
+          _Params('zb_h1', grad_sum='pairwise'), 2)
+    with self.assertRaisesRegex(ValueError, r"recompute_impl="
+                                r"'tf_recompute_grad' does not apply"):
+      schedule_builders.CheckScheduleParams(
+          _Params('1f1b', recompute_impl='tf_recompute_grad'), 2)
+
+
 if __name__ == '__main__':
   unittest.main()

@@ -5,7 +5,7 @@ import unittest
 import numpy as np
 import tensorflow as tf
 
-from tensorpipe import pipeline
+from tensorpipe import pipeline_train
 from tensorpipe import schedule_builders
 from tensorpipe import schedule_engine
 from tensorpipe import simulator
@@ -139,7 +139,7 @@ class StepTest(tf.test.TestCase):
 
   def testTicksInFlightAreTheLoops(self):
     self.assertEqual(analysis.TICKS_IN_FLIGHT, {
-        'gpipe': pipeline._PARALLEL_ITERATIONS,  # pylint: disable=protected-access
+        'gpipe': pipeline_train.GPIPE_PARALLEL_ITERATIONS,
         '1f1b': schedule_engine.PARALLEL_ITERATIONS})
 
 

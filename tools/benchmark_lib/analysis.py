@@ -19,7 +19,7 @@ from tools.benchmark_lib import results as results_lib
 Result = results_lib.Result
 _SOURCES = ('pipeline', 'isolated')
 # Ticks in flight of each schedule's loops (tf.while_loop's
-# parallel_iterations): pipeline._PARALLEL_ITERATIONS and
+# parallel_iterations): pipeline_train.GPIPE_PARALLEL_ITERATIONS and
 # schedule_engine.PARALLEL_ITERATIONS (benchmark_1f1b_test checks both).
 # 1F1B without recompute has no loop: its schedule is unrolled in the graph
 # with per-partition control dependencies, i.e. dataflow (no tick barrier).

@@ -35,6 +35,7 @@ from tensorpipe import hyperparams
 from tensorpipe import microbatch
 from tensorpipe import model_registry
 from tensorpipe import pipeline
+from tensorpipe import schedules
 from tensorpipe import timeline
 from tensorpipe.layers import composite
 from tensorpipe.layers import conv
@@ -254,7 +255,7 @@ def _MeanLoss(layer: Any, x: tf.Tensor) -> tf.Tensor:
   the output sum over elements per example, divided by the batch size.
   """
   if not (isinstance(layer, pipeline.TensorPipeLayer) and
-          layer.params.schedule != 'gpipe'):
+          schedules.LossInside(layer.params.schedule)):
     return tf.reduce_mean(tf.nest.flatten(layer.FPropDefaultTheta(x))[0])
 
   def LossFn(outputs, unused_targets):
@@ -387,7 +388,7 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
                 (setting.num_partitions > 1 or setting.num_micro_batches > 1)
                 and not timeline_dir)
   if want_cells:
-    own = setting.recompute or setting.schedule != 'gpipe'
+    own = setting.recompute or schedules.LossInside(setting.schedule)
     rec_layer = layer if own else BuildLayer(
         dataclasses.replace(setting, recompute=True), layer_ps, input_shape)
     with timeline.Record() as recorded:

@@ -49,6 +49,8 @@ import dataclasses
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tensorpipe import schedules
+
 
 @dataclasses.dataclass(frozen=True)
 class BuiltinModel:
@@ -217,9 +219,9 @@ def PairedBaselines(setting_name: str) -> List[str]:
     out.append(f'plain-T{t}')
   if k > 1 and t > 1:
     out.append(f'naive-{k}')
-  if k == 1 and s.recompute and s.schedule == 'gpipe':
+  if k == 1 and s.recompute and not schedules.LossInside(s.schedule):
     out.append(f'K1-T{t}-norc')
-  if s.schedule != 'gpipe':
+  if schedules.LossInside(s.schedule):
     out.append(f'K{k}-T{t}-rc')
   if s.schedule not in ('gpipe', '1f1b'):
     out.append(f'K{k}-T{t}-1f1b-rc')

@@ -1,11 +1,12 @@
-"""Tests of the 1F1B schedule (tensorpipe/pipeline_1f1b.py), default tier.
+"""Tests of the loss-inside training step (tensorpipe/pipeline_train.py),
+default tier, on the 1F1B schedule.
 
 - Transparency: loss and every gradient of both training entry points
   (FPropLossAndGrads; FPropLoss under a tape) equal the micro-batch oracle
   (float64), with batch norm and dropout, with and without recompute (the
   unrolled schedule), on a conv model and the
   consistency CNN; the full K x T grid on the consistency CNN, a tiny
-  AmoebaNet and a tiny Transformer is in pipeline_1f1b_slow_test.py.
+  AmoebaNet and a tiny Transformer is in pipeline_train_slow_test.py.
 - Batch-norm moving averages after two steps equal GPipe's.
 - Partition k keeps min(K - k, T) boundary inputs (the TensorArrays built).
 - Tasks train through the 1F1B entry point: a ClassificationTask in
@@ -24,7 +25,6 @@ from models import consistency_cnn
 from models import transformer as transformer_models
 from tensorpipe import base_layer
 from tensorpipe import pipeline
-from tensorpipe import pipeline_1f1b
 from tensorpipe import py_utils
 from tensorpipe import schedule_builders
 from tensorpipe import schedule_program
@@ -77,7 +77,7 @@ def _Labels():
 class TransparencyTest(tf.test.TestCase):
 
   def testConvModelWithBatchNormAndDropoutMatchesOracle(self):
-    # K=4 with recompute: pipeline_1f1b_slow_test's AmoebaNet grid (batch
+    # K=4 with recompute: pipeline_train_slow_test's AmoebaNet grid (batch
     # norm and dropout too) at every K, T and recompute setting.
     for k, t, recompute in [(1, 1, True), (2, 4, True), (4, 8, False)]:
       with self.subTest(k=k, t=t, recompute=recompute):
@@ -426,7 +426,7 @@ class SequenceTaskTest(tf.test.TestCase):
           name='TensorPipe', layers=layers, num_partitions=2,
           num_micro_batches=4, schedule=schedule,
           # The task's loss and metrics are the point here; recompute under
-          # both schedules: pipeline_1f1b_slow_test's Transformer grid.
+          # both schedules: pipeline_train_slow_test's Transformer grid.
           recompute=False,
           input_shapes=transformer_models.LmInputShapes(
               transformer_testlib.BATCH, transformer_testlib.TGT_LEN))
