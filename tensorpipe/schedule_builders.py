@@ -36,6 +36,7 @@ table of inference over v stages per device.
 import numbers
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from tensorpipe import checks
 from tensorpipe import schedules
 from tensorpipe.schedules import Action, FromOrders, Schedule
 
@@ -246,15 +247,26 @@ BUILDERS: Dict[str, Builder] = {
 # -- Registry ---------------------------------------------------------------
 
 _REGISTRY: Dict[str, Builder] = dict(BUILDERS)
+# A schedule's own stages per device (v where num_stages_per_device=None).
+_STAGES_PER_DEVICE: Dict[str, int] = {'zb_v': 2}
 
 
-def Register(name: str, builder: Builder, replace: bool = False) -> None:
+def Register(name: str, builder: Builder, replace: bool = False,
+             stages_per_device: int = 1) -> None:
   """Makes `Build(name, ...)` call `builder(K, T, v)`.
+
+  Args:
+    name, builder: the schedule's name and its table builder.
+    replace: replace a schedule of that name.
+    stages_per_device: the v a TensorPipeLayer with num_stages_per_device
+      =None takes for this schedule (2 for a V-shaped schedule like zb_v).
 
   Raises:
     ValueError: if `name` is taken and not `replace`, or is not a non-empty
-      string.
+      string, or stages_per_device is not a positive int.
   """
+  checks.CheckPositiveInts(f'schedule {name!r}',
+                           stages_per_device=stages_per_device)
   if not isinstance(name, str) or not name:
     raise ValueError(f'schedule name must be a non-empty string, got '
                      f'{name!r}; pass a name such as "my_schedule"')
@@ -262,6 +274,13 @@ def Register(name: str, builder: Builder, replace: bool = False) -> None:
     raise ValueError(f'schedule {name!r} is already registered; pick another '
                      'name or pass replace=True')
   _REGISTRY[name] = builder
+  _STAGES_PER_DEVICE[name] = stages_per_device
+
+
+def StagesPerDevice(name: Any) -> int:
+  """The stages per device schedule `name` takes by default (1 for a CSV
+  table or an unknown name)."""
+  return _STAGES_PER_DEVICE.get(name, 1) if isinstance(name, str) else 1
 
 
 def Names() -> List[str]:
@@ -370,20 +389,16 @@ def ForwardOnly(stage_device: Sequence[int], num_devices: int,
 
 # The stages per device of a schedule defined on more than one, taken when
 # num_stages_per_device is None (the default); every other schedule: 1.
-_OWN_STAGES_PER_DEVICE = {'zb_v': 2}
-
-
 def NumStagesPerDevice(p: Any) -> int:
   """v of a TensorPipeLayer's Params: num_stages_per_device, or where it is
-  None the schedule's own (2 for 'zb_v', else 1).
+  None the schedule's own (StagesPerDevice: 2 for 'zb_v', else 1).
 
   Raises:
     ValueError: num_stages_per_device is neither None nor an int >= 1.
   """
   v = p.num_stages_per_device
   if v is None:
-    return (_OWN_STAGES_PER_DEVICE.get(p.schedule, 1)
-            if isinstance(p.schedule, str) else 1)
+    return StagesPerDevice(p.schedule)
   if isinstance(v, bool) or not isinstance(v, int) or v < 1:
     raise ValueError(f'TensorPipeLayer {p.name!r}: num_stages_per_device='
                      f'{v!r} must be an int >= 1 (stages per device: 2 or '

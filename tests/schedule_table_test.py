@@ -314,6 +314,19 @@ class RegistryTest(unittest.TestCase):
     with self.assertRaisesRegex(ValueError, r'non-empty string, got \'\''):
       schedule_builders.Register('', Reverse1F1B)
 
+  def testARegisteredScheduleStatesItsOwnStagesPerDevice(self):
+    schedule_builders.Register('test_own_v', schedule_builders.ZeroBubbleV,
+                               replace=True, stages_per_device=2)
+    self.assertEqual(
+        schedule_builders.NumStagesPerDevice(_Params('test_own_v')), 2)
+    self.assertEqual(schedule_builders.StagesPerDevice('zb_v'), 2)
+    for name in ('gpipe', 'zb_h1', 'test_copy_1f1b', 'csv:0F0,0B0', None):
+      self.assertEqual(schedule_builders.StagesPerDevice(name), 1, name)
+    with self.assertRaisesRegex(ValueError, r"schedule 'test_bad_v': "
+                                r'stages_per_device=0 must be a positive int'):
+      schedule_builders.Register('test_bad_v', schedule_builders.GPipe,
+                                 stages_per_device=0)
+
   def testBuildValidatesARegisteredTable(self):
     schedule_builders.Register('test_broken',
                                lambda kk, tt, v: _Table(['0B0 0F0']),
