@@ -478,40 +478,60 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
         activation_bytes=NumElements(out) * a_bytes))
 
   notes = []
-  # Optimizer state per layer (in elements).
   slots = OPTIMIZER_SLOTS[optimizer]
-  opt_elements = [r.num_params * (slots if slots is not None else 1)
-                  for r in rows]
-  exact = False
-  num_trainable = None
   if exact_optimizer_state:
-    opt_elements, mismatched, num_trainable = [], [], 0
-    for r, p in zip(rows, layer_params_list):
-      weights = WeightShapes(p)
-      recorded = sum(int(np.prod(s, dtype=np.int64)) for _, s, _ in weights)
-      if recorded != r.num_params:
-        mismatched.append(f'{r.name} (FPropMeta {r.num_params}, weights '
-                          f'{recorded})')
-      trainable = [s for _, s, t in weights if t]
-      num_trainable += sum(int(np.prod(s, dtype=np.int64))
-                           for s in trainable)
-      if slots is None:
-        opt_elements.append(sum(_AdafactorSlots(s) for s in trainable))
-      else:
-        opt_elements.append(
-            slots * sum(int(np.prod(s, dtype=np.int64)) for s in trainable))
-    exact = True
-    if mismatched:
-      notes.append('WARNING: FPropMeta parameter counts differ from the '
-                   'weights the layers create: ' + '; '.join(mismatched))
-
+    opt_elements, num_trainable = _ExactOptimizerElements(
+        rows, layer_params_list, slots, notes)
+  else:
+    opt_elements = [r.num_params * (slots if slots is not None else 1)
+                    for r in rows]
+    num_trainable = None
   plan = partitioning.Partition([r.flops for r in rows], num_partitions,
                                 method=method)
-  total = sum(plan.partition_costs)
   input_elements = [NumElements(shapes)] + [
       NumElements(m.out_shapes) for m in metas]
-  t = num_micro_batches
-  in_flight_1f1b = schedule_builders.Build('1f1b', num_partitions,
+  partitions = _PartitionRows(plan, rows, input_elements, opt_elements,
+                              num_micro_batches, p_bytes, a_bytes,
+                              grad_sum_mode)
+  return Report(
+      layers=rows, partitions=partitions, input_shapes=shapes,
+      batch_size=batch, num_partitions=num_partitions,
+      num_micro_batches=num_micro_batches, optimizer=optimizer,
+      param_dtype=tf.as_dtype(param_dtype).name,
+      activation_dtype=tf.as_dtype(activation_dtype).name, method=method,
+      imbalance=plan.imbalance, optimizer_exact=exact_optimizer_state,
+      notes=notes, num_trainable_params=num_trainable)
+
+
+def _ExactOptimizerElements(rows, layer_params_list, slots, notes):
+  """Optimizer-state elements per layer and the trainable parameter count,
+  from the weights the layers create (base_layer.AbstractVariables);
+  appends a warning to `notes` where FPropMeta's counts differ."""
+  opt_elements, mismatched, num_trainable = [], [], 0
+  for r, p in zip(rows, layer_params_list):
+    weights = WeightShapes(p)
+    recorded = sum(int(np.prod(s, dtype=np.int64)) for _, s, _ in weights)
+    if recorded != r.num_params:
+      mismatched.append(f'{r.name} (FPropMeta {r.num_params}, weights '
+                        f'{recorded})')
+    trainable = [s for _, s, t in weights if t]
+    num_trainable += sum(int(np.prod(s, dtype=np.int64)) for s in trainable)
+    if slots is None:
+      opt_elements.append(sum(_AdafactorSlots(s) for s in trainable))
+    else:
+      opt_elements.append(
+          slots * sum(int(np.prod(s, dtype=np.int64)) for s in trainable))
+  if mismatched:
+    notes.append('WARNING: FPropMeta parameter counts differ from the '
+                 'weights the layers create: ' + '; '.join(mismatched))
+  return opt_elements, num_trainable
+
+
+def _PartitionRows(plan, rows, input_elements, opt_elements, t, p_bytes,
+                   a_bytes, grad_sum_mode) -> List[PartitionRow]:
+  """Per partition of `plan`: its layers, weights and activation memory."""
+  total = sum(plan.partition_costs)
+  in_flight_1f1b = schedule_builders.Build('1f1b', len(plan.boundaries),
                                            t).NumSlots()
   partitions = []
   for k, (start, end) in enumerate(plan.boundaries):
@@ -541,11 +561,4 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
         max_in_flight_1f1b=in_flight,
         activation_bytes_1f1b_recompute=ofob_rc,
         activation_bytes_1f1b_no_recompute=ofob_norc))
-  return Report(
-      layers=rows, partitions=partitions, input_shapes=shapes,
-      batch_size=batch, num_partitions=num_partitions,
-      num_micro_batches=num_micro_batches, optimizer=optimizer,
-      param_dtype=tf.as_dtype(param_dtype).name,
-      activation_dtype=tf.as_dtype(activation_dtype).name, method=method,
-      imbalance=plan.imbalance,
-      optimizer_exact=exact, notes=notes, num_trainable_params=num_trainable)
+  return partitions
