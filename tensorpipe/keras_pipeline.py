@@ -46,11 +46,14 @@ import tensorflow as tf
 from tensorpipe import base_layer
 from tensorpipe import keras_front
 from tensorpipe import keras_graph_params
+from tensorpipe import keras_loss_inside
 from tensorpipe import keras_params
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
 from tensorpipe import py_utils
+from tensorpipe import schedules
 from tensorpipe.layers import composite
+from tensorpipe.nested_map import NestedMap
 
 
 def _Chain(pipe: pipeline.TensorPipeLayer, *xs: Any) -> Any:
@@ -112,6 +115,8 @@ class TensorPipeModel(keras.Model):
                cut_after: Optional[Sequence[str]] = None,
                weight_order: Optional[Sequence[Sequence[Any]]] = None,
                sequence_length: Optional[int] = None,
+               schedule: str = 'gpipe',
+               num_stages_per_device: Optional[int] = None,
                **kwargs):
     """Builds the pipeline.
 
@@ -132,6 +137,15 @@ class TensorPipeModel(keras.Model):
         cost model counts them at, so the cut balances the blocks. None: a
         keras_hub model's `max_sequence_length` (its backbone's), else
         unknown dims count no FLOPs.
+      schedule: the training schedule (TensorPipeLayer's `schedule`):
+        'gpipe' (the forward of every micro-batch, Keras' compiled loss on
+        the whole batch, then the backward), or one that runs the loss
+        inside the pipeline ('1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v',
+        a registered name or a CSV table): the compiled loss is then
+        computed per micro-batch on the last stage (keras_loss_inside).
+      num_stages_per_device: v, stages per device (TensorPipeLayer's): the
+        model is cut into num_partitions x v stages. None: the schedule's
+        own (2 for 'zb_v', else 1).
       **kwargs: keras.Model arguments (name, ...).
     """
     super().__init__(**kwargs)
@@ -143,7 +157,8 @@ class TensorPipeModel(keras.Model):
                        f'multiple of num_micro_batches={num_micro_batches}')
     common = dict(recompute=recompute,
                   devices=list(devices) if devices else None,
-                  partition_method=partition_method)
+                  partition_method=partition_method, schedule=schedule,
+                  num_stages_per_device=num_stages_per_device)
     front = keras_front.Make(
         layers, num_partitions, num_micro_batches, batch_size,
         copy_weights=copy_weights, input_shape=input_shape,
@@ -163,6 +178,7 @@ class TensorPipeModel(keras.Model):
         sequence_length=front.sequence_length, **common)
     self._batch_size = batch_size
     self._num_micro_batches = num_micro_batches
+    self._schedule = schedule
     # Keras' jit_compile='auto' would XLA-compile the step on a GPU; the
     # pipeline places its partitions on K devices, which XLA cannot.
     self.supports_jit = False
@@ -383,6 +399,8 @@ class TensorPipeModel(keras.Model):
     """One pipelined step: forward, loss, backward (recompute), update."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     xs = self._Inputs(x)
+    if schedules.LossInside(self._schedule):
+      return self._LossInsideTrainStep(x, y, sample_weight, xs)
     variables = self.trainable_weights
 
     def Step(inputs, pipelined):
@@ -417,6 +435,62 @@ class TensorPipeModel(keras.Model):
       tracker.update_state(loss, sample_weight=tf.shape(xs[0])[0])
     self.optimizer.apply_gradients(zip(grads, variables))
     return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+  def _LossInsideTrainStep(self, x, y, sample_weight, xs):
+    """train_step under a schedule with the loss inside the pipeline.
+
+      loss = pipeline.FPropLoss(x, (y, sample_weight), compiled loss sum
+                                per micro-batch, Keras' normaliser)
+      optimizer.apply(tape.gradient(loss, weights))
+
+    A batch of other than batch_size rows runs unpipelined, as under GPipe.
+    """
+    compiled = keras_loss_inside.Check(
+        self, self._schedule, self._front.single_output, y,
+        self._Outputs(self._OutputSpecLike([x_[:0] for x_ in xs])))
+    variables = self.trainable_weights
+
+    def Targets(y_, w_):
+      return (NestedMap(y=y_) if w_ is None else
+              NestedMap(y=y_, w=w_))
+
+    def Step(inputs, targets, pipelined):
+      with tf.GradientTape() as tape:
+        if pipelined:
+          rows0 = self._OutputSpecLike([x_[:0] for x_ in inputs])
+          normaliser = compiled.Normaliser(
+              targets.y, rows0, targets.get('w'), tf.shape(inputs[0])[0])
+          res = self._pipe.FPropLoss(self._pipe.theta, tuple(inputs),
+                                     targets, compiled.LossSum, normaliser)
+          loss = compiled.Total(res.loss)
+        else:
+          y_pred = self._Outputs(_Chain(self._pipe, *inputs))
+          loss = self.compute_loss(x=x, y=targets.y, y_pred=y_pred,
+                                   sample_weight=targets.get('w'),
+                                   training=True)
+        scaled = self.optimizer.scale_loss(loss)
+      return loss, tape.gradient(scaled, variables)
+
+    n = xs[0].shape[0]
+    rows = self._batch_size
+    with py_utils.StepSeed(self._StepSeed()), py_utils.TrainingMode(True):
+      if n is not None:
+        loss, grads = Step(xs, Targets(y, sample_weight),
+                           n % self._num_micro_batches == 0)
+      else:
+        # As train_step's GPipe branch: the targets fitted with the inputs.
+        fit = lambda t: None if t is None else _PadTo(t[:rows], rows)
+        fitted = [fit(x_) for x_ in xs]
+        fitted_targets = Targets(fit(y), fit(sample_weight))
+        loss, grads = tf.cond(
+            tf.equal(tf.shape(xs[0])[0], rows),
+            lambda: Step(fitted, fitted_targets, True),
+            lambda: Step(xs, Targets(y, sample_weight), False))
+    tracker = getattr(self, '_loss_tracker', None)
+    if tracker is not None:
+      tracker.update_state(loss, sample_weight=tf.shape(xs[0])[0])
+    self.optimizer.apply_gradients(zip(grads, variables))
+    return self.get_metrics_result()
 
   # -- export --------------------------------------------------------------
 

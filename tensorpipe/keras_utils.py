@@ -38,6 +38,12 @@ changes):
   |   `Conv1D._compute_causal_padding`            |   keras_weight_ops     |
   | `keras.src.backend.set_keras_mask`            | SetKerasMask:          |
   |                                               |   keras_weight_ops     |
+  | `Trainer._compile_loss` / `_compile_metrics`, | keras_loss_inside      |
+  |   `CompileLoss.build` / `_flat_losses`,       |   (the compiled loss   |
+  |   `CompileMetrics._user_metrics` /            |   inside the pipeline) |
+  |   `_user_weighted_metrics`,                   |                        |
+  |   `keras.src.losses.loss.                     |                        |
+  |   reduce_weighted_values`                     |                        |
 
 keras_graph reads the functional config layout that `keras.Model.get_config`
 writes (`inbound_nodes` args/kwargs, `__keras_tensor__` with

@@ -1,0 +1,160 @@
+"""TensorPipeModel.fit under every schedule (schedule=, keras_loss_inside).
+
+A Keras Sequential (conv, batch norms, dropout) and a functional model,
+K=2 partitions, T=4 micro-batches, float64: two steps of `fit` under
+'1f1b', 'zb_h1' and 'interleaved_1f1b' (v=2) give the weights GPipe gives
+(rtol 1e-9: the loss is summed per micro-batch, in another order) and the
+same logged losses (Keras logs them as a float32 mean); with sample
+weights and a partial last batch (run unpipelined) too. The refusals
+name the value and the fix.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tensorpipe import keras_pipeline
+from tensorpipe import test_utils
+from tests import keras_testlib
+
+test_utils.ConfigureTestDevices()
+
+RTOL = 1e-9
+LOGGED_RTOL = 1e-6  # History's loss is a float32 Mean
+T = 4
+N = 16
+SCHEDULES = (('1f1b', None), ('zb_h1', None), ('interleaved_1f1b', 2))
+
+
+def _Functional():
+  """Four tanh Dense layers, a skip (Add) and the logits: K x v = 4 stages
+  can be cut."""
+  def Dense(units, i, **kw):
+    return keras.layers.Dense(
+        units, kernel_initializer=keras.initializers.GlorotUniform(i),
+        name=f'dense{i}', dtype='float64', **kw)
+
+  inp = keras.Input((6,), dtype='float64')
+  h = Dense(8, 1, activation='tanh')(inp)
+  h = Dense(8, 2, activation='tanh')(h)
+  skip = h
+  h = Dense(8, 3, activation='tanh')(h)
+  h = Dense(8, 4, activation='tanh')(h)
+  h = keras.layers.Add(name='skip', dtype='float64')([h, skip])
+  out = Dense(keras_testlib.NUM_CLASSES, 5)(h)
+  return keras.Model(inp, out, name='func')
+
+
+def _Data(kind, rows, seed=1):
+  if kind == 'sequential':
+    return keras_testlib.Batch(rows, seed=seed)
+  rng = np.random.RandomState(seed)
+  x = rng.normal(size=(rows, 6))
+  return x, rng.randint(0, keras_testlib.NUM_CLASSES, size=rows)
+
+
+def _Model(kind, schedule, v=None, **kw):
+  model = (keras_testlib.MakeSequential() if kind == 'sequential'
+           else _Functional())
+  return keras_pipeline.TensorPipeModel(
+      model, num_partitions=2, num_micro_batches=T, batch_size=N,
+      schedule=schedule, num_stages_per_device=v, **kw)
+
+
+def _Fit(pipe, x, y, loss=None, **fit_kw):
+  pipe.compile(keras.optimizers.SGD(0.125), loss or keras_testlib.Loss())
+  history = pipe.fit(x, y, batch_size=N, epochs=1, shuffle=False, verbose=0,
+                     **fit_kw)
+  return history.history['loss'], pipe.get_weights()
+
+
+class KerasSchedulesTest(tf.test.TestCase):
+
+  def _AssertSameTraining(self, kind, rows=2 * N, loss=None, weights=False,
+                          schedules=SCHEDULES):
+    x, y = _Data(kind, rows)
+    fit_kw = {}
+    if weights:
+      fit_kw['sample_weight'] = np.random.RandomState(5).uniform(
+          0.0, 2.0, size=rows)
+    want_loss, want = _Fit(_Model(kind, 'gpipe'), x, y, loss, **fit_kw)
+    for schedule, v in schedules:
+      pipe = _Model(kind, schedule, v)
+      self.assertLen(pipe.pipeline.PartitionLayers(), 2 * (v or 1))
+      got_loss, got = _Fit(pipe, x, y, loss, **fit_kw)
+      test_utils.AssertAllCloseScaled(self, got_loss, want_loss, LOGGED_RTOL,
+                                      msg=f'{schedule} loss')
+      self.assertLen(got, len(want))
+      for i, (a, b) in enumerate(zip(got, want)):
+        test_utils.AssertAllCloseScaled(self, a, b, RTOL,
+                                        msg=f'{schedule} weight {i}')
+
+  def testSequentialFitEqualsGPipeUnderEverySchedule(self):
+    self._AssertSameTraining('sequential')
+
+  def testFunctionalFitEqualsGPipeUnderEverySchedule(self):
+    self._AssertSameTraining('functional')
+
+  def testSampleWeightsAndPartialLastBatchEqualGPipe(self):
+    # 40 rows: two pipelined steps and one of 8 rows, run unpipelined.
+    self._AssertSameTraining('functional', rows=40, weights=True)
+
+  def testSumAndWeightedMeanReductionsEqualGPipe(self):
+    for reduction in ('sum', 'mean_with_sample_weight'):
+      loss = keras.losses.SparseCategoricalCrossentropy(
+          from_logits=True, reduction=reduction, dtype='float64')
+      self._AssertSameTraining('functional', loss=loss, weights=True,
+                               schedules=(('1f1b', None),))
+
+  def testConfigRoundTripsTheScheduleAndPredictIsGPipes(self):
+    pipe = _Model('functional', 'interleaved_1f1b', 2)
+    x, _ = _Data('functional', N + 3)
+    test_utils.AssertAllCloseScaled(
+        self, pipe.predict(x, batch_size=N, verbose=0),
+        _Model('functional', 'gpipe').predict(x, batch_size=N, verbose=0),
+        RTOL)
+    config = pipe.get_config()
+    self.assertEqual(config['schedule'], 'interleaved_1f1b')
+    self.assertEqual(config['num_stages_per_device'], 2)
+    again = keras_pipeline.TensorPipeModel.from_config(config)
+    self.assertEqual(again.pipeline.params.schedule, 'interleaved_1f1b')
+    self.assertLen(again.pipeline.PartitionLayers(), 4)
+    sizes = keras_pipeline.TensorPipeModel(
+        keras_testlib.MakeSequential(), num_partitions=2,
+        num_micro_batches=T, batch_size=N, partition_sizes=[1, 3, 2, 2],
+        schedule='interleaved_1f1b', num_stages_per_device=2)
+    self.assertEqual([len(p) for p in sizes.pipeline.PartitionLayers()],
+                     [1, 3, 2, 2])
+
+  def testRefusalsNameTheValueAndTheFix(self):
+    x, y = _Data('functional', N)
+    pipe = _Model('functional', '1f1b')
+    pipe.compile(keras.optimizers.SGD(0.1), keras_testlib.Loss(),
+                 metrics=['accuracy'])
+    with self.assertRaisesRegex(ValueError, r"metrics \['accuracy'\].*"
+                                r"compile without metrics"):
+      pipe.fit(x, y, batch_size=N, verbose=0)
+    pipe = _Model('functional', 'zb_h1')
+    pipe.compile(keras.optimizers.SGD(0.1),
+                 keras.losses.SparseCategoricalCrossentropy(
+                     from_logits=True, reduction='none'))
+    with self.assertRaisesRegex(ValueError, r"reduction='none'.*use one of"):
+      pipe.fit(x, y, batch_size=N, verbose=0)
+
+  def testMultipleOutputsRefused(self):
+    inp = keras.Input((6,), dtype='float64')
+    h = keras.layers.Dense(4, name='h', dtype='float64')(inp)
+    a = keras.layers.Dense(2, name='oa', dtype='float64')(h)
+    b = keras.layers.Dense(2, name='ob', dtype='float64')(h)
+    pipe = keras_pipeline.TensorPipeModel(
+        keras.Model(inp, [a, b]), num_partitions=2, num_micro_batches=T,
+        batch_size=N, schedule='1f1b')
+    pipe.compile(keras.optimizers.SGD(0.1), ['mse', 'mse'])
+    x = np.zeros((N, 6))
+    with self.assertRaisesRegex(ValueError, r"one output.*schedule='gpipe'"):
+      pipe.fit(x, [np.zeros((N, 2)), np.zeros((N, 2))], batch_size=N,
+               verbose=0)
+
+
+if __name__ == '__main__':
+  tf.test.main()
