@@ -11,7 +11,8 @@ plain Keras model of the same kind (`ToKeras`).
 
 import copy
 import dataclasses
-from typing import Any, List, Optional, Tuple
+import types
+from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 
@@ -21,6 +22,20 @@ from tensorpipe import keras_nested
 from tensorpipe import keras_params
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
+from tensorpipe import schedule_builders
+
+
+def StagesPerDevice(common: Dict[str, Any]) -> int:
+  """v of the TensorPipeLayer Params `common` will set: its
+  num_stages_per_device, or where None its schedule's own.
+
+  Raises:
+    ValueError: num_stages_per_device is neither None nor an int >= 1.
+  """
+  return schedule_builders.NumStagesPerDevice(types.SimpleNamespace(
+      name='TensorPipe', schedule=common.get('schedule', 'gpipe'),
+      num_stages_per_device=common.get('num_stages_per_device')))
+
 
 def NestedSource(model: Any) -> Optional[keras_nested.Flattened]:
   """`model` (or the model a stored config describes) flattened, when
@@ -145,7 +160,14 @@ def Make(model: Any, num_partitions: int, num_micro_batches: int,
                batch_size: int, copy_weights: bool, input_shape,
                partition_sizes, cut_after, weight_order,
                sequence_length: Optional[int], **common) -> Front:
-  """The Front for `model`'s kind, asked once."""
+  """The Front for `model`'s kind, asked once.
+
+  num_partitions is K devices; with v stages per device (StagesPerDevice)
+  the model is cut into K v stages: a graph (and a sequence with
+  partition_sizes) is cut here into K v pieces, a sequence cut by its
+  FLOPs is cut by TensorPipeLayer, whose num_partitions counts devices.
+  """
+  stages = num_partitions * StagesPerDevice(common)
   nested = NestedSource(model)
   if nested is not None:  # a keras_hub model, or dict inputs
     model = nested.model
@@ -156,9 +178,10 @@ def Make(model: Any, num_partitions: int, num_micro_batches: int,
   if weight_order is not None:
     weight_order = [list(w) for w in weight_order]
   if keras_graph_params.IsGraph(model):
-    return GraphFront(model, num_partitions, num_micro_batches, batch_size,
+    return GraphFront(model, stages, num_micro_batches, batch_size,
                        copy_weights, cut_after, weight_order,
                        sequence_length, nested, **common)
-  return LayersFront(model, num_partitions, num_micro_batches, batch_size,
-                      copy_weights, input_shape, partition_sizes,
-                      weight_order, **common)
+  return LayersFront(model,
+                      num_partitions if partition_sizes is None else stages,
+                      num_micro_batches, batch_size, copy_weights,
+                      input_shape, partition_sizes, weight_order, **common)

@@ -10,7 +10,6 @@ functional models.
 """
 
 import dataclasses
-import types
 from typing import Any, Dict, Optional, Sequence
 
 from absl import logging
@@ -22,7 +21,6 @@ from tensorpipe import keras_graph_costs
 from tensorpipe import keras_graph_mixing
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
-from tensorpipe import schedule_builders
 
 
 def CheckKT(num_partitions: Any, num_micro_batches: Any) -> None:
@@ -89,20 +87,6 @@ def WarnBatchMixing(graph: keras_graph.Graph,
         op.layer, graph.name, op.op, op.axis)
 
 
-def StagesPerDevice(pipeline_params: Dict[str, Any]) -> int:
-  """v of the TensorPipeLayer Params that `pipeline_params` will set
-  (num_stages_per_device, or where None the schedule's own): a graph or a
-  sequence is cut into K x v stages.
-
-  Raises:
-    ValueError: num_stages_per_device is neither None nor an int >= 1.
-  """
-  return schedule_builders.NumStagesPerDevice(types.SimpleNamespace(
-      name=pipeline_params.get('name', 'TensorPipe'),
-      schedule=pipeline_params.get('schedule', 'gpipe'),
-      num_stages_per_device=pipeline_params.get('num_stages_per_device')))
-
-
 def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
               batch_size: Optional[int] = None,
               cut_after: Optional[Sequence[str]] = None,
@@ -122,14 +106,12 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
   graph = keras_graph.ReadGraph(GraphConfig(model))
   costs = keras_graph_costs.Analyse(graph, sequence_length)
   WarnBatchMixing(graph, costs)
-  # K devices x v stages each (interleaved schedules): K v segments.
-  stages = num_partitions * StagesPerDevice(pipeline_params)
   plan = keras_graph.PlanCuts(
-      graph, costs, stages, cut_after,
+      graph, costs, num_partitions, cut_after,
       method=pipeline_params.get('partition_method', 'min_max'))
   batch = batch_size or num_micro_batches
   parts = [[keras_graph.SegmentParams(graph, costs, plan, k)]
-           for k in range(stages)]
+           for k in range(num_partitions)]
   p = pipeline.TensorPipeLayer.Params().Set(
       name=name, num_micro_batches=num_micro_batches, partitions=parts,
       input_shapes=[[batch] + list(info.shape)

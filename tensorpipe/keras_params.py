@@ -142,12 +142,10 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
     batch_size: the mini-batch size N the partition plan is costed at (the
       FLOPs per layer scale with it, the plan does not); default T.
     partition_sizes: manual split of a Sequential: K numbers of consecutive
-      layers per partition (K x v with num_stages_per_device=v); None
-      balances FPropMeta FLOPs automatically.
+      layers per partition; None balances FPropMeta FLOPs automatically.
     name: the TensorPipeLayer's name.
-    cut_after: manual split of a functional model: K-1 Keras layer names
-      (K v - 1 with num_stages_per_device=v), in model order; the cut falls
-      after each one's last call.
+    cut_after: manual split of a functional model: K-1 Keras layer names,
+      in model order; the cut falls after each one's last call.
     **pipeline_params: more TensorPipeLayer Params (recompute, devices, ...).
 
   Returns:
@@ -196,15 +194,12 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
       name=name, num_micro_batches=num_micro_batches, **pipeline_params)
   if partition_sizes is not None:
     sizes = list(partition_sizes)
-    stages = num_partitions * keras_graph_params.StagesPerDevice(
-        pipeline_params)
-    if (len(sizes) != stages or
+    if (len(sizes) != num_partitions or
         not all(isinstance(s, int) and s >= 1 for s in sizes) or
         sum(sizes) != len(layer_ps)):
       raise ValueError(
-          f'keras_pipeline: partition_sizes={sizes} must be {stages} '
-          f'positive ints summing to the {len(layer_ps)} layers (one per '
-          'stage: num_partitions x num_stages_per_device)')
+          f'keras_pipeline: partition_sizes={sizes} must be {num_partitions} '
+          f'positive ints summing to the {len(layer_ps)} layers')
     parts, start = [], 0
     for size in sizes:
       parts.append(layer_ps[start:start + size])

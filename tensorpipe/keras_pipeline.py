@@ -144,8 +144,9 @@ class TensorPipeModel(keras.Model):
         a registered name or a CSV table): the compiled loss is then
         computed per micro-batch on the last stage (keras_loss_inside).
       num_stages_per_device: v, stages per device (TensorPipeLayer's): the
-        model is cut into num_partitions x v stages. None: the schedule's
-        own (2 for 'zb_v', else 1).
+        model is cut into num_partitions x v stages (partition_sizes: K v
+        sizes; cut_after: K v - 1 names). None: the schedule's own (2 for
+        'zb_v', else 1).
       **kwargs: keras.Model arguments (name, ...).
     """
     super().__init__(**kwargs)

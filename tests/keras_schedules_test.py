@@ -2,11 +2,11 @@
 
 A Keras Sequential (conv, batch norms, dropout) and a functional model,
 K=2 partitions, T=4 micro-batches, float64: two steps of `fit` under
-'1f1b', 'zb_h1' and 'interleaved_1f1b' (v=2) give the weights GPipe gives
-(rtol 1e-9: the loss is summed per micro-batch, in another order) and the
-same logged losses (Keras logs them as a float32 mean); with sample
-weights and a partial last batch (run unpipelined) too. The refusals
-name the value and the fix.
+'1f1b', 'zb_h1' and 'interleaved_1f1b' (v=2; 'zb_v' for the functional
+model) give the weights GPipe gives (rtol 1e-9: the loss is summed per
+micro-batch, in another order) and the same logged losses (Keras logs
+them as a float32 mean); with sample weights and a partial last batch
+(run unpipelined) too. The refusals name the value and the fix.
 """
 
 import keras
@@ -80,7 +80,8 @@ class KerasSchedulesTest(tf.test.TestCase):
     want_loss, want = _Fit(_Model(kind, 'gpipe'), x, y, loss, **fit_kw)
     for schedule, v in schedules:
       pipe = _Model(kind, schedule, v)
-      self.assertLen(pipe.pipeline.PartitionLayers(), 2 * (v or 1))
+      self.assertLen(pipe.pipeline.PartitionLayers(),
+                     2 * (v or (2 if schedule == 'zb_v' else 1)))
       got_loss, got = _Fit(pipe, x, y, loss, **fit_kw)
       test_utils.AssertAllCloseScaled(self, got_loss, want_loss, LOGGED_RTOL,
                                       msg=f'{schedule} loss')
@@ -93,7 +94,9 @@ class KerasSchedulesTest(tf.test.TestCase):
     self._AssertSameTraining('sequential')
 
   def testFunctionalFitEqualsGPipeUnderEverySchedule(self):
-    self._AssertSameTraining('functional')
+    # zb_v: two stages per device by default (its V).
+    self._AssertSameTraining('functional',
+                             schedules=SCHEDULES + (('zb_v', None),))
 
   def testSampleWeightsAndPartialLastBatchEqualGPipe(self):
     # 40 rows: two pipelined steps and one of 8 rows, run unpipelined.
