@@ -73,21 +73,9 @@ class KerasZeroBubbleEqualsGPipeTest(tf.test.TestCase):
       self.assertEqual(a.name, b.name)
       b.assign(a)
 
-    @tf.function(autograph=False)
-    def GPipeStep(x):
-      with tf.GradientTape() as tape:
-        loss = _SquareLoss(want_pipe.FPropDefaultTheta(x)) / 16.0
-      return [loss] + list(tape.gradient(loss, want_pipe.trainable_variables))
-
-    @tf.function(autograph=False)
-    def Step(x):
-      with tf.GradientTape() as tape:
-        loss = got_pipe.FPropLoss(got_pipe.theta, (x,), None, _SquareLoss,
-                                  16.0).loss
-      return [loss] + list(tape.gradient(loss, got_pipe.trainable_variables))
-
     with py_utils.TrainingMode(True):
-      want, got = GPipeStep(x), Step(x)
+      want, got = weight_op_testlib.GPipeAndLossInsideSteps(
+          want_pipe, got_pipe, x, _SquareLoss, 16.0)
     # The loss: a sum over the batch against sums of per-micro-batch sums.
     self.assertAllClose(want[0], got[0], rtol=1e-6)
     names = [v.name for v in want_pipe.trainable_variables]

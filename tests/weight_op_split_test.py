@@ -22,6 +22,7 @@ from tensorpipe import timeline
 from tensorpipe.layers import conv
 from tensorpipe.layers import linear
 from tensorpipe.nested_map import NestedMap
+from tests import weight_op_testlib
 
 test_utils.ConfigureTestDevices()
 
@@ -89,21 +90,9 @@ class ZeroBubbleEqualsGPipeTest(tf.test.TestCase):
       self.assertEqual(a.name, b.name)
       b.assign(a)
 
-    @tf.function(autograph=False)
-    def GPipeStep(x):
-      with tf.GradientTape() as tape:
-        loss = loss_fn(want_pipe.FPropDefaultTheta(x)) / 16.0
-      return [loss] + list(tape.gradient(loss, want_pipe.trainable_variables))
-
-    @tf.function(autograph=False)
-    def Step(x):
-      with tf.GradientTape() as tape:
-        loss = got_pipe.FPropLoss(got_pipe.theta, (x,), None, loss_fn,
-                                  16.0).loss
-      return [loss] + list(tape.gradient(loss, got_pipe.trainable_variables))
-
     with py_utils.TrainingMode(True), py_utils.StepSeed(4):
-      want, got = GPipeStep(x), Step(x)
+      want, got = weight_op_testlib.GPipeAndLossInsideSteps(
+          want_pipe, got_pipe, x, loss_fn, 16.0)
     schedule = got_pipe.params.schedule
     # The loss: a sum over the batch against sums of per-micro-batch sums
     # (float32, n terms of either sign); each within n ulps of its scale.
@@ -132,33 +121,6 @@ class ZeroBubbleEqualsGPipeTest(tf.test.TestCase):
                         x, _SquareLoss)
 
 
-# The kernels that take a weight gradient: a 2-D MatMul's dw = x^T dz, the
-# filter gradients of the convolutions, the embedding's scatter-add.
-_DW_KERNELS = ('Conv2DBackpropFilter', 'DepthwiseConv2dNativeBackpropFilter',
-               'UnsortedSegmentSum')
-
-
-def _IsWeightGradient(node) -> bool:
-  if node.op == 'MatMul':
-    return node.attr['transpose_a'].b
-  return node.op in _DW_KERNELS
-
-
-def _Live(f):
-  """The nodes of function `f` that its outputs depend on: what runs once
-  TF instantiates it (it prunes the rest, e.g. the filter gradient that a
-  convolution's gradient function builds for an unwatched filter)."""
-  nodes = {n.name: n for n in f.node_def}
-  todo = [v for v in list(f.ret.values()) + list(f.control_ret.values())]
-  live = set()
-  while todo:
-    name = todo.pop().lstrip('^').split(':')[0]
-    if name in nodes and name not in live:
-      live.add(name)
-      todo += list(nodes[name].input)
-  return [nodes[name] for name in live]
-
-
 class SplitBackwardGraphTest(tf.test.TestCase):
 
   def _WeightGradientKernelsPerCell(self, stages, x, loss_fn):
@@ -181,7 +143,8 @@ class SplitBackwardGraphTest(tf.test.TestCase):
     got = {}
     for f in graph_def.library.function:
       branch = re.search(r'_branch(\d+)_', f.signature.name)
-      n = sum(_IsWeightGradient(node) for node in _Live(f))
+      n = sum(weight_op_testlib.IsWeightGradient(node)
+              for node in weight_op_testlib.LiveNodes(f))
       if branch and n:
         got.setdefault(cells[0][int(branch.group(1)) - 1][0], []).append(n)
     return {op: sorted(counts) for op, counts in got.items()}

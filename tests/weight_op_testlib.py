@@ -127,6 +127,29 @@ def LiveNodes(f) -> list:
   return [nodes[name] for name in live]
 
 
+def GPipeAndLossInsideSteps(want_pipe, got_pipe, x, loss_fn,
+                            normalizer: float):
+  """[loss] + gradients of the same step on two pipelines with the same
+  weights: `want_pipe` (GPipe: loss_fn on its whole output, under a tape)
+  and `got_pipe` (a loss-inside schedule: its FPropLoss), each divided by
+  `normalizer`. Run it in the caller's training mode and step seed."""
+
+  @tf.function(autograph=False)
+  def GPipeStep(x):
+    with tf.GradientTape() as tape:
+      loss = loss_fn(want_pipe.FPropDefaultTheta(x)) / normalizer
+    return [loss] + list(tape.gradient(loss, want_pipe.trainable_variables))
+
+  @tf.function(autograph=False)
+  def Step(x):
+    with tf.GradientTape() as tape:
+      loss = got_pipe.FPropLoss(got_pipe.theta, (x,), None, loss_fn,
+                                normalizer).loss
+    return [loss] + list(tape.gradient(loss, got_pipe.trainable_variables))
+
+  return GPipeStep(x), Step(x)
+
+
 def _Ancestors(tensors) -> set:
   seen, todo = set(), [t.op for t in tensors]
   while todo:
