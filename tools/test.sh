@@ -121,7 +121,7 @@ else
   # Two workers, each taking whole files (--dist loadfile: trainer_slow_test
   # trains its uninterrupted reference run once per class): the tier's
   # trainer subprocesses use about one core each, so two at a time fill the
-  # 2 cores of CI (6.3 -> about 4 minutes on 2 cores). --durations: each
+  # 2 cores of CI (381 s -> 252 s on a 2-core Xeon). --durations: each
   # end-to-end test's time, for the tier's budget.
   run_pytest -q -m slow -n 2 --dist loadfile --durations=0 "${slow_files[@]}"
   slow_result="$result"
