@@ -8,17 +8,13 @@ trains bit for bit what GPipe trains on the same stages
 run no weight-gradient kernel.
 """
 
-import re
 
 import tensorflow as tf
 
 from models import transformer
 from tensorpipe import pipeline
 from tensorpipe import py_utils
-from tensorpipe import schedule_builders
-from tensorpipe import schedule_program
 from tensorpipe import test_utils
-from tensorpipe import timeline
 from tensorpipe.layers import conv
 from tensorpipe.layers import linear
 from tensorpipe.nested_map import NestedMap
@@ -124,30 +120,8 @@ class ZeroBubbleEqualsGPipeTest(tf.test.TestCase):
 class SplitBackwardGraphTest(tf.test.TestCase):
 
   def _WeightGradientKernelsPerCell(self, stages, x, loss_fn):
-    """Per kind of ZB-H1 cell ('F', 'I', 'W': branch functions of the
-    switching loop) that runs any, the number of weight-gradient kernels
-    each of its cells runs, sorted."""
-    pipe = _Pipe(stages, 'zb_h1', 2)
-    # Branch b > 0 of device d runs cells[d][b - 1]: F, I, W on both.
-    cells = schedule_program.Compile(
-        schedule_builders.Build('zb_h1', 2, 2)).cells
-    self.assertEqual([[op for op, _ in row] for row in cells],
-                     [['F', 'I', 'W']] * 2)
-
-    def Step(x):
-      return pipe.FPropLossAndGrads(pipe.theta, (x,), None, loss_fn,
-                                    1.0).loss
-    with py_utils.TrainingMode(True), timeline.Record():
-      graph_def = tf.function(Step, autograph=False).get_concrete_function(
-          x).graph.as_graph_def()
-    got = {}
-    for f in graph_def.library.function:
-      branch = re.search(r'_branch(\d+)_', f.signature.name)
-      n = sum(weight_op_testlib.IsWeightGradient(node)
-              for node in weight_op_testlib.LiveNodes(f))
-      if branch and n:
-        got.setdefault(cells[0][int(branch.group(1)) - 1][0], []).append(n)
-    return {op: sorted(counts) for op, counts in got.items()}
+    return weight_op_testlib.WeightGradientKernelsPerCellKind(
+        _Pipe(stages, 'zb_h1', 2), x, loss_fn)
 
   def testInputGradientCellsBuildNoWeightGradientKernel(self):
     """Each stage's weight ops (Transformer: emb | dec0 + softmax, 1 and 7;

@@ -23,6 +23,9 @@ import tensorflow as tf
 
 from tensorpipe import flops
 from tensorpipe import py_utils
+from tensorpipe import schedule_builders
+from tensorpipe import schedule_program
+from tensorpipe import timeline
 
 
 def _Dense(g):
@@ -148,6 +151,29 @@ def GPipeAndLossInsideSteps(want_pipe, got_pipe, x, loss_fn,
     return [loss] + list(tape.gradient(loss, got_pipe.trainable_variables))
 
   return GPipeStep(x), Step(x)
+
+
+def WeightGradientKernelsPerCellKind(pipe, x, loss_fn) -> dict:
+  """Per kind of cell ('F', 'I', 'W') of a K=2, T=2 ZB-H1 pipeline that
+  runs any, the number of weight-gradient kernels each of its cells runs
+  (the branch functions of the switching loop), sorted."""
+  # Branch b > 0 of device d runs cells[d][b - 1]: F, I, W on both.
+  cells = schedule_program.Compile(
+      schedule_builders.Build('zb_h1', 2, 2)).cells
+  assert [[op for op, _ in row] for row in cells] == [['F', 'I', 'W']] * 2
+
+  def Step(x):
+    return pipe.FPropLossAndGrads(pipe.theta, (x,), None, loss_fn, 1.0).loss
+  with py_utils.TrainingMode(True), timeline.Record():
+    graph_def = tf.function(Step, autograph=False).get_concrete_function(
+        x).graph.as_graph_def()
+  got = {}
+  for f in graph_def.library.function:
+    branch = re.search(r'_branch(\d+)_', f.signature.name)
+    n = sum(IsWeightGradient(node) for node in LiveNodes(f))
+    if branch and n:
+      got.setdefault(cells[0][int(branch.group(1)) - 1][0], []).append(n)
+  return {op: sorted(counts) for op, counts in got.items()}
 
 
 def _Ancestors(tensors) -> set:
