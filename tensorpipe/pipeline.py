@@ -437,13 +437,10 @@ class TensorPipeLayer(base_layer.BaseLayer):
       NestedMap(loss=sum of loss sums / normalizer, metrics=name -> (sum of
       value sums, sum of weights)); the metrics get no gradient.
     """
-    inputs, num_mb = self._CheckLossInsideInputs(inputs)
-    pipeline_train.CheckLossFn(loss_fn)
     with py_utils.BatchAxis(self.params.batch_dim):
-      call = self._Call(theta, inputs, num_mb)
+      call, table = self._LossInsideCall(theta, inputs, loss_fn)
       loss, metrics = pipeline_train.FPropLoss(
-          call, self._LossInsideTable(num_mb), targets, loss_fn, normalizer,
-          py_utils.IsTraining())
+          call, table, targets, loss_fn, normalizer, py_utils.IsTraining())
     return NestedMap(loss=loss, metrics=metrics)
 
   @_NoAutoGraph
@@ -456,15 +453,19 @@ class TensorPipeLayer(base_layer.BaseLayer):
       NestedMap(loss, metrics, grads): grads holds d loss / d theta in
       theta's structure (theta.partition_<k>).
     """
-    inputs, num_mb = self._CheckLossInsideInputs(inputs)
-    pipeline_train.CheckLossFn(loss_fn)
     with py_utils.BatchAxis(self.params.batch_dim):
-      call = self._Call(theta, inputs, num_mb)
+      call, table = self._LossInsideCall(theta, inputs, loss_fn)
       res, grads = pipeline_train.FPropLossAndGrads(
-          call, self._LossInsideTable(num_mb), targets, loss_fn, normalizer,
-          py_utils.IsTraining())
+          call, table, targets, loss_fn, normalizer, py_utils.IsTraining())
     return NestedMap(loss=res.loss, metrics=res.metrics, grads=NestedMap(
         {f'partition_{k}': g for k, g in enumerate(grads)}))
+
+  def _LossInsideCall(self, theta, inputs, loss_fn):
+    """(the call, its schedule table) of FPropLoss / FPropLossAndGrads,
+    after checking the inputs and loss_fn."""
+    inputs, num_mb = self._CheckLossInsideInputs(inputs)
+    pipeline_train.CheckLossFn(loss_fn)
+    return self._Call(theta, inputs, num_mb), self._LossInsideTable(num_mb)
 
   def _CheckLossInsideInputs(self, inputs) -> Tuple[Tuple[Any, ...], int]:
     """(inputs as a tuple, T), or ValueError for GPipe or no inputs."""
