@@ -19,8 +19,7 @@ checkpoint restores under a different partition count.
 import contextlib
 import dataclasses
 import threading
-from typing import (Any, Dict, Iterator, List, Optional, Sequence, Tuple,
-                    Union)
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf

@@ -66,7 +66,6 @@ from tensorpipe import grad_sum
 from tensorpipe import partitioning
 from tensorpipe import schedule_builders
 from tensorpipe import simulator
-from tensorpipe.nested_map import NestedMap
 
 # Optimizer state per weight, in weights (the 'adafactor' entry is computed
 # from the weight shapes instead).

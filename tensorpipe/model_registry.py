@@ -23,7 +23,6 @@ Usage:
 
 import difflib
 import importlib
-import os
 import pkgutil
 from typing import Any, Dict, List
 
