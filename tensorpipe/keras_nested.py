@@ -37,6 +37,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 
 import keras
 
+from tensorpipe import errors
 from tensorpipe import keras_graph
 from tensorpipe import keras_utils
 
@@ -139,6 +140,10 @@ def FromStored(config: Dict[str, Any]) -> Optional[keras.Model]:
     return None
   try:
     model = keras.saving.deserialize_keras_object(config)
-  except (TypeError, ValueError):
-    return None
+  except (TypeError, ValueError) as e:
+    raise ValueError(
+        f'keras_nested: the stored model {config["class_name"]!r} cannot '
+        f'be rebuilt ({errors.FirstLine(e)}); import the package that '
+        'defines it (e.g. `import keras_hub`) before loading the '
+        'TensorPipeModel') from None
   return model if NeedsFlattening(model) else None

@@ -100,6 +100,13 @@ class KerasHubBackboneTest(tf.test.TestCase):
         pipe.predict(x, batch_size=_N, verbose=0))
     self.assertEqual(again.graph_pipeline.Report(),
                      pipe.graph_pipeline.Report())
+    # A stored class Keras cannot find is named, with the fix.
+    unknown = dict(config, layers=dict(
+        config['layers'], class_name='NoSuchBackbone', module='nowhere',
+        registered_name='nowhere>NoSuchBackbone'))
+    with self.assertRaisesRegex(ValueError, r"'NoSuchBackbone' cannot be "
+                                r'rebuilt .*import the package'):
+      keras_pipeline.TensorPipeModel.from_config(unknown)
 
 
 class SequenceCostTest(tf.test.TestCase):
