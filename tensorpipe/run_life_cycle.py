@@ -21,10 +21,10 @@ binary (tools/trainer.py) is flags, then `RunLifeCycle`, then the Trainer:
   ... Trainer(params, logdir, topology=topology, lock=life.lock, stop=stop)
   life.Finish(exit_code)       after the run ended (done, or stopped)
     [cluster, chief] set the chief-done key; wait until the other workers'
-      ports close
+      ports close; unlock the logdir; exit at once with exit_code
     [cluster, other] wait for the chief-done key (60 s), then exit at once
-      with exit_code (os._exit: nothing is left to write)
-    unlock the logdir
+      with exit_code (os._exit: every file was closed before Finish)
+    [one process] unlock the logdir
   life.Unlock()                on every other way out (idempotent)
 
 A failed start raises `StartError`, one line naming the cause (a peer that
@@ -40,7 +40,9 @@ its heartbeats makes the chief log "tasks are unhealthy". So the other
 workers wait until the chief has finished (its last save can take seconds
 on a loaded machine, and a worker gone for the 10 s heartbeat timeout is
 reported as unhealthy; a waiting worker still sends heartbeats), then end
-at once, and the chief waits until their ports close.
+at once, and the chief waits until their ports close, then ends at once
+too: its service declares a worker unhealthy once that worker's last
+heartbeat is older than the timeout, however the worker left.
 """
 
 import dataclasses
@@ -241,8 +243,8 @@ class RunLifeCycle:
   def Finish(self, exit_code: int) -> None:
     """Ends a run that finished or stopped: leave last, then unlock.
 
-    On a cluster's worker other than the chief this does not return: the
-    process exits with `exit_code` once the chief is done.
+    In a cluster this does not return: a worker other than the chief exits
+    with `exit_code` once the chief is done, the chief once they have gone.
     """
     if self._cluster is not None:
       self._LeaveLast(exit_code)
@@ -255,8 +257,7 @@ class RunLifeCycle:
         store.Get(CHIEF_DONE_KEY, CHIEF_DONE_WAIT_S)
       except Exception:  # pylint: disable=broad-except
         pass  # the chief has gone or is stuck: leave now, as before
-      sys.stdout.flush()
-      sys.stderr.flush()
+      _FlushOutput()
       self._steps.exit_fn(exit_code)
       return
     try:
@@ -268,7 +269,22 @@ class RunLifeCycle:
     if left:
       self._warn(f'{", ".join(left)} still running '
                  f'{WORKERS_EXIT_WAIT_S:.0f} s after this worker finished')
+    # The chief, too, ends at once: its coordination service declares a
+    # worker that exited unhealthy once that worker's last heartbeat is
+    # older than the timeout, and Python's and TF's teardown took that long
+    # on a loaded machine (CI: "The following tasks are unhealthy"). Every
+    # file was closed before Finish (checkpoints, summaries, eval results).
+    self.Unlock()
+    _FlushOutput()
+    self._steps.exit_fn(exit_code)
 
   def Unlock(self) -> None:
     """Releases the logdir's lock if this process holds it."""
     self.lock.Release()
+
+
+def _FlushOutput() -> None:
+  """Flushes what the process printed and logged, before os._exit."""
+  logging.flush()
+  sys.stdout.flush()
+  sys.stderr.flush()
