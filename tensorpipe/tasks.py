@@ -15,7 +15,7 @@ Usage:
   out = task.FPropDefaultTheta(batch)     # out.loss, out.metrics.accuracy
 """
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -278,67 +278,64 @@ class ClassificationTask(BaseTask):
       raise ValueError(f'label_smoothing={p.label_smoothing!r} must be in '
                        '[0, 1)')
 
+  def _LossTerms(self, out, labels, reduce: Callable[[tf.Tensor], tf.Tensor],
+                 n: tf.Tensor) -> NestedMap:
+    """The loss and its metrics, written once for every schedule.
+
+    `reduce` turns per-example values into the reported number: the
+    (weighted) mean over the whole batch (`FProp`), or the sum over a
+    micro-batch (the loss-inside schedules, which divide by the batch's rows
+    after the pipeline). `n`: the weight of each metric.
+    """
+    p = self.params
+    logits = out['logits'] if isinstance(out, dict) else out
+    aux = out.get('aux_logits') if isinstance(out, dict) else None
+    # float32 (float64 for a float64 model), as are n and the weights.
+    logits = tf.cast(logits, py_utils.AccumulationDtype(logits.dtype))
+
+    def Xent(x):
+      return reduce(losses.SoftmaxCrossEntropyLoss(
+          tf.cast(x, logits.dtype), labels, p.label_smoothing, p.num_classes))
+
+    def Hits(k):
+      return reduce(losses.TopKAccuracy(logits, labels, k, per_example=True))
+    xent = Xent(logits)
+    terms = NestedMap(loss=xent, logits=logits, metrics=NestedMap(
+        loss=(xent, n), accuracy=(Hits(1), n),
+        acc5=(Hits(min(5, p.num_classes)), n)))
+    if aux is not None:
+      aux_xent = Xent(aux)
+      terms.loss += p.aux_loss_weight * aux_xent
+      terms.metrics.aux_loss = (aux_xent, n)
+    return terms
+
   def FProp(self, theta, batch):
     p = self.params
     if _TrainsWith1F1B(self.children.model):
       return self._FPropLossInPipeline(theta, batch)
     batch, weights = self.SplitExampleWeights(batch)
     out = self.children.model.FProp(theta.model, batch[p.input_key])
-    aux = None
-    if isinstance(out, dict):
-      logits, aux = out['logits'], out.get('aux_logits')
-    else:
-      logits = out
-    # float32 (float64 for a float64 model), as are n and the weights.
-    logits = tf.cast(logits, py_utils.AccumulationDtype(logits.dtype))
-    labels = batch.label
-    n = tf.cast(tf.shape(logits)[0], logits.dtype)
+    logits = out['logits'] if isinstance(out, dict) else out
+    dtype = py_utils.AccumulationDtype(logits.dtype)
+    n = tf.cast(tf.shape(logits)[0], dtype)
     if weights is None:
       mean = tf.reduce_mean
     else:  # padded eval batch: means over the weighted (real) rows
-      weights = tf.cast(weights, logits.dtype)
+      weights = tf.cast(weights, dtype)
       n = tf.reduce_sum(weights)
       mean = lambda x: tf.reduce_sum(x * weights) / tf.maximum(n, 1.0)
-    xent = mean(losses.SoftmaxCrossEntropyLoss(
-        logits, labels, p.label_smoothing, p.num_classes))
-    loss = xent
-    metrics = NestedMap(
-        loss=(xent, n),
-        accuracy=(mean(losses.TopKAccuracy(logits, labels, 1,
-                                           per_example=True)), n),
-        acc5=(mean(losses.TopKAccuracy(logits, labels, min(5, p.num_classes),
-                                       per_example=True)), n))
-    if aux is not None:
-      aux_xent = mean(losses.SoftmaxCrossEntropyLoss(
-          tf.cast(aux, logits.dtype), labels, p.label_smoothing,
-          p.num_classes))
-      loss += p.aux_loss_weight * aux_xent
-      metrics.aux_loss = (aux_xent, n)
-    return NestedMap(loss=loss, metrics=metrics, logits=logits)
+    return self._LossTerms(out, batch.label, mean, n)
 
   def _FPropLossInPipeline(self, theta, batch):
-    """Training with schedule='1f1b': the same loss, per micro-batch sums."""
+    """Training with the loss inside the pipeline: per micro-batch sums."""
     p = self.params
 
     def LossSums(out, labels):
       logits = out['logits'] if isinstance(out, dict) else out
-      logits = tf.cast(logits, py_utils.AccumulationDtype(logits.dtype))
-      m = tf.cast(tf.shape(logits)[0], logits.dtype)
-      xent = tf.reduce_sum(losses.SoftmaxCrossEntropyLoss(
-          logits, labels, p.label_smoothing, p.num_classes))
-      metrics = NestedMap(
-          loss=(xent, m),
-          accuracy=(losses.TopKAccuracy(logits, labels, 1) * m, m),
-          acc5=(losses.TopKAccuracy(logits, labels, min(5, p.num_classes)) *
-                m, m))
-      loss = xent
-      if isinstance(out, dict) and out.get('aux_logits') is not None:
-        aux_xent = tf.reduce_sum(losses.SoftmaxCrossEntropyLoss(
-            tf.cast(out['aux_logits'], logits.dtype), labels,
-            p.label_smoothing, p.num_classes))
-        loss += p.aux_loss_weight * aux_xent
-        metrics.aux_loss = (aux_xent, m)
-      return NestedMap(loss=loss, metrics=metrics)
+      m = tf.cast(tf.shape(logits)[0], py_utils.AccumulationDtype(
+          logits.dtype))
+      terms = self._LossTerms(out, labels, tf.reduce_sum, m)
+      return NestedMap(loss=terms.loss, metrics=terms.metrics)
 
     images = batch[p.input_key]
     n = float(images.shape[self.children.model.params.batch_dim])
