@@ -440,15 +440,17 @@ class TensorPipeModel(keras.Model):
   def _LossInsideTrainStep(self, x, y, sample_weight, xs):
     """train_step under a schedule with the loss inside the pipeline.
 
-      loss = pipeline.FPropLoss(x, (y, sample_weight), compiled loss sum
-                                per micro-batch, Keras' normaliser)
+      loss, metric sums = pipeline.FPropLoss(x, (y, sample_weight),
+          compiled loss sum and metric (sum, count) per micro-batch,
+          Keras' normaliser of the whole batch)
       optimizer.apply(tape.gradient(loss, weights))
+      Keras' metric states += the step's metric sums
 
     A batch of other than batch_size rows runs unpipelined, as under GPipe.
     """
     compiled = keras_loss_inside.Check(
         self, self._schedule, self._front.single_output, y,
-        self._Outputs(self._OutputSpecLike([x_[:0] for x_ in xs])))
+        self._OutputSpecLike([x_[:0] for x_ in xs]))
     variables = self.trainable_weights
 
     def Targets(y_, w_):
@@ -463,27 +465,28 @@ class TensorPipeModel(keras.Model):
               targets.y, rows0, targets.get('w'), tf.shape(inputs[0])[0])
           res = self._pipe.FPropLoss(self._pipe.theta, tuple(inputs),
                                      targets, compiled.LossSum, normaliser)
-          loss = compiled.Total(res.loss)
+          loss, sums = compiled.Total(res.loss), res.metrics
         else:
           y_pred = self._Outputs(_Chain(self._pipe, *inputs))
           loss = self.compute_loss(x=x, y=targets.y, y_pred=y_pred,
                                    sample_weight=targets.get('w'),
                                    training=True)
+          sums = compiled.MetricSums(targets.y, y_pred, targets.get('w'))
         scaled = self.optimizer.scale_loss(loss)
-      return loss, tape.gradient(scaled, variables)
+      return loss, tape.gradient(scaled, variables), dict(sums)
 
     n = xs[0].shape[0]
     rows = self._batch_size
     with py_utils.StepSeed(self._StepSeed()), py_utils.TrainingMode(True):
       if n is not None:
-        loss, grads = Step(xs, Targets(y, sample_weight),
-                           n % self._num_micro_batches == 0)
+        loss, grads, sums = Step(xs, Targets(y, sample_weight),
+                                 n % self._num_micro_batches == 0)
       else:
         # As train_step's GPipe branch: the targets fitted with the inputs.
         fit = lambda t: None if t is None else _PadTo(t[:rows], rows)
         fitted = [fit(x_) for x_ in xs]
         fitted_targets = Targets(fit(y), fit(sample_weight))
-        loss, grads = tf.cond(
+        loss, grads, sums = tf.cond(
             tf.equal(tf.shape(xs[0])[0], rows),
             lambda: Step(fitted, fitted_targets, True),
             lambda: Step(xs, Targets(y, sample_weight), False))
@@ -491,6 +494,7 @@ class TensorPipeModel(keras.Model):
     if tracker is not None:
       tracker.update_state(loss, sample_weight=tf.shape(xs[0])[0])
     self.optimizer.apply_gradients(zip(grads, variables))
+    compiled.UpdateMetrics(sums)
     return self.get_metrics_result()
 
   # -- export --------------------------------------------------------------
