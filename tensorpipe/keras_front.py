@@ -77,6 +77,8 @@ class Front:
     sequence_length: the length the cost model counted unknown dims at.
     nested: the model was flattened (keras_nested): `stored` is its own
       serialised config.
+    output_keys: for a model with dict outputs, their keys in output order
+      (TensorPipeModel returns a dict keyed by them); else None.
   """
   pipe: pipeline.TensorPipeLayer
   input_specs: List[Tuple[List[Any], str]]
@@ -90,6 +92,7 @@ class Front:
   graph: Optional[keras_graph_params.GraphPipeline] = None
   sequence_length: Optional[int] = None
   nested: bool = False
+  output_keys: Optional[List[str]] = None
 
   def ToKeras(self) -> keras.Model:
     """A new plain Keras model of the wrapped model's kind (own weights)."""
@@ -129,7 +132,8 @@ def GraphFront(model: Any, num_partitions: int, num_micro_batches: int,
       stored=(keras.saving.serialize_keras_object(nested.source) if nested
               else keras_graph_params.GraphConfig(model)),
       input_shape=None, weight_order=weight_order, graph=built,
-      sequence_length=sequence_length, nested=nested is not None)
+      sequence_length=sequence_length, nested=nested is not None,
+      output_keys=nested.output_keys if nested else None)
 
 
 def LayersFront(model: Any, num_partitions: int, num_micro_batches: int,
@@ -169,7 +173,7 @@ def Make(model: Any, num_partitions: int, num_micro_batches: int,
   """
   stages = num_partitions * StagesPerDevice(common)
   nested = NestedSource(model)
-  if nested is not None:  # a keras_hub model, or dict inputs
+  if nested is not None:  # a keras_hub model, or dict inputs or outputs
     model = nested.model
     if weight_order is None:
       weight_order = nested.weight_order

@@ -346,6 +346,11 @@ class TensorPipeModel(keras.Model):
     return (x,)
 
   def _Outputs(self, out):
+    """The pipeline's outputs as the wrapped model returns them: a dict
+    keyed as its outputs were, a list, or one tensor."""
+    keys = self._front.output_keys
+    if keys is not None:
+      return dict(zip(keys, tf.nest.flatten(out)))
     return list(out) if isinstance(out, tuple) else out
 
   def _OutputSpecLike(self, xs):
@@ -355,7 +360,8 @@ class TensorPipeModel(keras.Model):
     outs = [tf.zeros(tf.concat([tf.shape(xs[0])[:1], s.as_list()[1:]], 0),
                      dtype) for s, dtype in zip(
                          tf.nest.flatten(meta.out_shapes), self._front.out_dtypes)]
-    return outs[0] if self._front.single_output else outs
+    return self._Outputs(outs[0] if self._front.single_output
+                         else tuple(outs))
 
   def call(self, x, training=None):
     """The pipeline on x: training=True trains (batch statistics, dropout)."""
@@ -518,15 +524,15 @@ class TensorPipeModel(keras.Model):
     The signature takes one input [batch, ...] (any batch) per keras.Input
     (`inputs` for a Sequential, else the keras.Input names) and returns
     {'outputs': ...} (a Sequential) or one output per model output, named
-    by the layers that make them, in inference mode (moving averages, no
-    dropout); plain `tf.saved_model.load(export_dir)` serves it without
-    tensorpipe.
+    by the layers that make them (by their keys for a model with dict
+    outputs), in inference mode (moving averages, no dropout); plain
+    `tf.saved_model.load(export_dir)` serves it without tensorpipe.
     """
     from tensorpipe import export  # pylint: disable=g-import-not-at-top
     specs = {name: tf.TensorSpec([None] + shape, dtype)
              for name, (shape, dtype) in zip(self._front.input_names,
                                              self._front.input_specs)}
-    names = self._front.output_names
+    names = self._front.output_keys or self._front.output_names
     return export.ExportModel(
         self._pipe, export_dir, specs, pipelined=pipelined,
         serving_batch_size=self._batch_size if pipelined else None,
