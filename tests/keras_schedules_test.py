@@ -209,6 +209,16 @@ class KerasSchedulesTest(tf.test.TestCase):
                                        sample_weight=mask.astype(np.float64))
     self._AssertSameHistory(want, got, 'zb_h1')
 
+  def testBuildLogsWhichDeviceHoldsWhichStage(self):
+    with self.assertLogs(level='INFO') as logs:
+      pipe = _Model('functional', 'zb_v')
+    devices = pipe.pipeline.devices
+    report = ("4 stages on 2 devices, 2 per device (schedule 'zb_v'):\n"
+              f'  device 0 ({devices[0]}): stages 0, 3\n'
+              f'  device 1 ({devices[1]}): stages 1, 2')
+    self.assertEqual(pipe.pipeline.PlacementReport(), report)
+    self.assertTrue(any(report in line for line in logs.output), logs.output)
+
   def testRefusalsNameTheValueAndTheFix(self):
     x, y = _Data('functional', N)
     pipe = _Model('functional', '1f1b')
