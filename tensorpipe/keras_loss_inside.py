@@ -213,8 +213,11 @@ def _MeanMetrics(model: keras.Model, where: str, y: Any,
   if not compiled.built:
     compiled.build(y, y_pred_like)
   out: List[MeanMetric] = []
-  for weighted, lists in ((False, compiled._flat_metrics),  # pylint: disable=protected-access
-                          (True, compiled._flat_weighted_metrics)):  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  per_output = ((False, compiled._flat_metrics),
+                (True, compiled._flat_weighted_metrics))
+  # pylint: enable=protected-access
+  for weighted, lists in per_output:
     for metric in [m for mls in lists if mls for m in mls.metrics]:
       if not IsWeightedMean(metric):
         raise ValueError(

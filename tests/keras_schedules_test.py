@@ -16,6 +16,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import distribute
+from tensorpipe import keras_params
 from tensorpipe import keras_pipeline
 from tensorpipe import test_utils
 from tests import keras_testlib
@@ -218,6 +220,25 @@ class KerasSchedulesTest(tf.test.TestCase):
               f'  device 1 ({devices[1]}): stages 1, 2')
     self.assertEqual(pipe.pipeline.PlacementReport(), report)
     self.assertTrue(any(report in line for line in logs.output), logs.output)
+
+  def testParamsRouteNumPartitionsCountsDevicesForEveryKind(self):
+    # K = 2 devices for a Sequential (cut by FLOPs or by partition_sizes)
+    # and a functional model (by FLOPs or cut_after); zb_v: 2 stages each.
+    for model, kw in (
+        (keras_testlib.MakeSequential, {}),
+        (keras_testlib.MakeSequential, dict(partition_sizes=[1, 3, 2, 2])),
+        (_Functional, {}),
+        (_Functional, dict(cut_after=['dense1', 'dense2', 'skip']))):
+      p = keras_params.PipelineParams(model(), 2, T, batch_size=N,
+                                      schedule='zb_v', **kw)
+      self.assertEqual(distribute.NumPartitions(p), 2, kw)
+      pipe = p.Instantiate()
+      self.assertLen(pipe.devices, 2)
+      self.assertEqual(pipe.num_stages, 4, kw)
+    with self.assertRaisesRegex(ValueError, r'partition_sizes=\[4, 4\] must '
+                                r'be 4 \(num_partitions=2 devices x 2 stages'):
+      keras_params.PipelineParams(keras_testlib.MakeSequential(), 2, T,
+                                  partition_sizes=[4, 4], schedule='zb_v')
 
   def testRefusalsNameTheValueAndTheFix(self):
     x, y = _Data('functional', N)
