@@ -227,7 +227,13 @@ def _DictPipe():
 
 class DictInputsAndOutputsTest(tf.test.TestCase):
 
-  def testLossesAndMetricsKeyedByOutputTrainAsKeras(self):
+  def _AssertClose(self, got, want, rtol):
+    self.assertCountEqual(got, want)
+    for key in want:
+      test_utils.AssertAllCloseScaled(self, got[key], want[key], rtol,
+                                      msg=key)
+
+  def testKeyedByNameThroughFitEvaluatePredictConfigAndExport(self):
     def Compile(m):
       m.compile(keras.optimizers.SGD(0.125), loss={
           'urgency': keras.losses.MeanSquaredError(dtype='float64'),
@@ -240,50 +246,30 @@ class DictInputsAndOutputsTest(tf.test.TestCase):
     self.assertEqual(pipe.output_names, plain.output_names)
     x, y = _DictBatch(2 * _N)
     fit = dict(batch_size=_N, epochs=1, shuffle=False, verbose=0)
-    want, got = plain.fit(x, y, **fit).history, pipe.fit(x, y, **fit).history
+    got = pipe.fit(x, y, **fit).history
     self.assertCountEqual(got, ['loss', 'urgency_loss', 'team_loss',
                                 'team_accuracy'])
-    self.assertCountEqual(got, want)
-    for key in want:  # Keras logs float32 means
-      test_utils.AssertAllCloseScaled(self, got[key], want[key], 1e-6,
-                                      msg=key)
+    # Keras logs float32 means; the weights are float64.
+    self._AssertClose(got, plain.fit(x, y, **fit).history, 1e-6)
     for g, w, v in zip(pipe.get_weights(), plain.get_weights(),
                        plain.weights):
       test_utils.AssertAllCloseScaled(self, g, w, 1e-9, msg=v.path)
     x, y = _DictBatch(_N + 3, seed=4)  # a batch T does not divide
-    got = pipe.evaluate(x, y, batch_size=_N, verbose=0, return_dict=True)
-    want = plain.evaluate(x, y, batch_size=_N, verbose=0, return_dict=True)
-    for key in want:
-      test_utils.AssertAllCloseScaled(self, got[key], want[key], 1e-6,
-                                      msg=key)
-    got = pipe.predict(x, batch_size=_N, verbose=0)
-    want = plain.predict(x, batch_size=_N, verbose=0)
-    self.assertCountEqual(got, ['urgency', 'team'])
-    for key in want:
-      test_utils.AssertAllCloseScaled(self, got[key], want[key], 1e-9,
-                                      msg=key)
-
-  def testConfigRoundTripsAndExportTakesOneNamedInputPerKey(self):
-    model, pipe = _DictModel(), _DictPipe()
-    x, _ = _DictBatch(5)
-    want = model.predict(x, batch_size=_N, verbose=0)
+    run = dict(batch_size=_N, verbose=0)
+    self._AssertClose(pipe.evaluate(x, y, return_dict=True, **run),
+                      plain.evaluate(x, y, return_dict=True, **run), 1e-6)
+    want = plain.predict(x, **run)
+    self._AssertClose(pipe.predict(x, **run), want, 1e-9)
     again = keras_pipeline.TensorPipeModel.from_config(pipe.get_config())
     again.set_weights(pipe.get_weights())
-    got = again.predict(x, batch_size=_N, verbose=0)
-    for key in want:
-      test_utils.AssertAllCloseScaled(self, got[key], want[key], 1e-9,
-                                      msg=key)
+    self._AssertClose(again.predict(x, **run), want, 1e-9)
     tmp = self.get_temp_dir()
-    export_dir = pipe.export(f'{tmp}/dict_model')
-    loaded = export_testlib.RunInCleanProcess(export_dir, [x], tmp)
+    loaded = export_testlib.RunInCleanProcess(
+        pipe.export(f'{tmp}/dict_model'), [x], tmp)
     self.assertEqual(loaded.modules, [])
     self.assertEqual(loaded.inputs, {'title': [[None, 3], 'float64'],
                                      'body': [[None, 4], 'float64']})
-    self.assertCountEqual(loaded.output_names, ['urgency', 'team'])
-    for key in want:
-      test_utils.AssertAllCloseScaled(self, loaded.outputs[0][key],
-                                      want[key], 1e-9, msg=key)
-
+    self._AssertClose(loaded.outputs[0], want, 1e-9)
 
 if __name__ == '__main__':
   tf.test.main()
