@@ -1,9 +1,9 @@
 """Which model TensorPipeModel wraps, asked once: a Front per kind.
 
-`Make` looks at the model once: a keras_hub model or one with dict inputs is
-flattened first (keras_nested); a functional graph is cut by keras_graph
-(GraphPlan); a Sequential or a list of layers is one KerasLayer per layer
-(keras_params.PipelineParams). The Front it returns holds every fact
+`Make` looks at the model once: a keras_hub model or one with dict inputs or
+outputs is flattened first (keras_nested); a functional graph is cut by
+keras_graph (GraphPlan); a Sequential or a list of layers is one KerasLayer
+per layer (keras_params.PipelineParams). The Front it returns holds every fact
 TensorPipeModel needs of the model (the pipeline, input and output names
 and specs, what get_config stores, the Keras weight order) and rebuilds a
 plain Keras model of the same kind (`ToKeras`).
@@ -11,8 +11,7 @@ plain Keras model of the same kind (`ToKeras`).
 
 import copy
 import dataclasses
-import types
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import keras
 
@@ -22,19 +21,6 @@ from tensorpipe import keras_nested
 from tensorpipe import keras_params
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
-from tensorpipe import schedule_builders
-
-
-def StagesPerDevice(common: Dict[str, Any]) -> int:
-  """v of the TensorPipeLayer Params `common` will set: its
-  num_stages_per_device, or where None its schedule's own.
-
-  Raises:
-    ValueError: num_stages_per_device is neither None nor an int >= 1.
-  """
-  return schedule_builders.NumStagesPerDevice(types.SimpleNamespace(
-      name='TensorPipe', schedule=common.get('schedule', 'gpipe'),
-      num_stages_per_device=common.get('num_stages_per_device')))
 
 
 def NestedSource(model: Any) -> Optional[keras_nested.Flattened]:
@@ -77,6 +63,8 @@ class Front:
     sequence_length: the length the cost model counted unknown dims at.
     nested: the model was flattened (keras_nested): `stored` is its own
       serialised config.
+    output_keys: for a model with dict outputs, their keys in output order
+      (TensorPipeModel returns a dict keyed by them); else None.
   """
   pipe: pipeline.TensorPipeLayer
   input_specs: List[Tuple[List[Any], str]]
@@ -90,6 +78,7 @@ class Front:
   graph: Optional[keras_graph_params.GraphPipeline] = None
   sequence_length: Optional[int] = None
   nested: bool = False
+  output_keys: Optional[List[str]] = None
 
   def ToKeras(self) -> keras.Model:
     """A new plain Keras model of the wrapped model's kind (own weights)."""
@@ -129,7 +118,8 @@ def GraphFront(model: Any, num_partitions: int, num_micro_batches: int,
       stored=(keras.saving.serialize_keras_object(nested.source) if nested
               else keras_graph_params.GraphConfig(model)),
       input_shape=None, weight_order=weight_order, graph=built,
-      sequence_length=sequence_length, nested=nested is not None)
+      sequence_length=sequence_length, nested=nested is not None,
+      output_keys=nested.output_keys if nested else None)
 
 
 def LayersFront(model: Any, num_partitions: int, num_micro_batches: int,
@@ -162,14 +152,12 @@ def Make(model: Any, num_partitions: int, num_micro_batches: int,
                sequence_length: Optional[int], **common) -> Front:
   """The Front for `model`'s kind, asked once.
 
-  num_partitions is K devices; with v stages per device (StagesPerDevice)
-  the model is cut into K v stages: a graph (and a sequence with
-  partition_sizes) is cut here into K v pieces, a sequence cut by its
-  FLOPs is cut by TensorPipeLayer, whose num_partitions counts devices.
+  num_partitions is K devices, for every kind: with v stages per device
+  (num_stages_per_device, or the schedule's own) the Params route cuts the
+  model into K v stages (keras_params.PipelineParams, GraphPlan).
   """
-  stages = num_partitions * StagesPerDevice(common)
   nested = NestedSource(model)
-  if nested is not None:  # a keras_hub model, or dict inputs
+  if nested is not None:  # a keras_hub model, or dict inputs or outputs
     model = nested.model
     if weight_order is None:
       weight_order = nested.weight_order
@@ -178,10 +166,9 @@ def Make(model: Any, num_partitions: int, num_micro_batches: int,
   if weight_order is not None:
     weight_order = [list(w) for w in weight_order]
   if keras_graph_params.IsGraph(model):
-    return GraphFront(model, stages, num_micro_batches, batch_size,
+    return GraphFront(model, num_partitions, num_micro_batches, batch_size,
                        copy_weights, cut_after, weight_order,
                        sequence_length, nested, **common)
-  return LayersFront(model,
-                      num_partitions if partition_sizes is None else stages,
-                      num_micro_batches, batch_size, copy_weights,
-                      input_shape, partition_sizes, weight_order, **common)
+  return LayersFront(model, num_partitions, num_micro_batches, batch_size,
+                     copy_weights, input_shape, partition_sizes,
+                     weight_order, **common)

@@ -1,8 +1,9 @@
 """The functional-model route of the Keras front door: a graph to Params.
 
 `GraphPlan(model, K, T)` reads a functional Keras model (or its config),
-costs and cuts it (keras_graph.py, keras_graph_costs.py) and returns the
-TensorPipeLayer Params with one KerasGraphSegment per partition, and the
+costs and cuts it (keras_graph.py, keras_graph_costs.py) into K v stages
+(K devices, v stages per device: `StagesPerDevice`) and returns the
+TensorPipeLayer Params with one KerasGraphSegment per stage, and the
 cut report; it warns once of each keras.ops node that reduces over the
 batch axis (keras_graph_mixing.BatchMixingOps), which micro-batching
 changes. keras_params.PipelineParams and TensorPipeModel call it for
@@ -10,6 +11,7 @@ functional models.
 """
 
 import dataclasses
+import types
 from typing import Any, Dict, Optional, Sequence
 
 from absl import logging
@@ -21,12 +23,25 @@ from tensorpipe import keras_graph_costs
 from tensorpipe import keras_graph_mixing
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
+from tensorpipe import schedule_builders
 
 
 def CheckKT(num_partitions: Any, num_micro_batches: Any) -> None:
   """K and T as TensorPipeLayer checks them, before any Keras work."""
   checks.CheckPositiveInts('keras_pipeline', num_partitions=num_partitions,
                            num_micro_batches=num_micro_batches)
+
+
+def StagesPerDevice(pipeline_params: Dict[str, Any]) -> int:
+  """v of the TensorPipeLayer Params `pipeline_params` will set: its
+  num_stages_per_device, or where None its schedule's own.
+
+  Raises:
+    ValueError: num_stages_per_device is neither None nor an int >= 1.
+  """
+  return schedule_builders.NumStagesPerDevice(types.SimpleNamespace(
+      name='TensorPipe', schedule=pipeline_params.get('schedule', 'gpipe'),
+      num_stages_per_device=pipeline_params.get('num_stages_per_device')))
 
 
 def IsGraph(model: Any) -> bool:
@@ -92,10 +107,11 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
               cut_after: Optional[Sequence[str]] = None,
               name: str = 'TensorPipe', sequence_length: Optional[int] = None,
               **pipeline_params) -> GraphPipeline:
-  """A functional model (or its config) cut into K partitions.
+  """A functional model (or its config) cut into K v stages on K devices.
 
-  Args: as PipelineParams; sequence_length: the length the cost model counts
-    unknown non-batch dims at (keras_graph_costs.Analyse).
+  Args: as PipelineParams (num_partitions: K devices; cut_after: K v - 1
+    names); sequence_length: the length the cost model counts unknown
+    non-batch dims at (keras_graph_costs.Analyse).
 
   Returns:
     The GraphPipeline; its Report() names what crosses each cut.
@@ -103,15 +119,16 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
   CheckKT(num_partitions, num_micro_batches)
   if keras_utils.IsKeras2(model):
     raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
+  stages = num_partitions * StagesPerDevice(pipeline_params)
   graph = keras_graph.ReadGraph(GraphConfig(model))
   costs = keras_graph_costs.Analyse(graph, sequence_length)
   WarnBatchMixing(graph, costs)
   plan = keras_graph.PlanCuts(
-      graph, costs, num_partitions, cut_after,
+      graph, costs, stages, cut_after,
       method=pipeline_params.get('partition_method', 'min_max'))
   batch = batch_size or num_micro_batches
   parts = [[keras_graph.SegmentParams(graph, costs, plan, k)]
-           for k in range(num_partitions)]
+           for k in range(stages)]
   p = pipeline.TensorPipeLayer.Params().Set(
       name=name, num_micro_batches=num_micro_batches, partitions=parts,
       input_shapes=[[batch] + list(info.shape)

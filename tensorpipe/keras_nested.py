@@ -13,7 +13,11 @@ outputs)` over the same layer objects:
   layer object with two calls, recognised by identity, not by name;
 - dict inputs become a list in Keras' flattening order (sorted keys); the
   input layers keep their names, so a dict keyed by those names still feeds
-  the model (`TensorPipeModel` takes dicts keyed by input name).
+  the model (`TensorPipeModel` takes dicts keyed by input name);
+- dict outputs become a list in the same order, their keys kept
+  (`Flattened.output_keys`): `TensorPipeModel` returns a dict keyed by them,
+  as the model given does, so compile's losses and metrics keyed by output
+  name, fit's dict targets and predict's dict results work as in Keras.
 
 Nothing is copied: the flattened model's layers are the user's objects. Its
 config is only read (keras_graph), never fed to `keras.Model.from_config`
@@ -50,10 +54,13 @@ class Flattened(NamedTuple):
     source: the model given (its `get_config` is what is stored).
     weight_order: [layer name in `model`, index in that layer's weights]
       per weight of `source`, in `source.weights` order (get_weights).
+    output_keys: for dict outputs, their keys in `model`'s output order
+      (sorted); None otherwise.
   """
   model: keras.Model
   source: keras.Model
   weight_order: List[List[Any]]
+  output_keys: Optional[List[str]] = None
 
 
 def _HasGraphConfig(model: Any) -> bool:
@@ -67,11 +74,13 @@ def _HasGraphConfig(model: Any) -> bool:
 
 def NeedsFlattening(model: Any) -> bool:
   """A functional model that keras_graph cannot read as it is: its config is
-  not its graph, or its inputs are a dict. (A plain functional model keeps
-  a nested functional model as one node, its variables under its name.)"""
+  not its graph, or its inputs or outputs are a dict. (A plain functional
+  model keeps a nested functional model as one node, its variables under
+  its name.)"""
   if not keras_graph.IsFunctional(model):
     return False
-  return not _HasGraphConfig(model) or isinstance(model.input, dict)
+  return (not _HasGraphConfig(model) or isinstance(model.input, dict) or
+          isinstance(model.output, dict))
 
 
 def _Names(model: keras.Model, seen: Dict[str, int]) -> bool:
@@ -126,17 +135,24 @@ def Flatten(model: keras.Model) -> Flattened:
   outputs = _Inline(model, inputs)
   if isinstance(inputs, dict):
     inputs = [inputs[k] for k in sorted(inputs)]
+  keys = sorted(outputs) if isinstance(outputs, dict) else None
+  if keys is not None:
+    outputs = [outputs[k] for k in keys]
   flat = keras.Model(inputs, outputs, name=model.name)
-  return Flattened(flat, model, keras_utils.WeightOrder(model, flat.layers))
+  return Flattened(flat, model, keras_utils.WeightOrder(model, flat.layers),
+                   keys)
 
 
 def FromStored(config: Dict[str, Any]) -> Optional[keras.Model]:
   """The model a stored serialised config describes, when it is one that
   must be flattened (`TensorPipeModel.get_config` stores such a model's own
-  config); None for anything else."""
-  if not (isinstance(config, dict) and 'class_name' in config and
-          isinstance(config.get('config'), dict) and
-          'input_layers' not in config['config']):
+  config: a keras_hub class, or a functional model with dict inputs or
+  outputs); None for anything else."""
+  inner = config.get('config') if isinstance(config, dict) else None
+  if not (isinstance(inner, dict) and 'class_name' in config and (
+      'input_layers' not in inner or
+      isinstance(inner['input_layers'], dict) or
+      isinstance(inner.get('output_layers'), dict))):
     return None
   try:
     model = keras.saving.deserialize_keras_object(config)

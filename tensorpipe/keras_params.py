@@ -135,17 +135,20 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
       function returning one of them, which is then built without
       allocating weights (experiments: their Params are made before the
       trainer sets up devices; the KerasLayers initialise their own weights).
-    num_partitions: K.
+    num_partitions: K, the devices. With v stages per device
+      (num_stages_per_device, or the schedule's own: 2 for 'zb_v') the
+      model is cut into K v stages, for every kind of model.
     num_micro_batches: T.
     input_shape: one example's input shape (no batch axis); default: the
       Sequential's keras.Input.
     batch_size: the mini-batch size N the partition plan is costed at (the
       FLOPs per layer scale with it, the plan does not); default T.
-    partition_sizes: manual split of a Sequential: K numbers of consecutive
-      layers per partition; None balances FPropMeta FLOPs automatically.
+    partition_sizes: manual split of a Sequential: K v numbers of
+      consecutive layers per stage; None balances FPropMeta FLOPs
+      automatically.
     name: the TensorPipeLayer's name.
-    cut_after: manual split of a functional model: K-1 Keras layer names,
-      in model order; the cut falls after each one's last call.
+    cut_after: manual split of a functional model: K v - 1 Keras layer
+      names, in model order; the cut falls after each one's last call.
     **pipeline_params: more TensorPipeLayer Params (recompute, devices, ...).
 
   Returns:
@@ -174,8 +177,9 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
       raise ValueError(f'keras_pipeline: input_shape={input_shape} is not '
                        'used for a functional model: its keras.Input '
                        'shapes are; drop input_shape')
-    return keras_graph_params.GraphPlan(model, num_partitions, num_micro_batches, batch_size,
-                     cut_after, name, **pipeline_params).params
+    return keras_graph_params.GraphPlan(
+        model, num_partitions, num_micro_batches, batch_size, cut_after,
+        name, **pipeline_params).params
   if cut_after is not None:
     raise ValueError(f'keras_pipeline: cut_after={cut_after} is for '
                      'functional models; a Sequential is split by '
@@ -194,11 +198,15 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
       name=name, num_micro_batches=num_micro_batches, **pipeline_params)
   if partition_sizes is not None:
     sizes = list(partition_sizes)
-    if (len(sizes) != num_partitions or
+    v = keras_graph_params.StagesPerDevice(pipeline_params)
+    if (len(sizes) != num_partitions * v or
         not all(isinstance(s, int) and s >= 1 for s in sizes) or
         sum(sizes) != len(layer_ps)):
+      stages = (f'{num_partitions}' if v == 1 else f'{num_partitions * v} '
+                f'(num_partitions={num_partitions} devices x {v} stages '
+                'per device)')
       raise ValueError(
-          f'keras_pipeline: partition_sizes={sizes} must be {num_partitions} '
+          f'keras_pipeline: partition_sizes={sizes} must be {stages} '
           f'positive ints summing to the {len(layer_ps)} layers')
     parts, start = [], 0
     for size in sizes:

@@ -346,6 +346,11 @@ class TensorPipeModel(keras.Model):
     return (x,)
 
   def _Outputs(self, out):
+    """The pipeline's outputs as the wrapped model returns them: a dict
+    keyed as its outputs were, a list, or one tensor."""
+    keys = self._front.output_keys
+    if keys is not None:
+      return dict(zip(keys, tf.nest.flatten(out)))
     return list(out) if isinstance(out, tuple) else out
 
   def _OutputSpecLike(self, xs):
@@ -355,7 +360,8 @@ class TensorPipeModel(keras.Model):
     outs = [tf.zeros(tf.concat([tf.shape(xs[0])[:1], s.as_list()[1:]], 0),
                      dtype) for s, dtype in zip(
                          tf.nest.flatten(meta.out_shapes), self._front.out_dtypes)]
-    return outs[0] if self._front.single_output else outs
+    return self._Outputs(outs[0] if self._front.single_output
+                         else tuple(outs))
 
   def call(self, x, training=None):
     """The pipeline on x: training=True trains (batch statistics, dropout)."""
@@ -440,15 +446,17 @@ class TensorPipeModel(keras.Model):
   def _LossInsideTrainStep(self, x, y, sample_weight, xs):
     """train_step under a schedule with the loss inside the pipeline.
 
-      loss = pipeline.FPropLoss(x, (y, sample_weight), compiled loss sum
-                                per micro-batch, Keras' normaliser)
+      loss, metric sums = pipeline.FPropLoss(x, (y, sample_weight),
+          compiled loss sum and metric (sum, count) per micro-batch,
+          Keras' normaliser of the whole batch)
       optimizer.apply(tape.gradient(loss, weights))
+      Keras' metric states += the step's metric sums
 
     A batch of other than batch_size rows runs unpipelined, as under GPipe.
     """
     compiled = keras_loss_inside.Check(
         self, self._schedule, self._front.single_output, y,
-        self._Outputs(self._OutputSpecLike([x_[:0] for x_ in xs])))
+        self._OutputSpecLike([x_[:0] for x_ in xs]))
     variables = self.trainable_weights
 
     def Targets(y_, w_):
@@ -463,27 +471,28 @@ class TensorPipeModel(keras.Model):
               targets.y, rows0, targets.get('w'), tf.shape(inputs[0])[0])
           res = self._pipe.FPropLoss(self._pipe.theta, tuple(inputs),
                                      targets, compiled.LossSum, normaliser)
-          loss = compiled.Total(res.loss)
+          loss, sums = compiled.Total(res.loss), res.metrics
         else:
           y_pred = self._Outputs(_Chain(self._pipe, *inputs))
           loss = self.compute_loss(x=x, y=targets.y, y_pred=y_pred,
                                    sample_weight=targets.get('w'),
                                    training=True)
+          sums = compiled.MetricSums(targets.y, y_pred, targets.get('w'))
         scaled = self.optimizer.scale_loss(loss)
-      return loss, tape.gradient(scaled, variables)
+      return loss, tape.gradient(scaled, variables), dict(sums)
 
     n = xs[0].shape[0]
     rows = self._batch_size
     with py_utils.StepSeed(self._StepSeed()), py_utils.TrainingMode(True):
       if n is not None:
-        loss, grads = Step(xs, Targets(y, sample_weight),
-                           n % self._num_micro_batches == 0)
+        loss, grads, sums = Step(xs, Targets(y, sample_weight),
+                                 n % self._num_micro_batches == 0)
       else:
         # As train_step's GPipe branch: the targets fitted with the inputs.
         fit = lambda t: None if t is None else _PadTo(t[:rows], rows)
         fitted = [fit(x_) for x_ in xs]
         fitted_targets = Targets(fit(y), fit(sample_weight))
-        loss, grads = tf.cond(
+        loss, grads, sums = tf.cond(
             tf.equal(tf.shape(xs[0])[0], rows),
             lambda: Step(fitted, fitted_targets, True),
             lambda: Step(xs, Targets(y, sample_weight), False))
@@ -491,6 +500,7 @@ class TensorPipeModel(keras.Model):
     if tracker is not None:
       tracker.update_state(loss, sample_weight=tf.shape(xs[0])[0])
     self.optimizer.apply_gradients(zip(grads, variables))
+    compiled.UpdateMetrics(sums)
     return self.get_metrics_result()
 
   # -- export --------------------------------------------------------------
@@ -514,15 +524,15 @@ class TensorPipeModel(keras.Model):
     The signature takes one input [batch, ...] (any batch) per keras.Input
     (`inputs` for a Sequential, else the keras.Input names) and returns
     {'outputs': ...} (a Sequential) or one output per model output, named
-    by the layers that make them, in inference mode (moving averages, no
-    dropout); plain `tf.saved_model.load(export_dir)` serves it without
-    tensorpipe.
+    by the layers that make them (by their keys for a model with dict
+    outputs), in inference mode (moving averages, no dropout); plain
+    `tf.saved_model.load(export_dir)` serves it without tensorpipe.
     """
     from tensorpipe import export  # pylint: disable=g-import-not-at-top
     specs = {name: tf.TensorSpec([None] + shape, dtype)
              for name, (shape, dtype) in zip(self._front.input_names,
                                              self._front.input_specs)}
-    names = self._front.output_names
+    names = self._front.output_keys or self._front.output_names
     return export.ExportModel(
         self._pipe, export_dir, specs, pipelined=pipelined,
         serving_batch_size=self._batch_size if pipelined else None,

@@ -9,8 +9,8 @@ allocating weights (NoAllocation), and walking a Keras object's sublayers.
 Keras private APIs TensorPipe relies on, all used through this module
 (tested with Keras 3.15.1, the version TF 2.21 installs and requirements.txt
 pins; re-check each on a Keras upgrade, keras_layer_test,
-keras_graph_test, keras_build_test and keras_weight_ops_test fail if one
-changes):
+keras_graph_test, keras_build_test, keras_weight_ops_test and
+keras_schedules_test fail if one changes):
 
   | private API                                   | used by                |
   |-----------------------------------------------|------------------------|
@@ -40,8 +40,12 @@ changes):
   |                                               |   keras_weight_ops     |
   | `Trainer._compile_loss` / `_compile_metrics`, | keras_loss_inside      |
   |   `CompileLoss.build` / `_flat_losses`,       |   (the compiled loss   |
-  |   `CompileMetrics._user_metrics` /            |   inside the pipeline) |
-  |   `_user_weighted_metrics`,                   |                        |
+  |   `CompileMetrics.build` / `_flat_metrics` /  |   and weighted-mean    |
+  |   `_flat_weighted_metrics`,                   |   metrics inside the   |
+  |   `MeanMetricWrapper._fn` / `_fn_kwargs`,     |   pipeline)            |
+  |   `Mean.total` / `count`, `keras.src.metrics. |                        |
+  |   reduction_metrics.                          |                        |
+  |   reduce_to_samplewise_values`,               |                        |
   |   `keras.src.losses.loss.                     |                        |
   |   reduce_weighted_values`                     |                        |
 

@@ -222,6 +222,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     object.__setattr__(self, '_placement', placement)
     object.__setattr__(self, '_stage_params', stage_params)
     object.__setattr__(self, '_plan', plan)
+    logging.info('TensorPipeLayer %r: %s', p.name, self.PlacementReport())
 
   # -- construction helpers ------------------------------------------------
 
@@ -287,7 +288,10 @@ class TensorPipeLayer(base_layer.BaseLayer):
     metas = self._CheckChain(layers, base_layer.InputShapes(p.input_shapes))
     costs = [m.flops for m in metas]
     plan = partitioning.Partition(costs, k, method=p.partition_method)
-    logging.info('TensorPipeLayer %r partition plan:\n%s', p.name,
+    # A row per stage; which device holds which: PlacementReport, logged
+    # once the devices are known.
+    logging.info('TensorPipeLayer %r partition plan (%d stages on %d '
+                 'devices):\n%s', p.name, k, k // v,
                  plan.Report([lp.name for lp in layers]))
     out, start = [], 0
     for size in plan.sizes:
@@ -356,6 +360,12 @@ class TensorPipeLayer(base_layer.BaseLayer):
   @property
   def devices(self) -> List[str]:
     return list(self._devices)
+
+  def PlacementReport(self) -> str:
+    """The stages, the devices and which device holds which stage (logged
+    at construction; schedule_builders.PlacementReport)."""
+    return schedule_builders.PlacementReport(
+        self._placement, self._devices, self.params.schedule)
 
   @property
   def partition_plan(self) -> Optional[partitioning.PartitionPlan]:

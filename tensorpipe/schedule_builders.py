@@ -469,3 +469,29 @@ def StageDevices(p: Any, num_devices: int) -> List[int]:
   table = FromParam(p.schedule, num_devices, None, NumStagesPerDevice(p))
   place = table.StageDevice()
   return [place[s] for s in range(table.num_stages)]
+
+
+def PlacementReport(stage_devices: Sequence[int], devices: Sequence[str],
+                    schedule: str) -> str:
+  """Which device holds which stage, as text for the build log.
+
+  Args:
+    stage_devices: per stage, its device index (`StageDevices`).
+    devices: the K device names.
+    schedule: the `schedule` value (named with `schedules.Label`).
+
+  Returns:
+    'S stages on K devices, v per device (schedule ...):' then one line per
+    device with its stages, e.g. '  device 0 (/CPU:0): stages 0, 3'.
+  """
+  held = [[s for s, d in enumerate(stage_devices) if d == k]
+          for k in range(len(devices))]
+  per = {len(h) for h in held}
+  v = f'{per.pop()} per device' if len(per) == 1 else 'unevenly'
+  lines = [f'{len(stage_devices)} stages on {len(devices)} devices, {v} '
+           f'(schedule {schedules.Label(schedule)!r}):']
+  for k, (name, stages) in enumerate(zip(devices, held)):
+    what = 'stage' if len(stages) == 1 else 'stages'
+    lines.append(f'  device {k} ({name}): {what} '
+                 f'{", ".join(map(str, stages))}')
+  return '\n'.join(lines)

@@ -12,7 +12,7 @@ partition, and come out of the step function through a `Recorder`:
     step_fn = tf.function(Step).get_concrete_function(x)
   # Step returns rec.Tensors() next to its loss
   loss, raw = step_fn(x)
-  events = rec.Events(raw)                 # [Event(phase, k, t, start, end)]
+  events = rec.Events(raw)                 # [Event(phase, k, t, start, ...)]
   trace = timeline.ChromeTrace(events, devices)
 
 Recording is decided when the step is traced: without an active `Record()`
@@ -58,6 +58,8 @@ class Event:
   start: float     # seconds
   end: float       # seconds
   tick: int = -1   # clock tick of its pass's loop (-1: not recorded)
+  stage: int = -1  # the (virtual) stage it ran: k, or with v stages per
+                   # device (interleaved, zb_v) one of k's (-1: unknown)
 
 
 # What a Recorder entry's log holds: the forward ticks of the gpipe table (the
@@ -184,7 +186,7 @@ def TableEvents(rows: Any, table: schedules.Schedule, k: int,
       spans = [('recompute', start, mid), ('backward', mid, end)]
     else:
       spans = [('backward', start, end)]
-    events.extend(Event(phase, k, action.micro_batch, s, e, c)
+    events.extend(Event(phase, k, action.micro_batch, s, e, c, action.stage)
                   for phase, s, e in spans)
   return events
 
@@ -331,6 +333,8 @@ def ChromeTrace(events: Sequence[Event], devices: Sequence[str],
   """Chrome trace JSON (chrome://tracing, Perfetto): one row per device.
 
   Times are microseconds from the earliest event (or the 'step_start' mark).
+  A cell is named by its phase, micro-batch and (virtual) stage, e.g.
+  'F t=2 s=5': with v stages per device a row holds several stages.
   """
   origin = min([ev.start for ev in events] +
                ([marks['step_start']] if marks and 'step_start' in marks
@@ -340,12 +344,13 @@ def ChromeTrace(events: Sequence[Event], devices: Sequence[str],
     trace.append({'name': 'thread_name', 'ph': 'M', 'pid': 0, 'tid': k,
                   'args': {'name': f'partition {k} on {name}'}})
   for ev in events:
+    stage = f' s={ev.stage}' if ev.stage >= 0 else ''
     trace.append({
-        'name': f'{ev.phase[0].upper()} t={ev.t}', 'cat': ev.phase, 'ph': 'X',
-        'pid': 0, 'tid': ev.k, 'ts': (ev.start - origin) * 1e6,
+        'name': f'{ev.phase[0].upper()} t={ev.t}{stage}', 'cat': ev.phase,
+        'ph': 'X', 'pid': 0, 'tid': ev.k, 'ts': (ev.start - origin) * 1e6,
         'dur': max(0.0, ev.end - ev.start) * 1e6,
-        'args': {'phase': ev.phase, 'partition': ev.k, 'micro_batch': ev.t,
-                 'tick': ev.tick}})
+        'args': {'phase': ev.phase, 'partition': ev.k, 'stage': ev.stage,
+                 'micro_batch': ev.t, 'tick': ev.tick}})
   for name, value in (marks or {}).items():
     trace.append({'name': name, 'ph': 'i', 's': 'g', 'pid': 0, 'tid': 0,
                   'ts': (value - origin) * 1e6})

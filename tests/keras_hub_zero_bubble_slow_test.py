@@ -37,7 +37,7 @@ class GPT2WeightGradientShareTest(tf.test.TestCase):
         vocabulary_size=64, num_layers=2, num_heads=2, hidden_dim=16,
         intermediate_dim=32, max_sequence_length=LENGTH)
     plan = keras_graph_params.GraphPlan(
-        keras_nested.Flatten(backbone).model, 4, T, batch_size=BATCH,
+        keras_nested.Flatten(backbone).model, 2, T, batch_size=BATCH,
         sequence_length=LENGTH, schedule='zb_v')
     pipe = plan.params.Instantiate()
 

@@ -1,4 +1,4 @@
-"""keras_hub models as given, dict inputs and nested functional models.
+"""keras_hub models as given, dict inputs and outputs, nested functional models.
 
 keras_nested.Flatten rebuilds a model whose config is not its graph as one
 functional graph over the same layers; TensorPipeModel then cuts it like any
@@ -15,6 +15,7 @@ from tensorpipe import keras_graph_costs
 from tensorpipe import keras_nested
 from tensorpipe import keras_pipeline
 from tensorpipe import test_utils
+from tests import export_testlib
 
 test_utils.ConfigureTestDevices()
 
@@ -192,6 +193,83 @@ class NestedFunctionalTest(tf.test.TestCase):
     self.assertFalse(keras_nested.NeedsFlattening(keras.Sequential(
         [keras.Input((4,)), keras.layers.Dense(2)])))
 
+
+def _DictModel():
+  """Dict inputs and dict outputs whose keys are not the layers' names."""
+  def Dense(units, i, **kw):
+    return keras.layers.Dense(
+        units, kernel_initializer=keras.initializers.GlorotUniform(i),
+        name=f'dense{i}', dtype='float64', **kw)
+  title = keras.Input((3,), name='title', dtype='float64')
+  body = keras.Input((4,), name='body', dtype='float64')
+  h = keras.layers.Concatenate(dtype='float64')([title, body])
+  h = Dense(6, 1, activation='tanh')(Dense(6, 0, activation='tanh')(h))
+  return keras.Model({'title': title, 'body': body},
+                     {'urgency': Dense(1, 2)(h), 'team': Dense(3, 3)(h)},
+                     name='tickets')
+
+
+def _DictBatch(rows, seed=2):
+  """Inputs of float32 values (Keras' array adapter casts to floatx)."""
+  rng = np.random.RandomState(seed)
+  normal = lambda d: rng.normal(size=(rows, d)).astype('float32').astype(
+      'float64')
+  x = {'title': normal(3), 'body': normal(4)}
+  y = {'urgency': rng.normal(size=(rows, 1)),
+       'team': rng.randint(0, 3, size=rows)}
+  return x, y
+
+
+def _DictPipe():
+  return keras_pipeline.TensorPipeModel(_DictModel(), num_partitions=2,
+                                        num_micro_batches=2, batch_size=_N)
+
+
+class DictInputsAndOutputsTest(tf.test.TestCase):
+
+  def _AssertClose(self, got, want, rtol):
+    self.assertCountEqual(got, want)
+    for key in want:
+      test_utils.AssertAllCloseScaled(self, got[key], want[key], rtol,
+                                      msg=key)
+
+  def testKeyedByNameThroughFitEvaluatePredictConfigAndExport(self):
+    def Compile(m):
+      m.compile(keras.optimizers.SGD(0.125), loss={
+          'urgency': keras.losses.MeanSquaredError(dtype='float64'),
+          'team': keras.losses.SparseCategoricalCrossentropy(
+              from_logits=True, dtype='float64')},
+                loss_weights={'urgency': 0.5, 'team': 1.0},
+                metrics={'team': ['accuracy']})
+      return m
+    plain, pipe = Compile(_DictModel()), Compile(_DictPipe())
+    self.assertEqual(pipe.output_names, plain.output_names)
+    x, y = _DictBatch(2 * _N)
+    fit = dict(batch_size=_N, epochs=1, shuffle=False, verbose=0)
+    got = pipe.fit(x, y, **fit).history
+    self.assertCountEqual(got, ['loss', 'urgency_loss', 'team_loss',
+                                'team_accuracy'])
+    # Keras logs float32 means; the weights are float64.
+    self._AssertClose(got, plain.fit(x, y, **fit).history, 1e-6)
+    for g, w, v in zip(pipe.get_weights(), plain.get_weights(),
+                       plain.weights):
+      test_utils.AssertAllCloseScaled(self, g, w, 1e-9, msg=v.path)
+    x, y = _DictBatch(_N + 3, seed=4)  # a batch T does not divide
+    run = dict(batch_size=_N, verbose=0)
+    self._AssertClose(pipe.evaluate(x, y, return_dict=True, **run),
+                      plain.evaluate(x, y, return_dict=True, **run), 1e-6)
+    want = plain.predict(x, **run)
+    self._AssertClose(pipe.predict(x, **run), want, 1e-9)
+    again = keras_pipeline.TensorPipeModel.from_config(pipe.get_config())
+    again.set_weights(pipe.get_weights())
+    self._AssertClose(again.predict(x, **run), want, 1e-9)
+    tmp = self.get_temp_dir()
+    loaded = export_testlib.RunInCleanProcess(
+        pipe.export(f'{tmp}/dict_model'), [x], tmp)
+    self.assertEqual(loaded.modules, [])
+    self.assertEqual(loaded.inputs, {'title': [[None, 3], 'float64'],
+                                     'body': [[None, 4], 'float64']})
+    self._AssertClose(loaded.outputs[0], want, 1e-9)
 
 if __name__ == '__main__':
   tf.test.main()

@@ -388,6 +388,20 @@ class ScheduleFactsTest(unittest.TestCase):
     self.assertEqual(schedule_builders.StageDevices(_Params('zb_v'), 2),
                      [0, 1, 1, 0])
 
+  def testPlacementReportSaysWhichDeviceHoldsWhichStage(self):
+    zb_v = schedule_builders.StageDevices(_Params('zb_v'), 2)
+    self.assertEqual(
+        schedule_builders.PlacementReport(zb_v, ['/CPU:0', '/CPU:1'], 'zb_v'),
+        "4 stages on 2 devices, 2 per device (schedule 'zb_v'):\n"
+        '  device 0 (/CPU:0): stages 0, 3\n'
+        '  device 1 (/CPU:1): stages 1, 2')
+    self.assertEqual(
+        schedule_builders.PlacementReport([0, 1], ['/GPU:0', '/GPU:1'],
+                                          'gpipe'),
+        "2 stages on 2 devices, 1 per device (schedule 'gpipe'):\n"
+        '  device 0 (/GPU:0): stage 0\n'
+        '  device 1 (/GPU:1): stage 1')
+
   def testCheckScheduleParamsRefusals(self):
     schedule_builders.CheckScheduleParams(_Params('gpipe'), 2)
     schedule_builders.CheckScheduleParams(_Params('zb_h1'), 2)

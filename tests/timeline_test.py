@@ -222,18 +222,18 @@ class OneFOneBTimelineTest(tf.test.TestCase):
   def testHandWrittenLogDecodesWithTheSchedule(self):
     ev = timeline.Event
     self.assertEqual(_Decode1F1B(_LOGS_1F1B, 2, 2), [
-        ev('forward', 0, 0, 0.0, 1.0, tick=0),
-        ev('forward', 0, 1, 1.0, 2.0, tick=1),
-        ev('forward', 1, 0, 1.0, 2.0, tick=1),
-        ev('recompute', 1, 0, 2.5, 3.5, tick=2),
-        ev('backward', 1, 0, 3.5, 5.0, tick=2),
-        ev('recompute', 0, 0, 5.0, 6.0, tick=3),
-        ev('forward', 1, 1, 5.0, 7.0, tick=3),
-        ev('backward', 0, 0, 6.0, 8.0, tick=3),
-        ev('recompute', 1, 1, 7.0, 8.0, tick=4),
-        ev('backward', 1, 1, 8.0, 9.0, tick=4),
-        ev('recompute', 0, 1, 9.0, 10.0, tick=5),
-        ev('backward', 0, 1, 10.0, 12.0, tick=5)])
+        ev('forward', 0, 0, 0.0, 1.0, tick=0, stage=0),
+        ev('forward', 0, 1, 1.0, 2.0, tick=1, stage=0),
+        ev('forward', 1, 0, 1.0, 2.0, tick=1, stage=1),
+        ev('recompute', 1, 0, 2.5, 3.5, tick=2, stage=1),
+        ev('backward', 1, 0, 3.5, 5.0, tick=2, stage=1),
+        ev('recompute', 0, 0, 5.0, 6.0, tick=3, stage=0),
+        ev('forward', 1, 1, 5.0, 7.0, tick=3, stage=1),
+        ev('backward', 0, 0, 6.0, 8.0, tick=3, stage=0),
+        ev('recompute', 1, 1, 7.0, 8.0, tick=4, stage=1),
+        ev('backward', 1, 1, 8.0, 9.0, tick=4, stage=1),
+        ev('recompute', 0, 1, 9.0, 10.0, tick=5, stage=0),
+        ev('backward', 0, 1, 10.0, 12.0, tick=5, stage=0)])
 
   def testBreakdownOfAnInterleavedStep(self):
     events = _Decode1F1B(_LOGS_1F1B, 2, 2)
@@ -286,6 +286,26 @@ class OneFOneBTimelineTest(tf.test.TestCase):
       trace = timeline.ChromeTrace(events, ['/CPU:0', '/CPU:1', '/CPU:2'])
       self.assertLen([e for e in trace['traceEvents'] if e['ph'] == 'X'],
                      len(events))
+
+  def testEventsAndTraceNameTheVirtualStage(self):
+    # interleaved_1f1b, K=2 devices x v=2 stages: device k holds stages k
+    # and k + 2; each recorded cell names the stage the table ran there.
+    table = schedule_builders.Build('interleaved_1f1b', 2, 2, 2)
+    rec = timeline.Recorder()
+    for k in range(2):
+      log = [[float(c), _M, c + 0.5] if a else [_M] * 3
+             for c, a in enumerate(table.grid[k])]
+      rec.Add('table', k, 2, 2, tf.constant(log, tf.float64), table=table)
+    events = rec.Events(rec.Tensors())
+    self.assertCountEqual({(e.k, e.stage) for e in events},
+                          {(0, 0), (0, 2), (1, 1), (1, 3)})
+    for e in events:
+      self.assertEqual(table.grid[e.k][e.tick].stage, e.stage)
+    trace = timeline.ChromeTrace(events, ['/CPU:0', '/CPU:1'])
+    spans = [e for e in trace['traceEvents'] if e['ph'] == 'X']
+    self.assertIn('F t=1 s=3', {e['name'] for e in spans})
+    self.assertEqual({(e['tid'], e['args']['stage']) for e in spans},
+                     {(0, 0), (0, 2), (1, 1), (1, 3)})
 
   def testTwoColumnLogHasNoRecomputeSplit(self):
     logs = [[row[0], row[2]] for row in _LOGS_1F1B[1]]
@@ -388,7 +408,8 @@ class ProbeTest(tf.test.TestCase):
     probe.Add('forward', 0, 2, 2, log)
     # K=2, T=2: partition 0 runs micro-batch 1 on forward tick 1.
     self.assertEqual(rec.Events(rec.Tensors()),
-                     [timeline.Event('forward', 0, 1, 5.0, 6.0, tick=1)])
+                     [timeline.Event('forward', 0, 1, 5.0, 6.0, tick=1,
+                                     stage=0)])
 
 
 if __name__ == '__main__':
