@@ -8,54 +8,92 @@ from tests import test_main
 
 _SLOW_SUFFIX = '_slow_test.py'
 
+# The end-to-end tier of the default run (tools/test.sh): slow files that
+# also get the marker "e2e", so `pytest -m "not slow or e2e"` is the tier.
+# They are scheduled first: under `-n 2 --dist loadfile` a worker takes whole
+# files in collection order, and the longest files last would leave one
+# worker alone at the end. Then the unit files that take longest.
+E2E_TIER = ('tests/tools/trainer_slow_test.py',
+            'tests/tools/multiworker_faults_slow_test.py',
+            'tests/tools/multiworker_slow_test.py',
+            'tests/inputs/prepared_data_slow_test.py')
+_LONG_UNIT_FILES = ('tests/trainer_lib_test.py',
+                    'tests/pipeline_train_test.py',
+                    'tests/pipeline_test.py',
+                    'tests/keras_pipeline_test.py',
+                    'tests/keras_schedules_test.py',
+                    'tests/tasks_test.py',
+                    'tests/pipeline_ticks_test.py',
+                    'tests/models/amoebanet_test.py',
+                    'tests/schedule_engine_test.py')
+_FIRST = E2E_TIER + _LONG_UNIT_FILES
+
 # tf.test.TestCase's test_session placeholder is not collected (it would
 # report one skip per test class), as under Bazel (tests/test_main.py).
 test_main.DropTfTestSessionPlaceholder()
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m / -k deselect items
 def pytest_collection_modifyitems(config, items):
-  """Marks every test in a *_slow_test.py file `slow`.
+  """Marks every test in a *_slow_test.py file `slow` (and the end-to-end
+  tier's `e2e`), puts the longest files first and fails a file without
+  tests.
 
   The file name is the one switch for slow tests: build_defs.bzl tags the same
   files "slow" for Bazel, so `bazel test --test_tag_filters=-slow` plus
   `pytest -m slow` (tools/test.sh) run every test exactly once.
   """
-  del config  # unused
+  root = config.rootpath
   for item in items:
     if item.path.name.endswith(_SLOW_SUFFIX):
       item.add_marker(pytest.mark.slow)
+    if _RelativePath(item, root) in E2E_TIER:
+      item.add_marker(pytest.mark.e2e)
+  # Stable: the order within a file and among the other files is kept.
+  items.sort(key=lambda item: _FileRank(_RelativePath(item, root)))
+  _CheckEveryFileHasTests(items, root)
 
 
-@pytest.hookimpl(tryfirst=True, optionalhook=True)
-def pytest_timeout_set_timer(item, settings):
-  """pytest-timeout's thread timer, with the test's name in one line first.
+def _RelativePath(item, root) -> str:
+  return item.path.relative_to(root).as_posix()
 
-  The 'thread' method (pytest.ini) ends a test stuck in a blocking TF call,
-  which SIGALRM cannot interrupt: it dumps every thread's stack and ends the
-  process with os._exit(1). The line names the test before the stacks.
-  """
-  if settings.method != 'thread' or not settings.timeout:
-    return None  # pytest-timeout's own timer
-  import pytest_timeout  # pylint: disable=g-import-not-at-top
 
-  def Fire():
-    capman = item.config.pluginmanager.getplugin('capturemanager')
-    if capman:
-      capman.suspend_global_capture(item)
-    sys.stderr.write(f'\nTIMEOUT: {item.nodeid} ran past its '
-                     f'{settings.timeout:g} s timeout (pytest-timeout); its '
-                     'stacks follow and the pytest process ends\n')
-    sys.stderr.flush()
-    pytest_timeout.timeout_timer(item, settings)
+def _FileRank(path: str) -> int:
+  return _FIRST.index(path) if path in _FIRST else len(_FIRST)
 
-  timer = threading.Timer(settings.timeout, Fire)
-  timer.name = f'pytest_timeout {item.nodeid}'
-  timer.daemon = True
 
-  def Cancel():
-    timer.cancel()
-    timer.join()
+# Test modules collected (pytest_collectreport), to find one without tests.
+_MODULES = set()
 
-  item.cancel_timeout = Cancel
-  timer.start()
-  return True
+
+def pytest_collectreport(report):
+  if report.passed and report.nodeid.endswith('_test.py'):
+    _MODULES.add(report.nodeid.split('::')[0])
+
+
+def _CheckEveryFileHasTests(items, root) -> None:
+  """A test file that collects no test fails the run (as under Bazel,
+  tests/test_main.py): its tests were lost (a class not derived from
+  TestCase, every method renamed), not passed. The failure is an item of
+  its own, so it is reported under xdist too."""
+  with_tests = {_RelativePath(item, root) for item in items}
+  session = items[0].session if items else None
+  for module in sorted(_MODULES - with_tests):
+    if session is not None and (root / module).is_file():
+      items.append(_NoTests.from_parent(session, name=f'{module}::no_tests'))
+
+
+class _NoTests(pytest.Item):
+  """Fails: the file named by this item collected no test."""
+
+  def runtest(self):
+    raise AssertionError(
+        f'{self.name.split("::")[0]}: no test collected; a test file must '
+        'hold tests (unittest.TestCase classes with test* methods)')
+
+  def repr_failure(self, excinfo, style=None):
+    del style  # one line: the file and the fix
+    return str(excinfo.value)
+
+  def reportinfo(self):
+    return self.name, None, self.name
