@@ -259,10 +259,20 @@ def ReadGraph(config: Dict[str, Any]) -> Graph:
 # -- node objects and costs ---------------------------------------------------
 
 
+# Call arguments Keras serialises as {'class_name': ..., 'config': ...}:
+# an index's slices (x[:, 0]), constants as tensors or arrays. Keras's
+# functional loader deserialises a node's arguments the same way.
+_SERIALISED_ARGS = ('__slice__', '__ellipsis__', '__tensor__', '__numpy__',
+                    '__bytes__')
+
+
 def FillArgs(x: Any, env: Dict[str, Any]) -> Any:
-  """Call arguments with each {'__tensor__': key} replaced by env[key]."""
+  """Call arguments with each {'__tensor__': key} replaced by env[key] and
+  Keras's serialised constants (slices, tensors, arrays) rebuilt."""
   if isinstance(x, dict) and set(x) == {_REF}:
     return env[x[_REF]]
+  if isinstance(x, dict) and x.get('class_name') in _SERIALISED_ARGS:
+    return keras.saving.deserialize_keras_object(copy.deepcopy(x))
   if isinstance(x, dict):
     return {k: FillArgs(v, env) for k, v in x.items()}
   if isinstance(x, list):

@@ -65,7 +65,10 @@ def _NodeFlops(obj, args: Any, kwargs: Any,
     tensors = [tf.raw_ops.Placeholder(dtype=s.dtype, shape=s.shape)
                for s in list(specs) + var_specs]
     xs, ws = tensors[:len(specs)], tensors[len(specs):]
-    leaves = list(flat)
+    # Constant arguments (keras_graph.FillArgs rebuilds them as eager
+    # tensors) become this graph's constants: a graph cannot capture them.
+    leaves = [tf.constant(t.numpy()) if isinstance(t, tf.Tensor) and hasattr(
+        t, 'numpy') else t for t in flat]
     for i, x in zip(positions, xs):
       leaves[i] = x
     a, kw = tf.nest.pack_sequence_as([args, kwargs], leaves)

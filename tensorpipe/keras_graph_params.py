@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional, Sequence
 from absl import logging
 
 from tensorpipe import checks
+from tensorpipe import errors
 from tensorpipe import hyperparams
 from tensorpipe import keras_graph
 from tensorpipe import keras_graph_costs
@@ -51,10 +52,32 @@ def IsGraph(model: Any) -> bool:
   return keras_graph.IsFunctional(model)
 
 
+def _ModelConfig(model: Any) -> Dict[str, Any]:
+  """model.get_config(), or one line naming the (outermost) layer whose own
+  config fails: the graph is read from the configs, as Keras saves a model."""
+  try:
+    return model.get_config()
+  except Exception as e:  # pylint: disable=broad-except
+    culprit, error = f'model {model.name!r}', e
+    for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
+      try:
+        layer.get_config()
+      except Exception as layer_error:  # pylint: disable=broad-except
+        culprit = f'layer {layer.name!r} ({type(layer).__name__})'
+        error = layer_error
+        break
+    raise ValueError(
+        f'{culprit}: get_config() fails ({type(error).__name__}: '
+        f'{errors.FirstLine(error)}), so the model cannot be read as a '
+        'graph of layers (Keras could not save it either); fix or override '
+        "that layer's get_config, or pass the layers as a keras.Sequential "
+        'or a list') from None
+
+
 def GraphConfig(model: Any) -> Optional[Dict[str, Any]]:
   """A functional model's get_config() dict (None if it is none)."""
   if not isinstance(model, dict):
-    return model.get_config()
+    return _ModelConfig(model)
   if 'input_layers' in model:
     return model
   inner = model.get('config')
