@@ -83,6 +83,7 @@ from tensorpipe import pipeline_train
 from tensorpipe import py_utils
 from tensorpipe import schedule_builders
 from tensorpipe import schedules
+from tensorpipe import tied_weights
 from tensorpipe import timeline
 from tensorpipe.layers import composite
 from tensorpipe.nested_map import NestedMap
@@ -219,6 +220,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
         layers = self.CreateChildren(f'partition_{k}', layer_ps)
       stages.append(pipeline_stage.Stage(k, layers, device))
     object.__setattr__(self, '_stages', stages)
+    object.__setattr__(self, '_ties', tied_weights.Resolve(
+        self, [s.layers for s in stages]))
     object.__setattr__(self, '_placement', placement)
     object.__setattr__(self, '_stage_params', stage_params)
     object.__setattr__(self, '_plan', plan)
@@ -376,9 +379,11 @@ class TensorPipeLayer(base_layer.BaseLayer):
       theta: this layer's theta (default `self.theta`).
     """
     theta = self.theta if theta is None else theta
+    thetas = tied_weights.Inject(self._ties, [
+        theta[f'partition_{k}'] for k in range(len(self._stages))])
     return [(layer, layer_theta)
-            for k, layers in enumerate(self.PartitionLayers())
-            for layer, layer_theta in zip(layers, theta[f'partition_{k}'])]
+            for layers, stage_theta in zip(self.PartitionLayers(), thetas)
+            for layer, layer_theta in zip(layers, stage_theta)]
 
   @classmethod
   def FPropMeta(cls, p, *input_shapes):
@@ -457,6 +462,9 @@ class TensorPipeLayer(base_layer.BaseLayer):
       call, table = self._LossInsideCall(theta, inputs, loss_fn)
       res, grads = pipeline_train.FPropLossAndGrads(
           call, table, targets, loss_fn, normalizer, py_utils.IsTraining())
+    # A tied weight's readers' gradients are added to its owner's.
+    grads = tied_weights.Fold(self._ties, grads,
+                              [s.device for s in self._stages])
     return NestedMap(loss=res.loss, metrics=res.metrics, grads=NestedMap(
         {f'partition_{k}': g for k, g in enumerate(grads)}))
 
@@ -493,8 +501,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     return pipeline_stage.PipelineCall.Make(
         self._stages, self._devices,
         [theta[f'partition_{k}'] for k in range(len(self._stages))], inputs,
-        num_mb, p.batch_dim, recompute=p.recompute, grad_sum=p.grad_sum,
-        unroll_ticks=p.unroll_ticks)
+        num_mb, p.batch_dim, ties=self._ties, recompute=p.recompute,
+        grad_sum=p.grad_sum, unroll_ticks=p.unroll_ticks)
 
   def _LossInsideTable(self, num_mb: int) -> schedules.Schedule:
     p = self.params
@@ -553,7 +561,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     """
     stage = self._stages[0]
     with tf.device(stage.device):
-      th = list(theta['partition_0'])
+      (th,) = tied_weights.Inject(self._ties, [list(theta['partition_0'])])
       start = probe.Stamp(tf.nest.flatten(inputs))
       with tf.control_dependencies(start):
         out, collected = stage.Call(th, tuple(inputs), 0)
