@@ -148,17 +148,21 @@ class GraphReadingTest(tf.test.TestCase):
     self.assertEqual(by_layer['m4'], 10)  # two adds of 5 elements
     self.assertEqual(costs.num_params[0], 30)
 
-  def testSharedLayerCallsStayInOneSegment(self):
+  def testSharedLayerCallsMayFallInSeveralSegments(self):
     graph = keras_graph.ReadGraph(_Rich().get_config())
     costs = keras_graph_costs.Analyse(graph)
-    calls = graph.NodesOf('shared')
-    self.assertLen(calls, 2)
-    for k in (2, 3, 4):
-      plan = keras_graph.PlanCuts(graph, costs, k)
-      segment = [i for i in range(k) if calls[0] in plan.Nodes(graph, i)]
-      self.assertIn(calls[1], plan.Nodes(graph, segment[0]))
-    with self.assertRaisesRegex(ValueError, "shared layer 'shared'"):
-      keras_graph.PlanCuts(graph, costs, 2, cut_after=['mid'])
+    self.assertLen(graph.NodesOf('shared'), 2)
+    plan = keras_graph.PlanCuts(graph, costs, 2, cut_after=['mid'])
+    self.assertEqual(keras_graph.TiedLayers(graph, plan), {'shared': [0, 1]})
+    self.assertIn('tied: shared (42 weights) is held on the devices of '
+                  'segments 0, 1 (segment 0 owns it); its gradient crosses '
+                  'once per step from each of segments 1 to segment 0',
+                  plan.Report(graph, costs, BATCH))
+    # The reader holds no variables of its own.
+    seg = keras_graph.SegmentParams(graph, costs, plan, 1)
+    (reader,) = [sp for sp in seg.sub if sp.tied_to]
+    self.assertEqual((reader.name, reader.tied_to), ('shared__tied_1',
+                                                     'shared'))
 
   def testRefusalsNameTheLayerAndTheFix(self):
     x = keras.Input((4,), name='x')
@@ -286,10 +290,12 @@ class GraphPipelineTest(tf.test.TestCase):
       want = _OracleForward(model, xs, T)  # moves Keras' moving averages
       want_loss = _Loss(want)
     want_grads = tape.gradient(want_loss, model.weights)
-    for k in (1, 2, 3):
+    # cut_after=['mid']: layer 'shared' is called in both stages (tied).
+    for k, cuts in ((1, None), (2, None), (3, None), (2, ['mid'])):
       model.set_weights(start)
       pm = keras_pipeline.TensorPipeModel(
-          model, num_partitions=k, num_micro_batches=T, batch_size=BATCH)
+          model, num_partitions=k, num_micro_batches=T, batch_size=BATCH,
+          cut_after=cuts)
       variables = pm.KerasOrderVariables()
       with tf.GradientTape() as tape:
         got = pm(xs, training=True)
