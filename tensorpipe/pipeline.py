@@ -60,6 +60,12 @@ pipeline and a loss_fn are therefore traced as written, as the recompute pass
 (`tf.custom_gradient`) always traced them: a tensor-dependent branch or loop
 there must be tf.cond / tf.while_loop, not Python `if` / `while` on a tensor.
 
+A weight read by several partitions (a tied embedding: `BaseLayer.
+TiedWeights`) lives once, in its owner's layer; each call copies it to
+every reading partition's device with the other thetas, and the
+partitions' gradient totals are added once per step in partition order,
+owner first (tied_weights.py), under every schedule.
+
 Batch norm uses each micro-batch's statistics; the moving averages are
 updated once per step from the statistics of the whole mini-batch. Dropout
 masks are drawn per example (py_utils.StatelessUniform), so they do not depend

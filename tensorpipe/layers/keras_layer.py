@@ -30,6 +30,12 @@ random augmentation) keep Keras' code; their SeedGenerator state is set
 from the sublayer seed, step seed and example offset for each call, so the
 recompute pass reproduces the forward pass, but their draws depend on T.
 
+A Keras layer called in several pipeline stages (keras_graph: a causal LM's
+token embedding, called again with reverse=True) is one KerasLayer holding
+its variables in the first stage and, in each later one, a KerasLayer with
+`tied_to` that creates none and reads them (`TiedWeights`; the pipeline
+passes them in theta: tensorpipe/tied_weights.py).
+
 FPropMeta comes from Keras' shape inference (a symbolic call on a Keras
 object built without allocating weights) and the weights' sizes; FLOPs are
 counted from the ops of one traced inference call (`flops.CountFlops`: 2 m k
