@@ -283,7 +283,9 @@ class KerasLayer(base_layer.BaseLayer):
     p = self.params
     self._Validate(p)
     abstract = base_layer._abstract_scope.records is not None  # pylint: disable=protected-access
-    if abstract:
+    # A tied reader's object gets no storage either: every call substitutes
+    # the owner's weights (theta) for all of its variables.
+    if abstract or p.tied_to is not None:
       with keras_utils.NoAllocation():
         obj = keras_rebuild.BuildKerasObject(p, self.LayerSeed())
     else:
