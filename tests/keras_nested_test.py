@@ -6,6 +6,8 @@ functional model. Checked against plain Keras in float64 (rtol 1e-9: the
 pipeline runs the same ops per row, only the rows are grouped differently).
 """
 
+import os
+
 import keras
 import keras_hub
 import numpy as np
@@ -171,6 +173,16 @@ class TiedCausalLmTest(tf.test.TestCase):
                                   want)
     np.testing.assert_array_equal(plain.predict(x, batch_size=_N, verbose=0),
                                   want)
+    # The export holds Keras' 36 variables (one table) and serves the same.
+    path = os.path.join(self.get_temp_dir(), 'export')
+    pipe.export(path)
+    stored = {n.split('/')[1] for n, _ in tf.train.list_variables(
+        os.path.join(path, 'variables', 'variables'))
+              if n.startswith('model_variables/')}
+    self.assertLen(stored, len(lm.get_weights()))
+    serve = tf.saved_model.load(path).signatures['serving_default']
+    (served,) = serve(**{k: tf.constant(v) for k, v in x.items()}).values()
+    np.testing.assert_array_equal(served.numpy(), want)
 
   def testASharedLayerWithStateIsRefusedWithTheFix(self):
     x = keras.Input((4,))
