@@ -355,6 +355,38 @@ class GraphPipelineTest(tf.test.TestCase):
     self.assertAllEqual(frozen.moving_variance.numpy(), before['frozen/3'])
     self.assertNotAllClose(bn.moving_mean.numpy(), before['bn/2'])
 
+  def testReversibleEmbeddingInTwoStagesTiedOrNotFitsLikeKeras(self):
+    # keras.layers.ReversibleEmbedding called at both ends, cut between the
+    # calls: tie_weights=True (GPT-2: one table) and False (Llama: its own
+    # reverse_embeddings, one layer in two stages); the reader holds none.
+    def Lm(tie):
+      keras.utils.set_random_seed(4)
+      ids = keras.Input((5,), dtype='int32', name='ids')
+      emb = keras.layers.ReversibleEmbedding(
+          20, 6, tie_weights=tie, name='emb', dtype='float64')
+      h = keras.layers.Dense(6, 'tanh', kernel_initializer=_Init(1),
+                             name='mid', dtype='float64')(emb(ids))
+      return keras.Model(ids, emb(h, reverse=True))
+    rng = np.random.RandomState(6)
+    x = rng.randint(0, 20, size=(2 * BATCH, 5)).astype('int32')
+    y = rng.randint(0, 20, size=(2 * BATCH, 5))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for tie in (True, False):
+      twin = Lm(tie)
+      twin.compile(keras.optimizers.SGD(0.5), loss)
+      twin.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+      model = Lm(tie)
+      pm = keras_pipeline.TensorPipeModel(
+          model, num_partitions=2, num_micro_batches=T, batch_size=BATCH,
+          cut_after=['mid'])
+      self.assertIn('tied: emb', pm.graph_pipeline.Report())
+      self.assertLen(pm.weights, len(model.weights))  # 1 (tied) or 2 + 2
+      pm.compile(keras.optimizers.SGD(0.5), loss)
+      pm.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+      for got, want in zip(pm.get_weights(), twin.get_weights()):
+        self.assertAllClose(got, want, rtol=RTOL, atol=1e-15,
+                            msg=f'tie_weights={tie}')
+
   def testOutputMadeBeforeTheLastCutIsCarriedAcrossIt(self):
     kw = dict(dtype='float64')
     x = keras.Input((5,), name='x', **kw)
