@@ -183,6 +183,16 @@ class TiedCausalLmTest(tf.test.TestCase):
     serve = tf.saved_model.load(path).signatures['serving_default']
     (served,) = serve(**{k: tf.constant(v) for k, v in x.items()}).values()
     np.testing.assert_array_equal(served.numpy(), want)
+    # A checkpoint written at K=2 (one table entry) restores at K=1.
+    prefix = tf.train.Checkpoint(model=pipe.pipeline).write(
+        os.path.join(self.get_temp_dir(), 'ckpt'))
+    self.assertLen([n for n, _ in tf.train.list_variables(prefix)
+                    if 'token_embedding' in n], 1)
+    one = keras_pipeline.TensorPipeModel(
+        _CausalLm(), num_partitions=1, num_micro_batches=2, batch_size=_N)
+    tf.train.Checkpoint(model=one.pipeline).read(prefix).assert_consumed()
+    np.testing.assert_array_equal(one.predict(x, batch_size=_N, verbose=0),
+                                  want)
 
   def testASharedLayerWithStateIsRefusedWithTheFix(self):
     x = keras.Input((4,))
