@@ -20,9 +20,13 @@ NestedMap(per_example_loss, per_example_log_pplx, per_example_tokens,
 per_example_correct), each [batch], so the mean loss over real tokens is
 `MeanTokenLoss(out)`.
 
-Shared embeddings share the source and target tables. The softmax has its own
-weights: tying it to the embedding would put one variable in the first and
-the last partition (on different devices).
+Shared embeddings share the source and target tables. The translation
+model's softmax has its own weights. The LM's can reuse its embedding table
+(`tied_embeddings=True`, as GPT-2): logits = x @ table^T. The table then
+lives in the first partition and is read by the last; the pipeline copies
+it to the last partition's device each step and adds that partition's
+gradient to the first's (tensorpipe/tied_weights.py), and checkpoints hold
+it once.
 
 Attention width. By default each of the A heads has model_dim / A dimensions
 (width D, Vaswani et al.); `head_dim` decouples the two (width A x head_dim,
@@ -144,14 +148,16 @@ def TransformerLmLayers(num_layers: int = 6,
                         dropout: float = 0.1,
                         atten_dropout: float = 0.0,
                         relu_dropout: float = 0.0,
-                        head_dim: Optional[int] = None
+                        head_dim: Optional[int] = None,
+                        tied_embeddings: bool = False
                         ) -> List[hyperparams.Params]:
   """Layer Params of a decoder-only language model.
 
   Input NestedMap: ids [b, L], labels [b, L], paddings [b, L]; output as for
   TransformerLayers. Layers: embedding, num_layers decoder layers without
   cross-attention, softmax (num_layers + 2 in all). head_dim as for
-  TransformerLayers.
+  TransformerLayers. tied_embeddings: the softmax projects with the
+  embedding table (transposed), one variable (`LM_TIED_TABLE`).
   """
   _CheckArgs(num_layers, hidden_dim, num_heads, model_dim, vocab_size,
              head_dim)
@@ -167,8 +173,14 @@ def TransformerLmLayers(num_layers: int = 6,
                    relu_dropout_prob=relu_dropout)
   layers.append(transformer.SequenceSoftmaxLayer.Params().Set(
       name='softmax', input_dim=model_dim, vocab_size=vocab_size,
-      label_smoothing=label_smoothing))
+      label_smoothing=label_smoothing,
+      tied_embedding=LM_TIED_TABLE if tied_embeddings else None))
   return layers
+
+
+# The LM's token table (layer 'emb', child 'tgt_emb', variable 'emb'), the
+# path a tied softmax names.
+LM_TIED_TABLE = 'emb/tgt_emb/emb'
 
 
 @dataclasses.dataclass(frozen=True)

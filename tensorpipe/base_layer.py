@@ -306,6 +306,14 @@ class BaseLayer(tf.Module):
         theta[name] = child.theta
     return theta
 
+  def TiedWeights(self) -> Dict[str, str]:
+    """The weights this layer reads from another layer: theta key -> that
+    variable's path below the pipeline (or SequentialLayer) holding both,
+    e.g. {'tied_emb': 'emb/tgt_emb/emb'}. The layer creates no variable
+    for them; the container puts the owner's value in this layer's theta
+    under the key (tied_weights.py). Default: none."""
+    return {}
+
   def _ChildPath(self, name: str) -> str:
     base = self.path
     if not type(self).ADDS_PATH_LEVEL:

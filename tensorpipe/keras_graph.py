@@ -24,9 +24,13 @@ Choices, each refused in one line where it does not hold:
   * Every Keras layer is a `KerasLayer` child of its segment, named by its
     Keras name; segments add no level to paths or checkpoint keys, so a
     checkpoint restores under any K.
-  * A layer called at several nodes (shared weights) keeps all its calls in
-    one segment: the cut points between its first and last call are not
-    offered to the cost model, and a user's cut there is refused.
+  * A layer called at several nodes (shared weights) may have its calls in
+    several segments (a causal LM's token embedding, called again on the
+    last hidden state): the first segment calling it holds its variables,
+    each later one a `KerasLayer` with `tied_to` that reads them
+    (tied_weights.py: a copy per step on its device, its gradient added to
+    the owner's once per step). Such a layer must have trainable weights
+    only (batch-norm statistics are refused by the reader).
   * A nested model (functional or Sequential) is one node: kept whole, as
     one KerasLayer, not flattened.
   * `keras.ops` nodes (Operations without weights) run as stateless calls.
@@ -377,21 +381,35 @@ class CutPlan:
           info = costs.tensors[key]
           lines.append(f'      {key} {[None] + list(info.shape)} '
                        f'{info.dtype} ({costs.Bytes(key, batch)} bytes)')
+    for name, ks in TiedLayers(graph, self).items():
+      weights = sum(costs.num_params[i] for i in graph.NodesOf(name))
+      lines.append(
+          f'  tied: {name} ({weights} weights) is held on the devices of '
+          f'segments {", ".join(map(str, ks))} (segment {ks[0]} owns it); '
+          f'its gradient crosses once per step from each of segments '
+          f'{", ".join(map(str, ks[1:]))} to segment {ks[0]}')
     return '\n'.join(lines)
 
 
 def _Cuttable(graph: Graph) -> List[bool]:
-  """cuttable[c]: whether a cut may fall before node c (c in 1..n-1)."""
+  """cuttable[c]: whether a cut may fall before node c (c in 1..n-1); a
+  shared layer's calls may fall in several segments (tied weights)."""
   n = len(graph.nodes)
   ok = [True] * (n + 1)
   ok[0] = ok[n] = False
-  spans: Dict[str, List[int]] = {}
-  for i, node in enumerate(graph.nodes):
-    spans.setdefault(node.layer, []).append(i)
-  for calls in spans.values():
-    for c in range(min(calls) + 1, max(calls) + 1):
-      ok[c] = False
   return ok
+
+
+def TiedLayers(graph: Graph, plan: 'CutPlan') -> Dict[str, List[int]]:
+  """Keras layer name -> the segments calling it, for each layer (not op)
+  called in more than one segment (its weights tied across them)."""
+  segments: Dict[str, List[int]] = {}
+  for k in range(plan.num_segments):
+    for i in plan.Nodes(graph, k):
+      name = graph.nodes[i].layer
+      if not graph.IsOp(name) and k not in segments.setdefault(name, []):
+        segments[name].append(k)
+  return {name: ks for name, ks in segments.items() if len(ks) > 1}
 
 
 def _Boundary(graph: Graph, cut: int) -> Tuple[str, ...]:
@@ -442,13 +460,8 @@ def PlanCuts(graph: Graph, costs: GraphCosts, num_segments: int,
                          f'no layer called in model {graph.name!r}')
       c = max(calls) + 1
       if not ok[c]:
-        shared = [l for l in graph.entries
-                  if graph.NodesOf(l) and min(graph.NodesOf(l)) < c <= max(
-                      graph.NodesOf(l))]
-        what = (f'between the calls of shared layer {shared[0]!r}' if shared
-                else 'at the end of the model')
-        raise ValueError(f'keras_graph: cut_after {name!r} would cut {what}; '
-                         'choose another layer')
+        raise ValueError(f'keras_graph: cut_after {name!r} would cut at the '
+                         'end of the model; choose another layer')
       cuts.append(c)
     if cuts != sorted(set(cuts)):
       raise ValueError(f'keras_graph: cut_after={names} must name layers in '
@@ -464,8 +477,7 @@ def PlanCuts(graph: Graph, costs: GraphCosts, num_segments: int,
       raise ValueError(
           f'keras_graph: num_partitions={num_segments} but model '
           f'{graph.name!r} can be cut in only {len(atoms)} pieces (its '
-          f'{n} layer calls, shared layers kept whole); use '
-          f'num_partitions <= {len(atoms)}')
+          f'{n} layer calls); use num_partitions <= {len(atoms)}')
     if num_segments == 1:
       starts = [0]
     else:
@@ -553,7 +565,9 @@ class KerasGraphSegment(base_layer.BaseLayer):
     else:
       (boundary,) = inputs
       env = {key: boundary[key] for key in p.inputs}
-    layers = {layer.layer_name: (layer, layer_theta)
+    # A tied reader (tied_to) is named apart but runs its Keras layer's
+    # nodes.
+    layers = {layer.params.tied_to or layer.layer_name: (layer, layer_theta)
               for layer, layer_theta in zip(self.children.sub, theta.sub)}
     for node in p.nodes:
       args, kwargs = FillArgs(node['args'], env), FillArgs(node['kwargs'], env)
@@ -601,12 +615,19 @@ def SegmentParams(graph: Graph, costs: GraphCosts, plan: CutPlan,
   last = k == plan.num_segments - 1
   inputs = graph.inputs if k == 0 else plan.boundaries[k - 1]
   outputs = graph.outputs if last else plan.boundaries[k]
-  subs, ops = [], {}
+  subs, ops, seen = [], {}, set()
+  earlier = {graph.nodes[i].layer for i in range(plan.starts[k])}
   for node in nodes:
-    if node.layer in ops or any(s.name == node.layer for s in subs):
+    if node.layer in ops or node.layer in seen:
       continue
+    seen.add(node.layer)
     if graph.IsOp(node.layer):
       ops[node.layer] = copy.deepcopy(graph.entries[node.layer])
+    elif node.layer in earlier:
+      # Called in an earlier segment too: read that segment's weights.
+      subs.append(keras_layer.KerasLayer.Params().Set(
+          name=f'{node.layer}__tied_{k}', tied_to=node.layer,
+          keras_config=copy.deepcopy(graph.entries[node.layer])))
     else:
       subs.append(keras_layer.KerasLayer.Params().Set(
           name=node.layer,

@@ -240,9 +240,12 @@ def CopyKerasWeights(pipe: pipeline.TensorPipeLayer,
 
 def KerasLayersOf(pipe: pipeline.TensorPipeLayer
                   ) -> List[keras_layer.KerasLayer]:
-  """The pipeline's KerasLayers, in partition and call order."""
+  """The pipeline's KerasLayers, in partition and call order; a tied
+  reader (`tied_to`, a layer called again in a later stage) is not listed:
+  its weights are its owner's."""
   return [layer for layer in base_layer.Layers(pipe)
-          if isinstance(layer, keras_layer.KerasLayer)]
+          if isinstance(layer, keras_layer.KerasLayer) and
+          layer.params.tied_to is None]
 
 
 def BuildPipeline(model: KerasModelLike, num_partitions: int,

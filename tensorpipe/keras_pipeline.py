@@ -354,12 +354,21 @@ class TensorPipeModel(keras.Model):
     return list(out) if isinstance(out, tuple) else out
 
   def _OutputSpecLike(self, xs):
-    """Zeros shaped like the outputs (Keras' symbolic build only)."""
+    """Zeros shaped like the outputs (Keras' symbolic build, the loss
+    check). An unknown dim (a sequence axis of None) takes the first
+    input's dim on that axis (a sequence model's length), else 1."""
     meta = self._pipe.FPropMeta(self._pipe.params,
                                 *[[1] + x.shape.as_list()[1:] for x in xs])
-    outs = [tf.zeros(tf.concat([tf.shape(xs[0])[:1], s.as_list()[1:]], 0),
-                     dtype) for s, dtype in zip(
-                         tf.nest.flatten(meta.out_shapes), self._front.out_dtypes)]
+    rank = xs[0].shape.rank or 0
+
+    def Dim(i, d):
+      if d is not None:
+        return tf.constant(d, tf.int32)
+      return tf.shape(xs[0])[i] if i < rank else tf.constant(1, tf.int32)
+    outs = [tf.zeros(tf.stack([tf.shape(xs[0])[0]] + [
+        Dim(i, d) for i, d in enumerate(s.as_list()[1:], start=1)]), dtype)
+            for s, dtype in zip(tf.nest.flatten(meta.out_shapes),
+                                self._front.out_dtypes)]
     return self._Outputs(outs[0] if self._front.single_output
                          else tuple(outs))
 

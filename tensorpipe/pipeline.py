@@ -60,6 +60,12 @@ pipeline and a loss_fn are therefore traced as written, as the recompute pass
 (`tf.custom_gradient`) always traced them: a tensor-dependent branch or loop
 there must be tf.cond / tf.while_loop, not Python `if` / `while` on a tensor.
 
+A weight read by several partitions (a tied embedding: `BaseLayer.
+TiedWeights`) lives once, in its owner's layer; each call copies it to
+every reading partition's device with the other thetas, and the
+partitions' gradient totals are added once per step in partition order,
+owner first (tied_weights.py), under every schedule.
+
 Batch norm uses each micro-batch's statistics; the moving averages are
 updated once per step from the statistics of the whole mini-batch. Dropout
 masks are drawn per example (py_utils.StatelessUniform), so they do not depend
@@ -83,6 +89,7 @@ from tensorpipe import pipeline_train
 from tensorpipe import py_utils
 from tensorpipe import schedule_builders
 from tensorpipe import schedules
+from tensorpipe import tied_weights
 from tensorpipe import timeline
 from tensorpipe.layers import composite
 from tensorpipe.nested_map import NestedMap
@@ -219,6 +226,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
         layers = self.CreateChildren(f'partition_{k}', layer_ps)
       stages.append(pipeline_stage.Stage(k, layers, device))
     object.__setattr__(self, '_stages', stages)
+    object.__setattr__(self, '_ties', tied_weights.Resolve(
+        self, [s.layers for s in stages]))
     object.__setattr__(self, '_placement', placement)
     object.__setattr__(self, '_stage_params', stage_params)
     object.__setattr__(self, '_plan', plan)
@@ -386,9 +395,11 @@ class TensorPipeLayer(base_layer.BaseLayer):
       theta: this layer's theta (default `self.theta`).
     """
     theta = self.theta if theta is None else theta
+    thetas = tied_weights.Inject(self._ties, [
+        theta[f'partition_{k}'] for k in range(len(self._stages))])
     return [(layer, layer_theta)
-            for k, layers in enumerate(self.PartitionLayers())
-            for layer, layer_theta in zip(layers, theta[f'partition_{k}'])]
+            for layers, stage_theta in zip(self.PartitionLayers(), thetas)
+            for layer, layer_theta in zip(layers, stage_theta)]
 
   @classmethod
   def FPropMeta(cls, p, *input_shapes):
@@ -467,6 +478,9 @@ class TensorPipeLayer(base_layer.BaseLayer):
       call, table = self._LossInsideCall(theta, inputs, loss_fn)
       res, grads = pipeline_train.FPropLossAndGrads(
           call, table, targets, loss_fn, normalizer, py_utils.IsTraining())
+    # A tied weight's readers' gradients are added to its owner's.
+    grads = tied_weights.Fold(self._ties, grads,
+                              [s.device for s in self._stages])
     return NestedMap(loss=res.loss, metrics=res.metrics, grads=NestedMap(
         {f'partition_{k}': g for k, g in enumerate(grads)}))
 
@@ -503,8 +517,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     return pipeline_stage.PipelineCall.Make(
         self._stages, self._devices,
         [theta[f'partition_{k}'] for k in range(len(self._stages))], inputs,
-        num_mb, p.batch_dim, recompute=p.recompute, grad_sum=p.grad_sum,
-        unroll_ticks=p.unroll_ticks)
+        num_mb, p.batch_dim, ties=self._ties, recompute=p.recompute,
+        grad_sum=p.grad_sum, unroll_ticks=p.unroll_ticks)
 
   def _LossInsideTable(self, num_mb: int) -> schedules.Schedule:
     p = self.params
@@ -563,7 +577,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     """
     stage = self._stages[0]
     with tf.device(stage.device):
-      th = list(theta['partition_0'])
+      (th,) = tied_weights.Inject(self._ties, [list(theta['partition_0'])])
       start = probe.Stamp(tf.nest.flatten(inputs))
       with tf.control_dependencies(start):
         out, collected = stage.Call(th, tuple(inputs), 0)

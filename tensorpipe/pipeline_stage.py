@@ -37,6 +37,7 @@ from tensorpipe import base_layer
 from tensorpipe import grad_sum
 from tensorpipe import microbatch
 from tensorpipe import py_utils
+from tensorpipe import tied_weights
 from tensorpipe.layers import composite
 
 # What a stage's batch-norm layers report: (layer, py_utils.BatchStats) pairs.
@@ -220,14 +221,20 @@ class PipelineCall:
   @classmethod
   def Make(cls, stages: Sequence[Stage], devices: Sequence[str],
            stage_thetas: Sequence[List[Any]], inputs: Tuple[Any, ...],
-           num_mb: int, batch_dim: int = 0, **settings) -> 'PipelineCall':
-    """Copies each stage's theta to its device, splits the inputs into
-    num_mb micro-batches on batch_dim and traces the stages' specs;
-    `settings`: the fields after batch_dim."""
+           num_mb: int, batch_dim: int = 0,
+           ties: Sequence[tied_weights.Tie] = (),
+           **settings) -> 'PipelineCall':
+    """Copies each stage's theta to its device (a tied weight to the
+    device of every stage that reads it: `tied_weights.Place`), splits
+    the inputs into num_mb micro-batches on batch_dim and traces the
+    stages' specs; `settings`: the fields after batch_dim."""
     thetas = []
     for stage, theta in zip(stages, stage_thetas):
       with tf.device(stage.device):
         thetas.append(tf.nest.map_structure(tf.identity, list(theta)))
+    if ties:
+      thetas = tied_weights.Place(ties, stage_thetas, thetas,
+                                  [stage.device for stage in stages])
     mb_size = microbatch.BatchSize(inputs, batch_dim) // num_mb
     stacked = microbatch.Split(inputs, num_mb, batch_dim)
     specs = InferSpecs(stages, thetas, stacked, mb_size)

@@ -31,6 +31,13 @@ engine unrolls the table (`schedule_unrolled.Run`): each stage keeps its
 forward cells' activations until their backward cells, at a graph that
 grows with T.
 
+A tied weight (tied_weights.py) is one more theta entry of each stage
+that reads it: every wrapper accumulates it per stage like any weight. Its
+copies come from one op (`tied_weights.Share`) whose gradient adds the
+stages' totals in stage order, so a tape (GPipe's wrappers, FPropLoss)
+sums them in that order rather than TF's; FPropLossAndGrads folds them
+itself (`tied_weights.Fold`).
+
 Batch norm and dropout behave the same under every schedule: each
 micro-batch normalises with its own statistics, the moving averages are
 updated once per step from the sum over micro-batches (`ReportStats`), and

@@ -148,17 +148,21 @@ class GraphReadingTest(tf.test.TestCase):
     self.assertEqual(by_layer['m4'], 10)  # two adds of 5 elements
     self.assertEqual(costs.num_params[0], 30)
 
-  def testSharedLayerCallsStayInOneSegment(self):
+  def testSharedLayerCallsMayFallInSeveralSegments(self):
     graph = keras_graph.ReadGraph(_Rich().get_config())
     costs = keras_graph_costs.Analyse(graph)
-    calls = graph.NodesOf('shared')
-    self.assertLen(calls, 2)
-    for k in (2, 3, 4):
-      plan = keras_graph.PlanCuts(graph, costs, k)
-      segment = [i for i in range(k) if calls[0] in plan.Nodes(graph, i)]
-      self.assertIn(calls[1], plan.Nodes(graph, segment[0]))
-    with self.assertRaisesRegex(ValueError, "shared layer 'shared'"):
-      keras_graph.PlanCuts(graph, costs, 2, cut_after=['mid'])
+    self.assertLen(graph.NodesOf('shared'), 2)
+    plan = keras_graph.PlanCuts(graph, costs, 2, cut_after=['mid'])
+    self.assertEqual(keras_graph.TiedLayers(graph, plan), {'shared': [0, 1]})
+    self.assertIn('tied: shared (42 weights) is held on the devices of '
+                  'segments 0, 1 (segment 0 owns it); its gradient crosses '
+                  'once per step from each of segments 1 to segment 0',
+                  plan.Report(graph, costs, BATCH))
+    # The reader holds no variables of its own.
+    seg = keras_graph.SegmentParams(graph, costs, plan, 1)
+    (reader,) = [sp for sp in seg.sub if sp.tied_to]
+    self.assertEqual((reader.name, reader.tied_to), ('shared__tied_1',
+                                                     'shared'))
 
   def testRefusalsNameTheLayerAndTheFix(self):
     x = keras.Input((4,), name='x')
@@ -286,10 +290,12 @@ class GraphPipelineTest(tf.test.TestCase):
       want = _OracleForward(model, xs, T)  # moves Keras' moving averages
       want_loss = _Loss(want)
     want_grads = tape.gradient(want_loss, model.weights)
-    for k in (1, 2, 3):
+    # cut_after=['mid']: layer 'shared' is called in both stages (tied).
+    for k, cuts in ((1, None), (2, None), (3, None), (2, ['mid'])):
       model.set_weights(start)
       pm = keras_pipeline.TensorPipeModel(
-          model, num_partitions=k, num_micro_batches=T, batch_size=BATCH)
+          model, num_partitions=k, num_micro_batches=T, batch_size=BATCH,
+          cut_after=cuts)
       variables = pm.KerasOrderVariables()
       with tf.GradientTape() as tape:
         got = pm(xs, training=True)
@@ -348,6 +354,38 @@ class GraphPipelineTest(tf.test.TestCase):
     self.assertAllEqual(frozen.moving_mean.numpy(), before['frozen/2'])
     self.assertAllEqual(frozen.moving_variance.numpy(), before['frozen/3'])
     self.assertNotAllClose(bn.moving_mean.numpy(), before['bn/2'])
+
+  def testReversibleEmbeddingInTwoStagesTiedOrNotFitsLikeKeras(self):
+    # keras.layers.ReversibleEmbedding called at both ends, cut between the
+    # calls: tie_weights=True (GPT-2: one table) and False (Llama: its own
+    # reverse_embeddings, one layer in two stages); the reader holds none.
+    def Lm(tie):
+      keras.utils.set_random_seed(4)
+      ids = keras.Input((5,), dtype='int32', name='ids')
+      emb = keras.layers.ReversibleEmbedding(
+          20, 6, tie_weights=tie, name='emb', dtype='float64')
+      h = keras.layers.Dense(6, 'tanh', kernel_initializer=_Init(1),
+                             name='mid', dtype='float64')(emb(ids))
+      return keras.Model(ids, emb(h, reverse=True))
+    rng = np.random.RandomState(6)
+    x = rng.randint(0, 20, size=(2 * BATCH, 5)).astype('int32')
+    y = rng.randint(0, 20, size=(2 * BATCH, 5))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for tie in (True, False):
+      twin = Lm(tie)
+      twin.compile(keras.optimizers.SGD(0.5), loss)
+      twin.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+      model = Lm(tie)
+      pm = keras_pipeline.TensorPipeModel(
+          model, num_partitions=2, num_micro_batches=T, batch_size=BATCH,
+          cut_after=['mid'])
+      self.assertIn('tied: emb', pm.graph_pipeline.Report())
+      self.assertLen(pm.weights, len(model.weights))  # 1 (tied) or 2 + 2
+      pm.compile(keras.optimizers.SGD(0.5), loss)
+      pm.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+      for got, want in zip(pm.get_weights(), twin.get_weights()):
+        self.assertAllClose(got, want, rtol=RTOL, atol=1e-15,
+                            msg=f'tie_weights={tie}')
 
   def testOutputMadeBeforeTheLastCutIsCarriedAcrossIt(self):
     kw = dict(dtype='float64')

@@ -7,12 +7,14 @@ pipeline runs the same ops per row, only the rows are grouped differently).
 """
 
 import functools
+import os
 
 import keras
 import keras_hub
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import base_layer
 from tensorpipe import keras_graph_costs
 from tensorpipe import keras_nested
 from tensorpipe import keras_pipeline
@@ -146,6 +148,102 @@ class KerasHubBackboneTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, r"'NoSuchBackbone' cannot be "
                                 r'rebuilt .*import the package'):
       keras_pipeline.TensorPipeModel.from_config(unknown)
+
+
+def _CausalLm():
+  """A 2-block GPT-2 causal LM: its head calls the token embedding again
+  (ReversibleEmbedding, reverse=True; one tied table)."""
+  return keras_hub.models.GPT2CausalLM(backbone=_Gpt2(), preprocessor=None)
+
+
+class TiedCausalLmTest(tf.test.TestCase):
+  """The token table is owned by stage 0 and read by stage 1."""
+
+  def _Pipe(self, lm, schedule='gpipe'):
+    return keras_pipeline.TensorPipeModel(
+        lm, num_partitions=2, num_micro_batches=2, batch_size=_N,
+        schedule=schedule)
+
+  def testFitEqualsKerasFitUnderGPipe1F1BAndZbH1(self):
+    x = _Batch(2 * _N)
+    y = np.roll(x['token_ids'], -1, axis=1)
+    twin = _CausalLm()
+    twin.compile(keras.optimizers.SGD(0.5), keras.losses.
+                 SparseCategoricalCrossentropy(from_logits=True))
+    twin.fit(x, y, batch_size=_N, epochs=1, shuffle=False, verbose=0)
+    want = twin.get_weights()
+    table = [w.path for w in twin.weights].index('token_embedding/embeddings')
+    for schedule in ('gpipe', '1f1b', 'zb_h1'):
+      with self.subTest(schedule=schedule):
+        lm = _CausalLm()
+        pipe = self._Pipe(lm, schedule)
+        report = pipe.graph_pipeline.Report()
+        # The cut falls inside the backbone; the table is on both devices.
+        self.assertRegex(report, r'segment 1: nodes \d+\.\.\d+ '
+                         r'\(transformer_layer_1 \.\. token_embedding\)')
+        self.assertIn('tied: token_embedding (320 weights) is held on the '
+                      'devices of segments 0, 1', report)
+        self.assertIn('its gradient crosses once per step', report)
+        pipe.compile(keras.optimizers.SGD(0.5), keras.losses.
+                     SparseCategoricalCrossentropy(from_logits=True))
+        pipe.fit(x, y, batch_size=_N, epochs=1, shuffle=False, verbose=0)
+        got = pipe.get_weights()
+        self.assertFalse(np.array_equal(got[table],
+                                        lm.get_weights()[table]))
+        for a, b in zip(got, want):
+          np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+  def testTheTableIsStoredOnceAndRoundTrips(self):
+    lm = _CausalLm()
+    pipe = self._Pipe(lm)
+    paths = [p for p in base_layer.VariablesByPath(pipe.pipeline)
+             if p.startswith('token_embedding')]
+    self.assertEqual(paths, ['token_embedding/embeddings'])
+    self.assertLen(pipe.get_weights(), len(lm.get_weights()))  # 36
+    pipe.set_weights([w * 1.5 for w in lm.get_weights()])
+    lm.set_weights(pipe.get_weights())  # Keras' own model takes them
+    plain = pipe.to_keras()
+    self.assertIsInstance(plain, keras_hub.models.GPT2CausalLM)
+    self.assertLen(plain.get_weights(), len(lm.get_weights()))
+    x = _Batch()
+    want = lm.predict(x, batch_size=_N, verbose=0)
+    np.testing.assert_array_equal(pipe.predict(x, batch_size=_N, verbose=0),
+                                  want)
+    np.testing.assert_array_equal(plain.predict(x, batch_size=_N, verbose=0),
+                                  want)
+    # The export holds Keras' 36 variables (one table) and serves the same.
+    path = os.path.join(self.get_temp_dir(), 'export')
+    pipe.export(path)
+    stored = {n.split('/')[1] for n, _ in tf.train.list_variables(
+        os.path.join(path, 'variables', 'variables'))
+              if n.startswith('model_variables/')}
+    self.assertLen(stored, len(lm.get_weights()))
+    serve = tf.saved_model.load(path).signatures['serving_default']
+    (served,) = serve(**{k: tf.constant(v) for k, v in x.items()}).values()
+    np.testing.assert_array_equal(served.numpy(), want)
+    # A checkpoint written at K=2 (one table entry) restores at K=1.
+    prefix = tf.train.Checkpoint(model=pipe.pipeline).write(
+        os.path.join(self.get_temp_dir(), 'ckpt'))
+    self.assertLen([n for n, _ in tf.train.list_variables(prefix)
+                    if 'token_embedding' in n], 1)
+    one = keras_pipeline.TensorPipeModel(
+        _CausalLm(), num_partitions=1, num_micro_batches=2, batch_size=_N)
+    tf.train.Checkpoint(model=one.pipeline).read(prefix).assert_consumed()
+    np.testing.assert_array_equal(one.predict(x, batch_size=_N, verbose=0),
+                                  want)
+
+  def testASharedLayerWithStateIsRefusedWithTheFix(self):
+    x = keras.Input((4,))
+    norm = keras.layers.BatchNormalization(name='bn')
+    h = keras.layers.Dense(4, name='d1')(norm(x))
+    h = keras.layers.Dense(4, name='d2')(h)
+    model = keras.Model(x, norm(h))
+    with self.assertRaisesRegex(ValueError, r"'bn' is called in several "
+                                r'pipeline stages .*non-trainable.*keep its '
+                                r'calls in one partition'):
+      keras_pipeline.TensorPipeModel(model, num_partitions=2,
+                                     num_micro_batches=2, batch_size=4,
+                                     cut_after=['d1'])
 
 
 class SequenceCostTest(tf.test.TestCase):

