@@ -58,6 +58,7 @@ from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
 from tensorpipe import microbatch
 from tensorpipe import overrides
+from tensorpipe import params_format
 from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import tasks
@@ -429,8 +430,8 @@ def RunParams(experiment_params: hyperparams.Params, logdir: str,
         f'not of --model={model_key} ({p.name}); pass the --model that '
         'trained it')
   # A line of another form is reported by FromText below.
-  saved = hyperparams.TextValues(text, skip_malformed=True)
-  ours = hyperparams.TextValues(p.ToText())
+  saved = params_format.TextValues(text, skip_malformed=True)
+  ours = params_format.TextValues(p.ToText())
   missing = sorted(set(ours) - set(saved))
   extra = sorted(set(saved) - set(ours))
   if missing or extra:
@@ -458,7 +459,7 @@ def _CheckScheduleFiles(p: hyperparams.Params, params_path: str) -> None:
   trainer recorded the table itself (`schedules.CsvParam`) name only the
   file.
   """
-  for key, value in hyperparams.TextValues(p.ToText()).items():
+  for key, value in params_format.TextValues(p.ToText()).items():
     if key.rpartition('.')[2] != 'schedule' or len(value) < 2:
       continue
     path = value[1:-1]
