@@ -433,7 +433,7 @@ class ParamsTextTest(unittest.TestCase):
                                   'the form "key : value"'):
         params_format.TextLines(bad)
     self.assertEqual(params_format.TextLines('k v\n: v\nk : 1',
-                                           skip_malformed=True),
+                                             skip_malformed=True),
                      [(3, 'k', '1')])
     self.assertIsNone(params_format.ParseTextLine('  # k : v'))
     self.assertEqual(params_format.ParseTextLine(' k : a : b '), ('k', 'a : b'))
