@@ -145,10 +145,6 @@ class Trainer:
     return self._logdir
 
   @property
-  def checkpoint_dir(self) -> str:
-    return self._checkpoints.directory
-
-  @property
   def latest_checkpoint(self) -> Optional[str]:
     """The newest checkpoint restored or saved by this trainer, or None."""
     return self._checkpoints.latest
