@@ -3,12 +3,13 @@
 `ExportRun(experiment_params, model_key, logdir, export_dir)` is what
 tools/export.py does with a training run: rebuild the task from the run's
 params.txt (`RunParams`, so --model_params_override values are honoured),
-place its pipeline for serving (`SetServingDevices`, or one device),
-restore the newest intact checkpoint (checkpoints.RestoreNewest) and write
-the task's model with `export.ExportModel`, inputs named after the batch
-key the task reads (`image` for the image tasks, `TaskInputSpecs`), plus
-the raw-image signature of an image experiment (`RawSignature`). Every
-check that needs no TensorFlow comes first.
+place it for serving (`SetServingDevices` for a pipeline over K devices,
+`SetServingDevice` for one), restore the newest intact checkpoint
+(checkpoints.RestoreNewest) and write the task's model with
+`export.ExportModel`, inputs named after the batch key the task reads
+(`image` for the image tasks, `TaskInputSpecs`), plus the raw-image
+signature of an image experiment (`RawSignature`). Every check that needs
+no TensorFlow comes first.
 
 Usage:
   result = ExportRun(GetExperiment(key).ModelParams(), key, logdir,
@@ -173,6 +174,34 @@ def SetServingDevices(task_params: hyperparams.Params,
   mp.devices = list(devices) if devices else None
 
 
+def SetServingDevice(task_params: hyperparams.Params,
+                     devices: Optional[Sequence[str]]) -> str:
+  """Places the task's model on one serving device (in place); returns it.
+
+  Args:
+    task_params: the task Params (mutable).
+    devices: None (the default device) or one device name.
+
+  Raises:
+    ExportError: more than one device.
+  """
+  if devices and len(devices) != 1:
+    raise ExportError(f'devices={list(devices)}: serving on one device '
+                      'takes one device name; pipelined serving takes one '
+                      'per partition')
+  device = devices[0] if devices else export.DefaultServingDevice()
+  mp = PipelineParams(task_params)
+  if mp is not None:
+    # Built where it is served, no other device needed; an automatic
+    # split is not computed at all (the layers are chained anyway), nor
+    # the training schedule's placement (a CSV table has K rows).
+    if mp.partitions is None:
+      mp.num_partitions = 1
+      mp.Set(schedule='gpipe', num_stages_per_device=1)
+    mp.devices = [device] * NumPartitions(task_params)
+  return device
+
+
 def TaskInputSpecs(task: base_layer.BaseLayer) -> Dict[str, tf.TensorSpec]:
   """{input name: spec} of a classification task's model, batch axis None.
 
@@ -282,20 +311,7 @@ def ExportRun(experiment_params: hyperparams.Params, model_key: str,
     if serving_batch_size is None:
       serving_batch_size = p.input.batch_size
   else:
-    if devices and len(devices) != 1:
-      raise ExportError(f'devices={list(devices)}: serving on one device '
-                        'takes one device name; pipelined serving takes one '
-                        'per partition')
-    device = devices[0] if devices else export.DefaultServingDevice()
-    mp = PipelineParams(p.task)
-    if mp is not None:
-      # Built where it is served, no other device needed; an automatic
-      # split is not computed at all (the layers are chained anyway), nor
-      # the training schedule's placement (a CSV table has K rows).
-      if mp.partitions is None:
-        mp.num_partitions = 1
-        mp.Set(schedule='gpipe', num_stages_per_device=1)
-      mp.devices = [device] * NumPartitions(p.task)
+    device = SetServingDevice(p.task, devices)
   _CheckScheduleFiles(p, os.path.join(logdir, logdir_lib.PARAMS_FILE))
   task = p.task.Instantiate()
   step = tf.Variable(0, dtype=tf.int64, trainable=False, name='global_step')
