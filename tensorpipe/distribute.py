@@ -45,6 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import checks
+from tensorpipe import device_groups
 from tensorpipe import hyperparams
 from tensorpipe import py_utils
 from tensorpipe import schedule_builders
@@ -77,8 +78,7 @@ class Topology:
 
 def LocalTopology(groups: Sequence[Sequence[str]]) -> Topology:
   """One process, one replica per device group (R = len(groups))."""
-  from tensorpipe import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  strategy = cluster_lib.MirroredStrategyOverGroups(groups)
+  strategy = device_groups.MirroredStrategyOverGroups(groups)
   return Topology(strategy=strategy, num_replicas=len(groups),
                   groups=[list(g) for g in groups])
 
@@ -133,13 +133,13 @@ def MakeTopology(num_replicas: int, num_partitions: int,
     # after which collectives can no longer be configured.
     strategy = cluster_lib.MultiWorkerStrategy(
         cluster, timeouts or cluster_lib.FaultTimeouts())
-    group = cluster_lib.LocalDeviceGroups(1, num_partitions)[0]
+    group = device_groups.LocalDeviceGroups(1, num_partitions)[0]
     return MultiWorkerTopology(strategy, group, cluster.worker_index,
                                cluster.is_chief)
   if num_replicas == 1:
     return SingleReplicaTopology()
-  return LocalTopology(cluster_lib.LocalDeviceGroups(num_replicas,
-                                                     num_partitions))
+  return LocalTopology(device_groups.LocalDeviceGroups(num_replicas,
+                                                       num_partitions))
 
 
 def PipelineParamsIn(p: hyperparams.Params) -> List[hyperparams.Params]:

@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional
 
 from absl import logging
 
-from tensorpipe import hyperparams
+from tensorpipe import params_format
 
 LOCK_FILE = 'trainer.lock'
 PARAMS_FILE = 'params.txt'
@@ -266,7 +266,7 @@ def _WithoutRunLength(text: str) -> str:
   """`text` without its RUN_LENGTH_KEYS lines."""
 
   def RunLength(line: str) -> bool:
-    item = hyperparams.ParseTextLine(line)
+    item = params_format.ParseTextLine(line)
     return item is not None and _IsRunLength(item[0])
 
   return '\n'.join(line for line in text.splitlines() if not RunLength(line))
@@ -275,7 +275,7 @@ def _WithoutRunLength(text: str) -> str:
 def _Values(text: str) -> Dict[str, str]:
   """{key: value text} of params.txt (lines of another form skipped: the
   file may have been edited, and is read here only for messages)."""
-  return hyperparams.TextValues(text, skip_malformed=True)
+  return params_format.TextValues(text, skip_malformed=True)
 
 
 def ChangedKeys(old_text: str, new_text: str,

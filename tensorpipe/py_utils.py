@@ -529,13 +529,6 @@ def CollectBatchStats() -> Iterator[List[Any]]:
     yield collected
 
 
-def CallWithStats(fn: Callable[..., Any], *args, **kwargs):
-  """Calls fn, returning (result, [(layer, BatchStats)]) it reported."""
-  with CollectBatchStats() as collected:
-    result = fn(*args, **kwargs)
-  return result, collected
-
-
 class WeightOpCall(NamedTuple):
   """One call of `WeightOp`: z = fn(x, w)."""
   fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]

@@ -58,6 +58,7 @@ from tensorpipe import cluster as cluster_lib
 from tensorpipe import distribute
 from tensorpipe import hyperparams
 from tensorpipe import logdir as logdir_lib
+from tensorpipe import params_format
 from tensorpipe import peer_wait
 from tensorpipe import preemption
 from tensorpipe import worker_agreement
@@ -227,7 +228,7 @@ class RunLifeCycle:
                          step_flags: Dict[str, str]) -> None:
     """Every worker runs the same Params and step flags, or all stop here."""
     text = params.ToText()
-    values = dict(hyperparams.TextValues(text), **step_flags)
+    values = dict(params_format.TextValues(text), **step_flags)
     cluster = self._cluster
     try:
       worker_agreement.CheckAgreement(

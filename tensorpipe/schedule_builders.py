@@ -37,6 +37,7 @@ import numbers
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from tensorpipe import checks
+from tensorpipe import schedule_csv
 from tensorpipe import schedules
 from tensorpipe.schedules import Action, FromOrders, Schedule
 
@@ -336,19 +337,19 @@ def _CheckBuilt(schedule: object, name: str, kk: int, tt: int, v: int) -> None:
     raise ValueError(f'{head} {shown} (a {type(schedule).__name__}), not a '
                      'schedules.Schedule; return a Schedule (see '
                      'schedule_builders.py)')
-  if schedule.num_devices != kk:
-    raise ValueError(f'{head} a table with {schedule.num_devices} rows '
-                     f'(devices) for num_devices={kk}; make it build one row '
-                     'per device')
-  if schedule.num_stages != kk * v:
-    raise ValueError(
-        f'{head} a table with {schedule.num_stages} stages, but K={kk} '
-        f'devices x num_stages_per_device={v} makes {kk * v}; make it build '
-        f'K v = {kk * v} stages (or refuse v={v} with a ValueError)')
-  if schedule.num_micro_batches != tt:
-    raise ValueError(f'{head} a table with {schedule.num_micro_batches} '
-                     f'micro-batches for num_micro_batches={tt}; make it '
-                     f'build T={tt} micro-batches')
+
+  def Message(what: str, n: int) -> str:
+    if what == 'devices':
+      return (f'{head} a table with {n} rows (devices) for num_devices={kk}; '
+              'make it build one row per device')
+    if what == 'stages':
+      return (f'{head} a table with {n} stages, but K={kk} devices x '
+              f'num_stages_per_device={v} makes {kk * v}; make it build '
+              f'K v = {kk * v} stages (or refuse v={v} with a ValueError)')
+    return (f'{head} a table with {n} micro-batches for num_micro_batches='
+            f'{tt}; make it build T={tt} micro-batches')
+  schedules.CheckSizes((schedule.num_devices, schedule.num_stages,
+                        schedule.num_micro_batches), kk, v, tt, Message)
 
 
 def FromParam(value: str, num_devices: int,
@@ -359,14 +360,14 @@ def FromParam(value: str, num_devices: int,
   A registered name (`Build`, at T = `num_micro_batches`, or 2K when not
   given: the placement and the ops do not depend on T), or a CSV table: a
   path ending in '.csv' or `schedules.CsvParam`'s 'csv:' text
-  (`schedules.FromCsvParam`).
+  (`schedule_csv.FromCsvParam`).
 
   Raises:
     ValueError: naming the value (`schedules.Label`) and the fix.
   """
   if schedules.IsCsvParam(value):
-    return schedules.FromCsvParam(value, num_devices, num_micro_batches,
-                                  num_stages_per_device)
+    return schedule_csv.FromCsvParam(value, num_devices, num_micro_batches,
+                                     num_stages_per_device)
   return Build(value, num_devices, num_micro_batches or 2 * num_devices,
                num_stages_per_device)
 

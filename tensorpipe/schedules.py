@@ -11,14 +11,14 @@ table is the one definition a schedule has: a builder writes it
 (`schedule_program.py`), the simulator and the timeline read it, and
 `ToCsv` / `FromCsv` exchange it with torch.distributed.pipelining's
 compute-only per-rank CSV, so a table made there, or by the zero-bubble
-authors' ILP, reads here (`FromCsvParam`).
+authors' ILP, reads here (`schedule_csv.FromCsvParam`).
 
 Pure data: this module imports no other TensorPipe module.
 """
 
 import csv as _csv
 import io as _io
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 
 # -- Schedules as data ------------------------------------------------------
@@ -499,121 +499,33 @@ def Label(value: str) -> str:
   return value
 
 
-def FromCsvParam(value: str, num_devices: int,
-                 num_micro_batches: Optional[int] = None,
-                 num_stages_per_device: int = 1) -> Schedule:
-  """The validated table of a CSV `schedule` value (`IsCsvParam`).
+# -- A table's sizes against its pipeline's ----------------------------------
 
-  A path ending in '.csv' or `CsvParam`'s 'csv:' text. The table's cells
-  are checked (`_CheckCells`), then it is retimed (`Retimed`: torch's tables
-  are orders); it must have `num_devices` rows, `num_stages_per_device` x K
-  stages and, when given, `num_micro_batches` micro-batches.
-
-  Raises:
-    ValueError: naming the value (`Label`), the cell if one is wrong, and
-      the fix.
-  """
-  label = Label(value)
-  if not value.startswith(CSV_PREFIX):
-    value = CsvParam(value)
-  text = value[len(CSV_PREFIX):].replace('/', '\n')
-  table = Schedule.FromCsv(text, name=label)
-  kk, v = num_devices, num_stages_per_device
-  if table.num_devices != kk:
-    raise ValueError(f'schedule {label!r} has {table.num_devices} rows '
-                     f'(devices) but the pipeline has {kk}; give '
-                     f'a table with one row per device')
-  acts = [a for row in table.grid for a in row if a is not None]
-  stages = {a.stage for a in acts}
-  if stages == set(range(len(stages))) and len(stages) != kk * v:
-    raise ValueError(
-        f'schedule {label!r} has {len(stages)} stages, but K={kk} devices x '
-        f'num_stages_per_device={v} makes {kk * v}; set '
-        f'num_stages_per_device={max(1, len(stages) // kk)}')
-  mbs = {a.micro_batch for a in acts}
-  tt = num_micro_batches
-  if tt and mbs == set(range(len(mbs))) and len(mbs) != tt:
-    raise ValueError(
-        f'schedule {label!r} has {len(mbs)} micro-batches but '
-        f'the step has {tt}; set num_micro_batches={len(mbs)} or give a '
-        f'table for T={tt}')
-  _CheckCells(table, label, kk, v, tt)
-  return table.Retimed().Validate()
+SIZES = ('devices', 'stages', 'micro-batches')
 
 
-def _CheckCells(table: Schedule, label: str, kk: int, v: int,
-                tt: Optional[int]) -> None:
-  """Per-cell checks of a table read as orders, before it is retimed.
+def CheckSizes(sizes: Tuple[int, Optional[int], Optional[int]],
+               num_devices: int, num_stages_per_device: int,
+               num_micro_batches: Optional[int],
+               message: Callable[[str, int], str]) -> None:
+  """The one size check of a table (built or CSV) against its pipeline.
 
-  Stage in [0, K v), micro-batch in [0, T) (T: the step's, else the number
-  the table names), each action once, each stage in one row, a W after an
-  I (not a B), not both B and I; then one F and one B (or I and W) per
-  stage and micro-batch. Retiming would report any of these as a deadlock.
+  Compares, in this order, the table's rows with K (`num_devices`), its
+  stages with K v, its micro-batches with T, and raises for the first that
+  differs. A size of None, or T None, is not compared (a CSV table whose
+  stages or micro-batches are not numbered 0 .. n - 1 is left to its
+  per-cell checks, which name the cell).
+
+  Args:
+    sizes: the table's (rows, stages, micro-batches).
+    num_devices, num_stages_per_device, num_micro_batches: K, v, T.
+    message: (what, the table's size) -> the error's text, `what` one of
+      SIZES; each caller words its own fix.
 
   Raises:
-    ValueError: naming `label`, the row and column of the cell, and the fix.
+    ValueError: message(what, size) of the first size that differs.
   """
-  ss = kk * v
-  seen: Dict[Action, Tuple[int, int]] = {}
-  rows: Dict[int, int] = {}
-  n_mb = tt or len({a.micro_batch for row in table.grid for a in row if a})
-
-  def Fail(d, c, what, fix):
-    raise ValueError(f'schedule {label!r}: row {d} (device {d}), column {c}: '
-                     f'{what}; {fix}')
-
-  for d, row in enumerate(table.grid):
-    for c, a in enumerate(row):
-      if a is None:
-        continue
-      m, s = a.micro_batch, a.stage
-      if not 0 <= s < ss:
-        Fail(d, c, f'{a}: stage {s} is not in [0, {ss}) (K={kk} devices x '
-             f'num_stages_per_device={v})', f'use stages 0 .. {ss - 1}')
-      if not 0 <= m < n_mb:
-        named = '' if tt else f' (the table names {n_mb} micro-batches)'
-        Fail(d, c, f'{a}: micro-batch {m} is not in [0, {n_mb}){named}',
-             f'use micro-batches 0 .. {n_mb - 1}' if tt else
-             f'number them 0 .. {n_mb - 1}')
-      if a in seen:
-        Fail(d, c, f'{a} already appears at row {seen[a][0]}, column '
-             f'{seen[a][1]}', 'run each action once')
-      if rows.setdefault(s, d) != d:
-        Fail(d, c, f'{a}: stage {s} runs in row {rows[s]}',
-             'keep each stage in one row (device)')
-      seen[a] = (d, c)
-  for a, (d, c) in seen.items():
-    b, i = Action('B', a.micro_batch, a.stage), Action('I', a.micro_batch,
-                                                         a.stage)
-    if a.op == 'W' and b in seen:
-      Fail(d, c, f'{a} follows the full backward {b} (row {seen[b][0]}, '
-           f'column {seen[b][1]})', f'a W needs an I: write {i} for {b}, or '
-           f'drop {a}')
-    if a.op == 'W' and i not in seen:
-      Fail(d, c, f'{a} has no {i} in the table', 'a W needs the I of its '
-           f'micro-batch and stage: add {i} before it')
-    if a.op == 'I' and b in seen:
-      first, second = sorted([(seen[b], b), ((d, c), a)])
-      Fail(*second[0], f'{second[1]}: micro-batch {a.micro_batch} of stage '
-           f'{a.stage} already has {first[1]} (row {first[0][0]}, column '
-           f'{first[0][1]})', 'use either one B or one I and one W per '
-           'micro-batch')
-  for s in range(ss):
-    if s not in rows:
-      raise ValueError(f'schedule {label!r}: stage {s} appears in no row; '
-                       f'give it a row and its F and B cells')
-    d = rows[s]
-    for m in range(n_mb):
-      f, b, i, w = (Action(op, m, s) for op in 'FBIW')
-      missing, why = None, ''
-      if f not in seen:
-        missing, why = f, 'runs one F per micro-batch'
-      elif b not in seen and i not in seen:
-        missing, why = b, 'runs one B (or one I and one W) per micro-batch'
-      elif i in seen and w not in seen:
-        missing, why = w, f'runs {i}, so it needs {w} too'
-      if missing:
-        after = f' after {i}' if missing == w else ''
-        raise ValueError(f'schedule {label!r}: {missing} never appears: '
-                         f'stage {s} (row {d}) {why}; add {missing} to row '
-                         f'{d}{after}')
+  kk, v, tt = num_devices, num_stages_per_device, num_micro_batches
+  for what, found, wanted in zip(SIZES, sizes, (kk, kk * v, tt)):
+    if found is not None and wanted is not None and found != wanted:
+      raise ValueError(message(what, found))

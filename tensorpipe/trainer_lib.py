@@ -54,7 +54,7 @@ from tensorpipe import preemption
 from tensorpipe import py_utils
 from tensorpipe import run_checkpoints
 from tensorpipe import summaries
-from tensorpipe import tasks
+from tensorpipe import train_params
 from tensorpipe.layers import normalization
 from tensorpipe.nested_map import NestedMap
 
@@ -103,7 +103,7 @@ class Trainer:
                           else is_chief)
     p = self._params
     tp = p.task.train
-    tasks.CheckTrainParams(tp)
+    train_params.CheckTrainParams(tp)
     # `lock`: the caller's LogdirLock of this logdir, possibly already held
     # (the trainer binary takes it before building anything).
     self._lock = lock or logdir_lib.LogdirLock(logdir, log_fn=self._Warn)
@@ -143,10 +143,6 @@ class Trainer:
   @property
   def logdir(self) -> str:
     return self._logdir
-
-  @property
-  def checkpoint_dir(self) -> str:
-    return self._checkpoints.directory
 
   @property
   def latest_checkpoint(self) -> Optional[str]:

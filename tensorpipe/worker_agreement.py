@@ -23,7 +23,7 @@ import hashlib
 import json
 from typing import Any, Callable, Dict, List, Mapping, Sequence
 
-from tensorpipe import hyperparams
+from tensorpipe import params_format
 
 # The trainer flags that change which steps run and what they compute.
 STEP_FLAGS = ('--seed', '--deterministic', '--mode', '--eval_steps',
@@ -43,7 +43,7 @@ def KeyDigests(params_text: str, flags: Mapping[str, str]) -> Dict[str, str]:
     flags: flag name -> value as text.
   """
   out = {key: _Digest(value)
-         for key, value in hyperparams.TextValues(params_text).items()}
+         for key, value in params_format.TextValues(params_text).items()}
   for name, value in flags.items():
     out[name] = _Digest(str(value))
   return out

@@ -32,6 +32,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorpipe import base_experiment
 from tensorpipe import checkpoints
 from tensorpipe import export
+from tensorpipe import export_run
 from tensorpipe import lr_schedules
 from tensorpipe import optimizers
 from tensorpipe import overrides
@@ -139,8 +140,8 @@ class ExportTest(tf.test.TestCase):
 
   def _Export(self, name, **kwargs):
     export_dir = os.path.join(self.tmp, name)
-    result = export.ExportRun(Tiny().ModelParams(), _KEY, self.logdir,
-                              export_dir, log_fn=lambda _: None, **kwargs)
+    result = export_run.ExportRun(Tiny().ModelParams(), _KEY, self.logdir,
+                                  export_dir, log_fn=lambda _: None, **kwargs)
     self.assertEqual(result.step, 2)
     self.assertEqual(checkpoints.CheckpointNumber(result.checkpoint), 2)
     return export_dir
@@ -294,27 +295,27 @@ class ExportTest(tf.test.TestCase):
     os.replace(path, copy)
     quiet = lambda _: None  # pylint: disable=unnecessary-lambda-assignment
     for logdir in (new_run, old_run):  # one device: no table needed
-      export.ExportRun(Tiny().ModelParams(), _KEY, logdir,
-                       os.path.join(logdir, 'one'), log_fn=quiet)
+      export_run.ExportRun(Tiny().ModelParams(), _KEY, logdir,
+                           os.path.join(logdir, 'one'), log_fn=quiet)
     # Pipelined: the stages are placed as the table says.
-    export.ExportRun(Tiny().ModelParams(), _KEY, new_run,
-                     os.path.join(new_run, 'pipe'), log_fn=quiet,
-                     pipelined=True)
+    export_run.ExportRun(Tiny().ModelParams(), _KEY, new_run,
+                         os.path.join(new_run, 'pipe'), log_fn=quiet,
+                         pipelined=True)
     with self.assertRaisesRegex(
         export.ExportError,
         r"task.model.schedule='.*z.csv' \(.*params.txt\) cannot be read: "
         r'.*--model_params_override="task.model.schedule=\'/path/to/'):
-      export.ExportRun(Tiny().ModelParams(), _KEY, old_run,
-                       os.path.join(old_run, 'pipe'), pipelined=True)
-    result = export.ExportRun(
+      export_run.ExportRun(Tiny().ModelParams(), _KEY, old_run,
+                           os.path.join(old_run, 'pipe'), pipelined=True)
+    result = export_run.ExportRun(
         Tiny().ModelParams(), _KEY, old_run, os.path.join(old_run, 'pipe'),
         log_fn=quiet, pipelined=True,
         params_override=f"task.model.schedule='{copy}'")
     self.assertEqual((result.step, result.mode), (2, 'pipelined'))
     with self.assertRaisesRegex(ValueError, 'model_params_override.*'
                                 'shedule'):
-      export.RunParams(Tiny().ModelParams(), old_run, _KEY,
-                       params_override="task.model.shedule='x.csv'")
+      export_run.RunParams(Tiny().ModelParams(), old_run, _KEY,
+                           params_override="task.model.shedule='x.csv'")
 
   def testNonEmptyExportDirIsRefusedUnlessOverwrite(self):
     export_dir = os.path.join(self.tmp, 'taken')
@@ -323,10 +324,10 @@ class ExportTest(tf.test.TestCase):
       f.write('x')
     with self.assertRaisesRegex(export.ExportError,
                                 'not empty.*--overwrite'):
-      export.ExportRun(Tiny().ModelParams(), _KEY, self.logdir, export_dir)
+      export_run.ExportRun(Tiny().ModelParams(), _KEY, self.logdir, export_dir)
     self.assertEqual(os.listdir(export_dir), ['keep.txt'])
-    export.ExportRun(Tiny().ModelParams(), _KEY, self.logdir, export_dir,
-                     overwrite=True, log_fn=lambda _: None)
+    export_run.ExportRun(Tiny().ModelParams(), _KEY, self.logdir, export_dir,
+                         overwrite=True, log_fn=lambda _: None)
     self.assertIn('saved_model.pb', os.listdir(export_dir))
     self.assertNotIn('keep.txt', os.listdir(export_dir))
     self.assertEqual([n for n in os.listdir(self.tmp) if '.tmp' in n], [])
@@ -335,30 +336,30 @@ class ExportTest(tf.test.TestCase):
     empty = tempfile.mkdtemp(dir=self.tmp)
     with self.assertRaisesRegex(export.ExportError,
                                 'params.txt does not exist.*not a trainer'):
-      export.ExportRun(Tiny().ModelParams(), _KEY, empty,
-                       os.path.join(self.tmp, 'x1'))
+      export_run.ExportRun(Tiny().ModelParams(), _KEY, empty,
+                           os.path.join(self.tmp, 'x1'))
 
   def testLogdirWithoutCheckpointIsRefused(self):
     logdir = tempfile.mkdtemp(dir=self.tmp)
     shutil.copy(os.path.join(self.logdir, 'params.txt'), logdir)
     with self.assertRaisesRegex(checkpoints.NoCheckpointError,
                                 'no checkpoint in .*train first'):
-      export.ExportRun(Tiny().ModelParams(), _KEY, logdir,
-                       os.path.join(self.tmp, 'x2'))
+      export_run.ExportRun(Tiny().ModelParams(), _KEY, logdir,
+                           os.path.join(self.tmp, 'x2'))
     self.assertFalse(os.path.exists(os.path.join(self.tmp, 'x2')))
 
   def testAnotherExperimentsRunIsRefused(self):
     with self.assertRaisesRegex(export.ExportError,
                                 "experiment 'Tiny'.*not of --model=w.Wide"):
-      export.ExportRun(Wide().ModelParams(), 'w.Wide', self.logdir,
-                       os.path.join(self.tmp, 'x3'))
+      export_run.ExportRun(Wide().ModelParams(), 'w.Wide', self.logdir,
+                           os.path.join(self.tmp, 'x3'))
     # Same class name, other layers: params.txt does not fit its keys.
     p = Tiny().ModelParams()
     p.task.model.layers.append(linear.FCLayer.Params().Set(
         name='extra', input_dim=3, output_dim=3))
     with self.assertRaisesRegex(export.ExportError,
                                 r'does not fit .*layers\[5\]'):
-      export.ExportRun(p, _KEY, self.logdir, os.path.join(self.tmp, 'x4'))
+      export_run.ExportRun(p, _KEY, self.logdir, os.path.join(self.tmp, 'x4'))
 
   def testCheckpointOfAnotherModelIsRefused(self):
     # params.txt of Tiny, checkpoint of Wide (twice the filters).
@@ -370,8 +371,8 @@ class ExportTest(tf.test.TestCase):
     with self.assertRaisesRegex(checkpoints.IncompatibleCheckpointError,
                                 r'conv1/w: shape \[3, 3, 1, 4\] here, '
                                 r'\[3, 3, 1, 8\] in the checkpoint'):
-      export.ExportRun(Tiny().ModelParams(), _KEY, logdir,
-                       os.path.join(self.tmp, 'x5'))
+      export_run.ExportRun(Tiny().ModelParams(), _KEY, logdir,
+                           os.path.join(self.tmp, 'x5'))
 
   def testPipelinedChunkMustSplitIntoTheMicroBatches(self):
     with self.assertRaisesRegex(export.ExportError,
@@ -384,12 +385,12 @@ class ExportTest(tf.test.TestCase):
     p.model.layers = None
     with self.assertRaisesRegex(export.ExportError,
                                 'split by hand into 2.*cannot be served on 3'):
-      export.SetServingDevices(p, None, num_partitions=3)
+      export_run.SetServingDevices(p, None, num_partitions=3)
     p = Tiny().Task()
     with self.assertRaisesRegex(export.ExportError, '9 devices for a model '
                                 'of 5 layers'):
-      export.SetServingDevices(p, None, num_partitions=9)
-    export.SetServingDevices(p, ['/CPU:2', '/CPU:3'])
+      export_run.SetServingDevices(p, None, num_partitions=9)
+    export_run.SetServingDevices(p, ['/CPU:2', '/CPU:3'])
     self.assertEqual((p.model.num_partitions, p.model.devices),
                      (2, ['/CPU:2', '/CPU:3']))
 

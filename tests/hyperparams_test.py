@@ -10,6 +10,7 @@ import unittest
 import tensorflow as tf
 
 from tensorpipe import hyperparams
+from tensorpipe import params_format
 
 
 class Color(enum.Enum):
@@ -406,7 +407,7 @@ class ParamsTextTest(unittest.TestCase):
     p.Define('e', None, 'None.')
     p.Define('layers', [_LayerParams(3)], 'Flattened with an index.')
     text = p.ToText()
-    self.assertEqual(hyperparams.TextLines(text), [
+    self.assertEqual(params_format.TextLines(text), [
         (1, 'a', "'x : y'"),
         (2, 'b', "''"),
         (3, 'c', "'line\\nbreak\\x1c\\u2028'"),
@@ -415,7 +416,7 @@ class ParamsTextTest(unittest.TestCase):
         (6, 'layers[0].cls', f'type/{__name__}.Layer'),
         (7, 'layers[0].dim', '3'),
     ])
-    self.assertEqual(hyperparams.TextValues(text)['a'], "'x : y'")
+    self.assertEqual(params_format.TextValues(text)['a'], "'x : y'")
     q = p.Copy()
     q.Set(a='', b='z', c=None)
     q.FromText(text)  # every value parses back from its text
@@ -423,19 +424,19 @@ class ParamsTextTest(unittest.TestCase):
 
   def testTextLinesSkipBlankAndCommentLinesAndRejectOtherForms(self):
     text = '# a comment\n\n  k : v  \nj:w\nk : last\n'
-    self.assertEqual(hyperparams.TextLines(text),
+    self.assertEqual(params_format.TextLines(text),
                      [(3, 'k', 'v'), (4, 'j', 'w'), (5, 'k', 'last')])
-    self.assertEqual(hyperparams.TextValues(text), {'k': 'last', 'j': 'w'})
-    self.assertEqual(hyperparams.TextLines('k :\n')[0].value, '')
+    self.assertEqual(params_format.TextValues(text), {'k': 'last', 'j': 'w'})
+    self.assertEqual(params_format.TextLines('k :\n')[0].value, '')
     for bad, number in (('k v', 1), ('k : 1\n: v', 2)):
       with self.assertRaisesRegex(ValueError, f'line {number}: .* is not of '
                                   'the form "key : value"'):
-        hyperparams.TextLines(bad)
-    self.assertEqual(hyperparams.TextLines('k v\n: v\nk : 1',
-                                           skip_malformed=True),
+        params_format.TextLines(bad)
+    self.assertEqual(params_format.TextLines('k v\n: v\nk : 1',
+                                             skip_malformed=True),
                      [(3, 'k', '1')])
-    self.assertIsNone(hyperparams.ParseTextLine('  # k : v'))
-    self.assertEqual(hyperparams.ParseTextLine(' k : a : b '), ('k', 'a : b'))
+    self.assertIsNone(params_format.ParseTextLine('  # k : v'))
+    self.assertEqual(params_format.ParseTextLine(' k : a : b '), ('k', 'a : b'))
 
   def testListsOfParamsAreFlattenedWithIndices(self):
     p = hyperparams.Params()
@@ -478,7 +479,7 @@ class ParamsTextTest(unittest.TestCase):
   def testFromTextDeepNestingIsAValueError(self):
     p = hyperparams.Params()
     p.Define('shape', None, 'Any value.')
-    depth = hyperparams.MAX_TEXT_NESTING
+    depth = params_format.MAX_TEXT_NESTING
     p.FromText('shape : ' + '[' * depth + ']' * depth)
     for n in (depth + 1, 5000):
       with self.assertRaisesRegex(

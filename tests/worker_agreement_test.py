@@ -3,7 +3,7 @@
 import types
 import unittest
 
-from tensorpipe import hyperparams
+from tensorpipe import params_format
 from tensorpipe import worker_agreement as agree
 
 _PARAMS = 'task.train.max_steps : 10\ntask.train.learning_rate : 0.1\n'
@@ -58,7 +58,7 @@ class WorkerAgreementTest(unittest.TestCase):
         agree.CheckAgreement(
             0, 2, agree.KeyDigests(_PARAMS, mine),
             _Exchange([_Text(_PARAMS, theirs)]),
-            dict(hyperparams.TextValues(_PARAMS), **mine))
+            dict(params_format.TextValues(_PARAMS), **mine))
     # Flags that do not change the steps are not compared.
     agree.CheckAgreement(
         0, 2, agree.KeyDigests(_PARAMS, agree.StepFlagValues(_Flags())),
@@ -80,7 +80,7 @@ class WorkerAgreementTest(unittest.TestCase):
       agree.CheckAgreement(
           1, 2, agree.KeyDigests(_PARAMS, flags),
           _Exchange([_Text(other, {'--seed': '2'})]),
-          dict(hyperparams.TextValues(_PARAMS), **flags))
+          dict(params_format.TextValues(_PARAMS), **flags))
 
   def testAKeyOnlyOneWorkerHasDiffers(self):
     every = [agree.KeyDigests(_PARAMS, {}),

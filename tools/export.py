@@ -140,12 +140,13 @@ def _OneLine(e: BaseException) -> str:
 
 
 def _Export() -> None:
-  """Flags -> tensorpipe.export.ExportRun; raises _UserError for mistakes."""
+  """Flags -> export_run.ExportRun; raises _UserError for mistakes."""
   # Nothing here may run a TensorFlow op before the devices are configured.
   # pylint: disable=g-import-not-at-top
   from tensorpipe import checkpoints
   from tensorpipe import devices as devices_lib
   from tensorpipe import export
+  from tensorpipe import export_run
   from tensorpipe import hyperparams
   from tensorpipe import model_registry
   # pylint: enable=g-import-not-at-top
@@ -168,18 +169,18 @@ def _Export() -> None:
     # checked before TensorFlow starts.
     export.CheckExportDir(export_dir, FLAGS.overwrite)
     experiment = model_registry.GetExperiment(FLAGS.model).ModelParams()
-    export.RunParams(experiment, logdir, FLAGS.model,
-                     FLAGS.model_params_override)
+    export_run.RunParams(experiment, logdir, FLAGS.model,
+                         FLAGS.model_params_override)
     devices_lib.SetNumLogicalCpuDevices(
         placement.num_partitions if placement.pipelined else 1)
-    export.ExportRun(experiment, FLAGS.model, logdir, export_dir,
-                     pipelined=placement.pipelined,
-                     devices=placement.devices,
-                     num_partitions=placement.num_partitions,
-                     serving_batch_size=FLAGS.serving_batch_size,
-                     overwrite=FLAGS.overwrite, log_fn=logging.info,
-                     raw_images=FLAGS.raw_images,
-                     params_override=FLAGS.model_params_override)
+    export_run.ExportRun(experiment, FLAGS.model, logdir, export_dir,
+                         pipelined=placement.pipelined,
+                         devices=placement.devices,
+                         num_partitions=placement.num_partitions,
+                         serving_batch_size=FLAGS.serving_batch_size,
+                         overwrite=FLAGS.overwrite, log_fn=logging.info,
+                         raw_images=FLAGS.raw_images,
+                         params_override=FLAGS.model_params_override)
   except setup_errors as e:
     raise _UserError(_OneLine(e)) from None
 

@@ -36,7 +36,7 @@ import functools
 import hashlib
 import math
 import re
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 SWORD_DIR = '/usr/share/sword'
 MODULES = {'en': 'engKJV2006eb', 'es': 'spaRV1909eb', 'web': 'engWEB2015eb'}
@@ -250,9 +250,3 @@ def AlignedPairs(verses: Sequence[Verse], src: str = 'en', tgt: str = 'es',
   stats['ratio_outliers'] = len(aligned) - len(kept)
   stats['kept'] = len(kept)
   return kept
-
-
-def MisalignedChapterNames(verses: Sequence[Verse], src: str = 'en',
-                           tgt: str = 'es') -> Set[str]:
-  """'Book.chapter' names of the misaligned chapters (for reports)."""
-  return {f'{b}.{c}' for b, c in FindMisalignedChapters(verses, src, tgt)}

@@ -13,7 +13,6 @@ windows of `seq_len` pieces. Batch keys (base_input.py):
 """
 
 import functools
-import os
 from typing import List, Optional
 
 import numpy as np
@@ -49,15 +48,8 @@ def LoadOrBuildVocab(data_dir: str, vocab_size: int,
                      vocab_file: Optional[str] = None
                      ) -> vocab_lib.SentencePieceVocab:
   """The Brown vocabulary; trained on the training split if not there yet."""
-  path = vocab_file or os.path.join(data_dir, 'vocabs',
-                                    f'brown_spm{vocab_size}.model')
-  if os.path.exists(path):
-    return vocab_lib.SentencePieceVocab(path)
-  if vocab_file:
-    raise FileNotFoundError(f'vocab_file={vocab_file!r} does not exist; set '
-                            'vocab_file=None to build the default one')
-  return vocab_lib.SentencePieceVocab.Train(
-      _ReadSentences(data_dir, 'train'), path, vocab_size)
+  return vocab_lib.LoadOrTrain(data_dir, 'brown', vocab_size, vocab_file,
+                               lambda: _ReadSentences(data_dir, 'train'))
 
 
 def MakeWindows(pieces: List[List[int]], seq_len: int) -> dict:

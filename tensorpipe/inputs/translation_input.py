@@ -25,7 +25,6 @@ Reina-Valera 1909.
 """
 
 import functools
-import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -91,22 +90,20 @@ def LoadOrBuildVocab(data_dir: str, vocab_size: int,
                      vocab_file: Optional[str] = None
                      ) -> vocab_lib.SentencePieceVocab:
   """The Bible vocabulary; trained on the training split if not there yet."""
-  path = vocab_file or os.path.join(data_dir, 'vocabs',
-                                    f'bible_spm{vocab_size}.model')
-  if os.path.exists(path):
-    return vocab_lib.SentencePieceVocab(path)
-  if vocab_file:
-    raise FileNotFoundError(f'vocab_file={vocab_file!r} does not exist; set '
-                            'vocab_file=None to build the default one')
+  return vocab_lib.LoadOrTrain(data_dir, 'bible', vocab_size, vocab_file,
+                               lambda: _TrainingTexts(data_dir),
+                               extra_symbols=[LangToken(l) for l in LANGS])
+
+
+def _TrainingTexts(data_dir: str) -> List[str]:
+  """The sentences of every language pair of the training split, sorted."""
   from tensorpipe.inputs import bible_builder  # pylint: disable=g-import-not-at-top
   train = _ReadSplit(data_dir, 'train')
   texts = []
   for a, b in bible_builder.PAIRS:
     src, tgt = _PairsOf(train, a, b)
     texts += src + tgt
-  return vocab_lib.SentencePieceVocab.Train(
-      sorted(set(texts)), path, vocab_size,
-      extra_symbols=[LangToken(l) for l in LANGS])
+  return sorted(set(texts))
 
 
 def PadBatch(seqs: List[List[int]], max_len: int) -> Tuple[np.ndarray,

@@ -11,7 +11,7 @@ Usage:
 
 import os
 import tempfile
-from typing import Iterable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -94,3 +94,33 @@ class SentencePieceVocab:
       if i not in drop:
         out.append(i)
     return self._sp.decode(out)
+
+
+def LoadOrTrain(data_dir: str, name: str, vocab_size: int,
+                vocab_file: Optional[str],
+                texts: Callable[[], Iterable[str]],
+                extra_symbols: Sequence[str] = ()) -> SentencePieceVocab:
+  """A data set's vocabulary: `vocab_file`, else its default model file,
+  trained there on `texts()` if not there yet.
+
+  Args:
+    data_dir: the data folder; the default model file is
+      <data_dir>/vocabs/<name>_spm<vocab_size>.model.
+    name: the data set's short name, e.g. 'brown'.
+    vocab_size: pieces of a vocabulary trained here.
+    vocab_file: a model file to load instead of the default, or None.
+    texts: the training sentences, read only when a model is trained.
+    extra_symbols: see `SentencePieceVocab.Train`.
+
+  Raises:
+    FileNotFoundError: `vocab_file` does not exist.
+  """
+  path = vocab_file or os.path.join(data_dir, 'vocabs',
+                                    f'{name}_spm{vocab_size}.model')
+  if os.path.exists(path):
+    return SentencePieceVocab(path)
+  if vocab_file:
+    raise FileNotFoundError(f'vocab_file={vocab_file!r} does not exist; set '
+                            'vocab_file=None to build the default one')
+  return SentencePieceVocab.Train(texts(), path, vocab_size,
+                                  extra_symbols=extra_symbols)

@@ -58,5 +58,32 @@ class SentencePieceVocabTest(unittest.TestCase):
       vocab_lib.SentencePieceVocab('/nonexistent/nope.model')
 
 
+class LoadOrTrainTest(unittest.TestCase):
+
+  def testTrainsOnceAtTheDefaultPathThenLoads(self):
+    with tempfile.TemporaryDirectory() as data_dir:
+      reads = []
+
+      def Texts():
+        reads.append(1)
+        return _TEXTS
+      first = vocab_lib.LoadOrTrain(data_dir, 'bible', 60, None, Texts,
+                                    extra_symbols=['<2es>'])
+      self.assertEqual(first.path, os.path.join(data_dir, 'vocabs',
+                                                'bible_spm60.model'))
+      self.assertEqual(first.PieceToId('<2es>'), 4)
+      again = vocab_lib.LoadOrTrain(data_dir, 'bible', 60, None, Texts)
+      self.assertEqual((again.path, len(reads)), (first.path, 1))
+
+  def testAMissingVocabFileIsNotTrained(self):
+    with tempfile.TemporaryDirectory() as data_dir:
+      missing = os.path.join(data_dir, 'v.model')
+      with self.assertRaisesRegex(FileNotFoundError,
+                                  'does not exist; set vocab_file=None'):
+        vocab_lib.LoadOrTrain(data_dir, 'brown', 60, missing,
+                              lambda: self.fail('read the texts'))
+      self.assertFalse(os.path.exists(missing))
+
+
 if __name__ == '__main__':
   unittest.main()
