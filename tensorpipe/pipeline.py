@@ -81,6 +81,7 @@ from tensorpipe import partitioning
 from tensorpipe import pipeline_stage
 from tensorpipe import pipeline_train
 from tensorpipe import py_utils
+from tensorpipe import schedule_auto
 from tensorpipe import schedule_builders
 from tensorpipe import schedules
 from tensorpipe import timeline
@@ -148,7 +149,10 @@ class TensorPipeLayer(base_layer.BaseLayer):
              'each partition keeps at most min(K - k, T) micro-batches in '
              "flight) or 'interleaved_1f1b' (1F1B over num_stages_per_device "
              'stages per device, round-robin: the bubble divided by v); any '
-             'name registered with schedule_builders.Register runs too. All '
+             "name registered with schedule_builders.Register runs too. 'auto' "
+             'picks one at construction by predicted step time '
+             '(schedule_auto.py: plan_profile, plan_memory_budget, '
+             'plan_regime; the trainer writes the pick to params.txt). All '
              "but 'gpipe' train through FPropLoss / FPropLossAndGrads (FProp "
              'is then for inference) on the schedule engine '
              '(schedule_engine.py). With recompute=False their table is '
@@ -159,6 +163,15 @@ class TensorPipeLayer(base_layer.BaseLayer):
              ">= 2). None: the schedule's own, 2 for 'zb_v' (defined on two "
              'stages per device in a V), else 1. Checkpoints are keyed by '
              'layer, so a run restores under any K, v or schedule.')
+    p.Define('plan_profile', None, "schedule='auto': path of a cost "
+             'profile written by tools/benchmark --profile (measured cell, '
+             'tick and transfer costs); None plans from FLOPs.')
+    p.Define('plan_memory_budget', None, "schedule='auto': most bytes of "
+             "activations per device (schedule_plan's memory model); None: "
+             'no limit.')
+    p.Define('plan_regime', None, "schedule='auto': 'shared' (devices share "
+             "one process's thread pools) or 'separate' (own executors); "
+             'None: shared for CPU devices of this process, else separate.')
     p.Define('grad_sum', 'sequential', "How each partition sums its weight "
              "gradients over micro-batches: 'sequential' (one running sum) "
              "or 'pairwise' (a binary tree, T.bit_length() weight-sized "
@@ -182,6 +195,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     return p
 
   def __init__(self, params):
+    if isinstance(params, hyperparams.Params) and 'schedule' in params:
+      params = schedule_auto.ResolveAuto(params)
     super().__init__(params)
     p = self.params
     microbatch.CheckMicroBatchParams(p.num_micro_batches, p.micro_batch_size)

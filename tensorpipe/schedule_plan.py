@@ -72,10 +72,7 @@ def CompareSchedules(report: model_analysis.Report,
     One `ScheduleRow` per entry of `which`, in order.
   """
   kk, tt = report.num_partitions, report.num_micro_batches
-  a_bytes = model_analysis.DtypeBytes(report.activation_dtype)
   flops = [r.flops for r in report.layers]
-  inputs = [model_analysis.NumElements(report.input_shapes) * a_bytes] + [
-      r.activation_bytes for r in report.layers]
   rows = []
   for name, v in which:
     if kk * v > len(flops):
@@ -92,9 +89,7 @@ def CompareSchedules(report: model_analysis.Report,
     f = [c / device_flops for c in plan.partition_costs]
     res = simulator.SimulateSchedule(table, f, [2 * x for x in f],
                                      recompute=recompute)
-    act, stash = _Memory(table, plan.boundaries, inputs,
-                         [r.activation_bytes for r in report.layers], tt,
-                         recompute)
+    act, stash = TableMemory(report, table, plan.boundaries, recompute)
     rows.append(ScheduleRow(name, v, step=res.step_time,
                             bubble=res.bubble_fraction,
                             activation_bytes=tuple(act),
@@ -105,6 +100,19 @@ def CompareSchedules(report: model_analysis.Report,
     rows = [dataclasses.replace(r, ratio_to_1f1b=r.step / base)
             if not r.refused else r for r in rows]
   return rows
+
+
+def TableMemory(report: model_analysis.Report, table: schedules.Schedule,
+                boundaries: Sequence[Tuple[int, int]],
+                recompute: bool) -> Tuple[List[int], List[int]]:
+  """Per device (activation bytes, stash bytes) of `table` with the
+  report's layers cut at `boundaries` (the module docstring's model)."""
+  a_bytes = model_analysis.DtypeBytes(report.activation_dtype)
+  inputs = [model_analysis.NumElements(report.input_shapes) * a_bytes] + [
+      r.activation_bytes for r in report.layers]
+  return _Memory(table, boundaries, inputs,
+                 [r.activation_bytes for r in report.layers],
+                 table.num_micro_batches, recompute)
 
 
 def _Memory(table: schedules.Schedule, boundaries, inputs: List[int],
