@@ -90,7 +90,8 @@ class Plan:
                      f'n/a: {r.refused}')
         continue
       lines.append(f'{i + 1:>4}  {r.name:<17}{r.num_stages_per_device:>2}  '
-                   f'{r.step_s * 1e3:>7.2f} ms  {r.work_s * 1e3:>7.2f} ms  '
+                   f'{schedule_plan.FormatTime(r.step_s):>10}  '
+                   f'{schedule_plan.FormatTime(r.work_s):>10}  '
                    f'{r.ticks:>5}  '
                    f'{model_analysis.FormatBytes(r.memory_bytes):>10}')
     return '\n'.join(lines)
@@ -187,12 +188,15 @@ def _Devices(p: Any, num: int) -> List[str]:
   return devices_lib.DefaultDevices(num)
 
 
-def _Profile(p: Any, report: model_analysis.Report,
-             rows: int) -> cost_model.Profile:
-  """The plan's costs: p.plan_profile's file, or FLOPs of the layers."""
-  if p.plan_profile:
-    return cost_model.Profile.Load(p.plan_profile).Scaled(rows)
+def ProfileFor(report: model_analysis.Report,
+               profile_path: Optional[str] = None) -> cost_model.Profile:
+  """The plan's costs at the report's micro-batch size: the profile file
+  (scaled if measured at another size), or the layers' FLOPs with this
+  machine's CPU count as the cores."""
   tt = report.num_micro_batches
+  rows = report.batch_size // tt
+  if profile_path:
+    return cost_model.Profile.Load(profile_path).Scaled(rows)
   a_bytes = model_analysis.DtypeBytes(report.activation_dtype)
   return cost_model.FlopProfile(
       [r.flops / tt for r in report.layers],
@@ -215,11 +219,10 @@ def PlanFor(p: Any) -> Plan:
   report = model_analysis.AnalyzeLayers(
       list(p.layers), p.input_shapes, num_partitions=p.num_partitions,
       method=p.partition_method, exact_optimizer_state=False)
-  batch = report.batch_size
-  tt = microbatch.NumMicroBatches(batch, p.num_micro_batches,
+  tt = microbatch.NumMicroBatches(report.batch_size, p.num_micro_batches,
                                   p.micro_batch_size)
   report = dataclasses.replace(report, num_micro_batches=tt)
-  profile = _Profile(p, report, batch // tt)
+  profile = ProfileFor(report, p.plan_profile)
   regime = p.plan_regime or Regime(_Devices(p, p.num_partitions))
   return Rank(report, profile, p.recompute, regime, Candidates(p),
               p.plan_memory_budget)

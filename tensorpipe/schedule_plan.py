@@ -136,7 +136,7 @@ def _Memory(table: schedules.Schedule, boundaries, inputs: List[int],
   return [a + h for a, h in zip(act, held)], held
 
 
-def _Time(seconds: float) -> str:
+def FormatTime(seconds: float) -> str:
   for scale, unit in ((1.0, 's'), (1e-3, 'ms'), (1e-6, 'us')):
     if seconds >= scale:
       return f'{seconds / scale:.3g} {unit}'
@@ -160,7 +160,7 @@ def CompareText(rows: Sequence[ScheduleRow], num_partitions: int,
     top = max(range(len(r.activation_bytes)),
               key=lambda d: r.activation_bytes[d])
     table.append([r.name, str(r.num_stages_per_device),
-                  _Time(r.step),
+                  FormatTime(r.step),
                   f'{r.ratio_to_1f1b:.3f}' if r.ratio_to_1f1b else '-',
                   f'{100 * r.bubble:.1f}%',
                   model_analysis.FormatBytes(r.activation_bytes[top]),

@@ -1,5 +1,9 @@
 """tensorpipe.schedule_auto: the planner behind schedule='auto'."""
 
+import os
+import tempfile
+
+from absl import flags
 import tensorflow as tf
 
 from tensorpipe import cost_model
@@ -9,6 +13,7 @@ from tensorpipe import model_analysis
 from tensorpipe import pipeline
 from tensorpipe import schedule_auto
 from tensorpipe.layers import linear
+from tools import model_analysis as model_analysis_tool
 
 
 def _FcLayers(n=4, dim=8):
@@ -147,6 +152,45 @@ class ResolveTest(tf.test.TestCase):
                      ['pipe'])
     self.assertIn("model.schedule : '1f1b'", root.ToText())
     self.assertIn('model.num_stages_per_device : 1', root.ToText())
+
+
+class PlanToolTest(tf.test.TestCase):
+
+  def _Run(self, *argv):
+    fv = flags.FlagValues()
+    model_analysis_tool.DefineFlags(fv)
+    fv(['model_analysis', '--model=consistency', '--num_partitions=2',
+        '--num_micro_batches=4', '--batch_size=8', '--L=4', '--plan']
+       + list(argv))
+    return model_analysis_tool.Run(fv)
+
+  def _Order(self, text):
+    rows = text[text.index('rank  schedule'):].splitlines()[1:]
+    return [line.split()[1] for line in rows if line.split()[0].isdigit()]
+
+  def testFlopPlanOnSeparateExecutorsPutsZeroBubbleFirst(self):
+    text = self._Run('--plan_regime=separate')
+    self.assertIn('Schedule plan (flops costs, separate regime)', text)
+    self.assertIn('FLOP-based costs', text)
+    self.assertEqual(self._Order(text), ['zb_v', 'zb_h1', 'interleaved_1f1b',
+                                         '1f1b', 'gpipe'])
+
+  def testProfilePlanInASharedPoolRanksByTicks(self):
+    # testSharedPoolRanksByTicksWhenTheWorkIsEqual's profile, 4 layers.
+    with tempfile.TemporaryDirectory() as d:
+      path = os.path.join(d, 'profile.json')
+      _Profile(tick=0.5).Save(path)
+      text = self._Run(f'--plan_profile={path}', '--norecompute')
+    self.assertIn('Schedule plan (measured costs, shared regime, 2 cores)',
+                  text)
+    self.assertEqual(self._Order(text), ['1f1b', 'gpipe', 'zb_h1',
+                                         'interleaved_1f1b', 'zb_v'])
+    self.assertRegex(text, r'1  1f1b +1 +29 s +48 s +10 ')
+
+  def testMemoryBudgetRefusesInTheTable(self):
+    text = self._Run('--plan_memory_budget_mib=0.0001')
+    self.assertEqual(self._Order(text), [])
+    self.assertIn('n/a: activation peak', text)
 
 
 if __name__ == '__main__':
