@@ -14,7 +14,10 @@ a tf.function on the layer's device:
         cell inside the engine's loop does not pay)
 
 Each is the median of `reps` calls, the functions called in turn (this
-machine drifts). A layer is its own stage here, so any cut of the layers
+machine drifts), in CPU time: a cell's work in thread-seconds (ops of one
+cell that run in parallel count each, time spent waiting for a core while
+other processes run does not), which is what the shared regime divides
+over the cores. A layer is its own stage here, so any cut of the layers
 into stages (`cost_model.StageCosts`) is priced from one profile. It also
 measures the wall time of one clock tick of the engine's loop (a 1F1B
 pipeline of one 8 -> 8 FC layer per device, micro-batches of 2, at T = 2K
@@ -42,18 +45,22 @@ from tensorpipe import schedule_builders
 
 
 def _Timed(fns: Dict[str, Callable[[], Any]], reps: int,
-           pick: Callable[[List[float]], float] = statistics.median
+           pick: Callable[[List[float]], float] = statistics.median,
+           clock: Callable[[], float] = time.process_time
            ) -> Dict[str, float]:
-  """`pick` of each function's call times (outputs fetched), in turn."""
+  """`pick` of each function's call times (outputs fetched), in turn, on
+  `clock`: by default the process's CPU time, the thread-seconds the call
+  kept cores busy (ops that run in parallel count each; time waiting for a
+  core on a shared machine does not)."""
   for fn in fns.values():
     tf.nest.map_structure(lambda t: t.numpy(), fn())
   times = {name: [] for name in fns}
   names = list(fns)
   for i in range(reps):
     for name in names[i % len(names):] + names[:i % len(names)]:
-      start = time.perf_counter()
+      start = clock()
       tf.nest.map_structure(lambda t: t.numpy(), fns[name]())
-      times[name].append(time.perf_counter() - start)
+      times[name].append(clock() - start)
   return {name: pick(v) for name, v in times.items()}
 
 
