@@ -6,14 +6,21 @@ import tempfile
 from absl import flags
 import tensorflow as tf
 
+from tensorpipe import base_experiment
 from tensorpipe import cost_model
-from tensorpipe import devices
 from tensorpipe import hyperparams
+from tensorpipe import logdir as logdir_lib
 from tensorpipe import model_analysis
 from tensorpipe import pipeline
 from tensorpipe import schedule_auto
+from tensorpipe import synthetic_input
+from tensorpipe import tasks
+from tensorpipe import test_utils
+from tensorpipe import trainer_lib
 from tensorpipe.layers import linear
 from tools import model_analysis as model_analysis_tool
+
+test_utils.ConfigureTestDevices()
 
 
 def _FcLayers(n=4, dim=8):
@@ -103,11 +110,6 @@ class RankTest(tf.test.TestCase):
 
 class ResolveTest(tf.test.TestCase):
 
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    devices.SetNumLogicalCpuDevices(2)
-
   def testCandidatesFollowTheLayerSettings(self):
     self.assertEqual(schedule_auto.Candidates(_Pipe(grad_sum='pairwise')),
                      [('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2)])
@@ -152,6 +154,51 @@ class ResolveTest(tf.test.TestCase):
                      ['pipe'])
     self.assertIn("model.schedule : '1f1b'", root.ToText())
     self.assertIn('model.num_stages_per_device : 1', root.ToText())
+
+
+class _AutoExperiment(base_experiment.BaseExperiment):
+  """Flatten and 3 FC layers on 8x8 synthetic images, schedule='auto'."""
+
+  def Train(self):
+    return synthetic_input.SyntheticImageInput.Params().Set(
+        name='train', batch_size=8, num_examples=16)
+
+  def Test(self):
+    return self.Train().Set(name='test', split='test')
+
+  def Task(self):
+    layers = [linear.FlattenLayer.Params().Set(name='flat'),
+              linear.FCLayer.Params().Set(name='fc0', input_dim=64,
+                                          output_dim=8)] + _FcLayers(3)[1:]
+    layers[-1].output_dim = 4
+    model = _Pipe(name='TensorPipe', input_shapes=[[8, 8, 8, 1]],
+                  layers=layers)
+    return tasks.ClassificationTask.Params().Set(name='task', model=model,
+                                                 num_classes=4)
+
+
+class TrainerTest(tf.test.TestCase):
+
+  def testParamsTxtHoldsTheConcreteScheduleAndAResumeReadsIt(self):
+    logdir = self.get_temp_dir()
+    log = []
+    trainer = trainer_lib.Trainer(_AutoExperiment().ModelParams(), logdir,
+                                  log_fn=log.append)
+    self.assertEqual(trainer.params.task.model.schedule, '1f1b')
+    self.assertEqual(trainer.task.children.model.params.schedule, '1f1b')
+    self.assertTrue(any("schedule='auto' -> '1f1b'" in line for line in log))
+    # What Train writes; a resume resolves the same and changes nothing.
+    text = trainer.params.ToText()
+    self.assertIsNone(logdir_lib.WriteParams(logdir, text, 0, log.append))
+    again = trainer_lib.Trainer(_AutoExperiment().ModelParams(), logdir,
+                                log_fn=log.append)
+    self.assertIsNone(logdir_lib.WriteParams(
+        logdir, again.params.ToText(), 3, log.append))
+    restored = _AutoExperiment().ModelParams()
+    with open(os.path.join(logdir, logdir_lib.PARAMS_FILE)) as f:
+      restored.FromText(f.read())
+    self.assertEqual((restored.task.model.schedule,
+                      restored.task.model.num_stages_per_device), ('1f1b', 1))
 
 
 class PlanToolTest(tf.test.TestCase):
