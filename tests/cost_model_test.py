@@ -54,19 +54,20 @@ class PredictTest(unittest.TestCase):
     self.assertAlmostEqual(pred.work_s, 4 * 1.0 + 4 * 2.0)
     self.assertAlmostEqual(pred.step_s, 6.0)
 
-  def testSplitTablesUseMeasuredInputAndWeightGradients(self):
-    # ZB-H1 with t_I = 1.5, t_W = 1 (the split costs 0.5 more than B = 2):
-    # per (micro-batch, stage) F 1 + I (1 + 1.5) + W 1 = 4.5; 4 of them.
+  def testSplitTablesShareTheMeasuredBackwardInTheMeasuredProportion(self):
+    # ZB-H1 with t_B = 2, t_I = 3, t_W = 1: W gets 2 x 1 / 4 = 0.5 and I
+    # the rest, 1 + 1.5 with the recompute; per (micro-batch, stage)
+    # F 1 + I 2.5 + W 0.5 = 4, the same work as 1F1B's F 1 + B (1 + 2).
     table = schedule_builders.Build('zb_h1', 2, 2)
-    pred = cost_model.Predict(table, _Profile(i=1.5), [(0, 1), (1, 2)],
-                              recompute=True, regime='shared')
-    self.assertAlmostEqual(pred.work_s, 18.0)
-    self.assertAlmostEqual(pred.step_s, 9.0)
-    # 1F1B ignores t_I and t_W: 4 x (1 + 1 + 2) = 16.
-    table = schedule_builders.Build('1f1b', 2, 2)
-    pred = cost_model.Predict(table, _Profile(i=1.5), [(0, 1), (1, 2)],
+    f, b, w = cost_model.StageCosts(table, _Profile(i=3.0), [(0, 1), (1, 2)])
+    self.assertEqual((f, b, w), ([1.0, 1.0], [2.0, 2.0], [0.5, 0.5]))
+    pred = cost_model.Predict(table, _Profile(i=3.0), [(0, 1), (1, 2)],
                               recompute=True, regime='shared')
     self.assertAlmostEqual(pred.work_s, 16.0)
+    # Without the split W is 0 and B the measured 2.
+    table = schedule_builders.Build('1f1b', 2, 2)
+    self.assertEqual(cost_model.StageCosts(table, _Profile(i=3.0),
+                                           [(0, 1), (1, 2)])[2], [0.0, 0.0])
 
   def testCriticalPathBoundsASharedStepOnManyCores(self):
     # 1 layer per stage on 64 cores: work 16 / 64 = 0.25, but the chain of
@@ -92,14 +93,14 @@ class PredictTest(unittest.TestCase):
         [(0, 1), (1, 2), (2, 3), (3, 4)])
     self.assertEqual(f, [2.0, 1.0, 2.0, 1.0])
     self.assertEqual(b, [2.0, 3.0, 2.0, 3.0])
-    self.assertEqual(w, [1.0, 1.0, 1.0, 1.0])
+    self.assertEqual(w, [1.0, 1.0, 1.0, 1.0])   # 2 x 1 / (1 + 1)
 
   def testStagesSumTheirLayers(self):
     table = schedule_builders.Build('1f1b', 2, 2)
     prof = cost_model.Profile(
         tuple(LayerCost(x, 2 * x, x, x) for x in (1.0, 2.0, 3.0)), 4)
     f, b, w = cost_model.StageCosts(table, prof, [(0, 2), (2, 3)])
-    self.assertEqual((f, b, w), ([3.0, 3.0], [6.0, 6.0], [3.0, 3.0]))
+    self.assertEqual((f, b, w), ([3.0, 3.0], [6.0, 6.0], [0.0, 0.0]))
 
   def testBadInputsNameTheValue(self):
     table = schedule_builders.Build('1f1b', 2, 2)
