@@ -22,8 +22,10 @@ into stages (`cost_model.StageCosts`) is priced from one profile. It also
 measures the wall time of one clock tick of the engine's loop (a 1F1B
 pipeline of one 8 -> 8 FC layer per device, micro-batches of 2, at T = 2K
 and 4K: the difference over the difference in ticks, 10th percentiles as
-in tools/benchmark --tick_cost) and the time per byte of a boundary tensor
-copied from the first device to the second in the same process.
+in tools/benchmark --tick_cost), the time per byte of a boundary tensor
+copied from the first device to the second in the same process, and the
+cores the process gets now (`EffectiveCores`: on a machine shared with
+other processes fewer than its threads).
 
 Usage:
   prof = cell_profile.ProfileLayer(layer, (x,), reps=10)
@@ -228,6 +230,30 @@ def _Ones(specs: Sequence[tf.TensorSpec]) -> List[tf.Tensor]:
   return [tf.ones(s.shape, s.dtype) for s in specs]
 
 
+def EffectiveCores(devices: Sequence[str], cores: int,
+                   reps: int = 10) -> float:
+  """The cores this process gets now: `cores` independent chains of
+  256x256 matmuls, one per thread (on the devices in turn), run at once;
+  their CPU time over their wall time, at most `cores`. On a machine
+  other processes share this is below the thread count, even below 1."""
+  x = tf.random.stateless_uniform([256, 256], seed=[5, 6]) / 256.0
+  devs = [devices[i % len(devices)] for i in range(cores)]
+
+  def Chains():
+    outs = []
+    for d in devs:
+      with tf.device(d):
+        y = x
+        for _ in range(20):
+          y = tf.matmul(y, x)
+        outs.append(tf.reduce_sum(y))
+    return tf.add_n(outs)
+  fn = tf.function(Chains)
+  wall = _Timed({'c': fn}, reps, clock=time.perf_counter)['c']
+  cpu = _Timed({'c': fn}, reps)['c']
+  return max(0.05, min(float(cores), cpu / wall))
+
+
 def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
                  tick: bool = True) -> cost_model.Profile:
   """The cost profile of TensorPipeLayer `layer` on `inputs` (a tuple of
@@ -260,4 +286,5 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
       tuple(costs), mb_size,
       tick_s=TickCost(layer.devices) if tick else 0.0,
       transfer_s_per_byte=TransferRate(layer.devices, biggest),
-      input_bytes=float(in_bytes), num_cores=NumCores())
+      input_bytes=float(in_bytes),
+      num_cores=EffectiveCores(layer.devices, NumCores()))

@@ -92,7 +92,9 @@ class Profile:
     transfer_s_per_byte: time per byte of a boundary tensor sent to another
       device.
     input_bytes: bytes of the first layer's input for one micro-batch.
-    num_cores: cores the devices' ops run on (the shared regime's C).
+    num_cores: cores the devices' ops run on (the shared regime's C; a
+      measured profile holds the cores the process got, which may be a
+      fraction).
     source: 'measured' (cell_profile) or 'flops' (FlopProfile).
   """
   layers: Tuple[LayerCost, ...]
@@ -100,7 +102,7 @@ class Profile:
   tick_s: float = 0.0
   transfer_s_per_byte: float = 0.0
   input_bytes: float = 0.0
-  num_cores: int = 1
+  num_cores: float = 1
   source: str = 'measured'
 
   def Scaled(self, micro_batch_rows: int) -> 'Profile':
@@ -245,7 +247,7 @@ def Predict(table: schedules.Schedule, profile: Profile,
     res = simulator.SimulateSchedule(table, f, b, recompute, w,
                                      tick_overhead=profile.tick_s)
     return Prediction(res.step_time, work, res.step_time, ticks, regime)
-  cores = max(1, profile.num_cores)
+  cores = max(0.05, profile.num_cores)
   spread = lambda xs: [x / cores for x in xs]
   crit = simulator.SimulateSchedule(table, spread(f), spread(b), recompute,
                                     spread(w)).step_time

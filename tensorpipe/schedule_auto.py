@@ -71,7 +71,7 @@ class Plan:
   rows: Tuple[PlanRow, ...]
   regime: str
   source: str                  # the profile's source: 'measured', 'flops'
-  num_cores: int
+  num_cores: float
 
   @property
   def best(self) -> Optional[PlanRow]:
@@ -80,7 +80,7 @@ class Plan:
   def Text(self) -> str:
     """The ranking as a table (tools/model_analysis --plan)."""
     lines = [f'Schedule plan ({self.source} costs, {self.regime} regime'
-             + (f', {self.num_cores} cores' if self.regime == 'shared'
+             + (f', {self.num_cores:.3g} cores' if self.regime == 'shared'
                 else '') + '):',
              f'{"rank":>4}  {"schedule":<17}{"v":>2}  {"step":>10}  '
              f'{"work":>10}  {"ticks":>5}  {"act. peak":>10}']

@@ -49,7 +49,7 @@ def _Average(a: Any, b: Any) -> Any:
             for x, y in zip(a.layers, b.layers)),
       a.micro_batch_rows, mean(a.tick_s, b.tick_s),
       mean(a.transfer_s_per_byte, b.transfer_s_per_byte), a.input_bytes,
-      a.num_cores)
+      mean(a.num_cores, b.num_cores))
 
 
 def _Measure(model: str, tt: int, steps: int, reps: int) -> Dict[str, Any]:
