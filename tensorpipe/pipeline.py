@@ -163,15 +163,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
              ">= 2). None: the schedule's own, 2 for 'zb_v' (defined on two "
              'stages per device in a V), else 1. Checkpoints are keyed by '
              'layer, so a run restores under any K, v or schedule.')
-    p.Define('plan_profile', None, "schedule='auto': path of a cost "
-             'profile written by tools/benchmark --profile (measured cell, '
-             'tick and transfer costs); None plans from FLOPs.')
-    p.Define('plan_memory_budget', None, "schedule='auto': most bytes of "
-             "activations per device (schedule_plan's memory model); None: "
-             'no limit.')
-    p.Define('plan_regime', None, "schedule='auto': 'shared' (devices share "
-             "one process's thread pools) or 'separate' (own executors); "
-             'None: shared for CPU devices of this process, else separate.')
+    schedule_auto.DefinePlanParams(p)
     p.Define('grad_sum', 'sequential', "How each partition sums its weight "
              "gradients over micro-batches: 'sequential' (one running sum) "
              "or 'pairwise' (a binary tree, T.bit_length() weight-sized "

@@ -155,6 +155,19 @@ def Rank(report: model_analysis.Report, profile: cost_model.Profile,
               profile.source, profile.num_cores)
 
 
+def DefinePlanParams(p: Any) -> None:
+  """TensorPipeLayer's Params of schedule='auto'."""
+  p.Define('plan_profile', None, "schedule='auto': path of a cost profile "
+           'written by tools/benchmark --profile (measured cell, tick and '
+           'transfer costs); None plans from FLOPs.')
+  p.Define('plan_memory_budget', None, "schedule='auto': most bytes of "
+           "activations per device (schedule_plan's memory model); None: no "
+           'limit.')
+  p.Define('plan_regime', None, "schedule='auto': 'shared' (devices share "
+           "one process's thread pools) or 'separate' (own executors); None: "
+           'shared for CPU devices of this process, else separate.')
+
+
 def Candidates(p: Any) -> List[Tuple[str, int]]:
   """The (schedule, v) pairs of `schedule_plan.ALL` a TensorPipeLayer with
   Params `p` (schedule='auto') can run with its other settings."""
@@ -211,6 +224,15 @@ def PlanFor(p: Any) -> Plan:
   Raises:
     ValueError: Params the planner cannot plan for, naming the fix.
   """
+  if p.plan_regime not in (None,) + cost_model.REGIMES:
+    raise ValueError(f'TensorPipeLayer {p.name!r}: plan_regime='
+                     f'{p.plan_regime!r} is not one of {cost_model.REGIMES}; '
+                     'leave it None to take it from the devices')
+  budget = p.plan_memory_budget
+  if budget is not None and (isinstance(budget, bool) or not isinstance(
+      budget, (int, float)) or budget <= 0):
+    raise ValueError(f'TensorPipeLayer {p.name!r}: plan_memory_budget='
+                     f'{budget!r} must be bytes > 0 per device, or None')
   if p.partitions is not None or not p.layers or p.input_shapes is None:
     raise ValueError(f"TensorPipeLayer {p.name!r}: schedule='auto' plans "
                      'the cut itself and needs `layers`, `num_partitions` '

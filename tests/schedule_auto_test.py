@@ -141,6 +141,14 @@ class ResolveTest(tf.test.TestCase):
                                 'itself and needs `layers`'):
       schedule_auto.ResolveAuto(p)
 
+  def testBadPlanSettingsNameTheValue(self):
+    with self.assertRaisesRegex(ValueError, "plan_regime='gpu' is not one "
+                                'of'):
+      schedule_auto.ResolveAuto(_Pipe(plan_regime='gpu'))
+    with self.assertRaisesRegex(ValueError, 'plan_memory_budget=-1 must be '
+                                'bytes > 0'):
+      schedule_auto.ResolveAuto(_Pipe(plan_memory_budget=-1))
+
   def testLayerBuiltWithAutoHoldsTheConcreteSchedule(self):
     layer = _Pipe(plan_regime='separate').Instantiate()
     self.assertEqual(layer.params.schedule, 'zb_v')
