@@ -87,6 +87,7 @@ from tensorpipe import partitioning
 from tensorpipe import pipeline_stage
 from tensorpipe import pipeline_train
 from tensorpipe import py_utils
+from tensorpipe import schedule_auto
 from tensorpipe import schedule_builders
 from tensorpipe import schedules
 from tensorpipe import tied_weights
@@ -155,7 +156,10 @@ class TensorPipeLayer(base_layer.BaseLayer):
              'each partition keeps at most min(K - k, T) micro-batches in '
              "flight) or 'interleaved_1f1b' (1F1B over num_stages_per_device "
              'stages per device, round-robin: the bubble divided by v); any '
-             'name registered with schedule_builders.Register runs too. All '
+             "name registered with schedule_builders.Register runs too. 'auto' "
+             'picks one at construction by predicted step time '
+             '(schedule_auto.py: plan_profile, plan_memory_budget, '
+             'plan_regime; the trainer writes the pick to params.txt). All '
              "but 'gpipe' train through FPropLoss / FPropLossAndGrads (FProp "
              'is then for inference) on the schedule engine '
              '(schedule_engine.py). With recompute=False their table is '
@@ -166,6 +170,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
              ">= 2). None: the schedule's own, 2 for 'zb_v' (defined on two "
              'stages per device in a V), else 1. Checkpoints are keyed by '
              'layer, so a run restores under any K, v or schedule.')
+    schedule_auto.DefinePlanParams(p)
     p.Define('grad_sum', 'sequential', "How each partition sums its weight "
              "gradients over micro-batches: 'sequential' (one running sum) "
              "or 'pairwise' (a binary tree, T.bit_length() weight-sized "
@@ -189,6 +194,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
     return p
 
   def __init__(self, params):
+    if isinstance(params, hyperparams.Params) and 'schedule' in params:
+      params = schedule_auto.ResolveAuto(params)
     super().__init__(params)
     p = self.params
     microbatch.CheckMicroBatchParams(p.num_micro_batches, p.micro_batch_size)

@@ -72,10 +72,7 @@ def CompareSchedules(report: model_analysis.Report,
     One `ScheduleRow` per entry of `which`, in order.
   """
   kk, tt = report.num_partitions, report.num_micro_batches
-  a_bytes = model_analysis.DtypeBytes(report.activation_dtype)
   flops = [r.flops for r in report.layers]
-  inputs = [model_analysis.NumElements(report.input_shapes) * a_bytes] + [
-      r.activation_bytes for r in report.layers]
   rows = []
   for name, v in which:
     if kk * v > len(flops):
@@ -92,9 +89,7 @@ def CompareSchedules(report: model_analysis.Report,
     f = [c / device_flops for c in plan.partition_costs]
     res = simulator.SimulateSchedule(table, f, [2 * x for x in f],
                                      recompute=recompute)
-    act, stash = _Memory(table, plan.boundaries, inputs,
-                         [r.activation_bytes for r in report.layers], tt,
-                         recompute)
+    act, stash = TableMemory(report, table, plan.boundaries, recompute)
     rows.append(ScheduleRow(name, v, step=res.step_time,
                             bubble=res.bubble_fraction,
                             activation_bytes=tuple(act),
@@ -105,6 +100,19 @@ def CompareSchedules(report: model_analysis.Report,
     rows = [dataclasses.replace(r, ratio_to_1f1b=r.step / base)
             if not r.refused else r for r in rows]
   return rows
+
+
+def TableMemory(report: model_analysis.Report, table: schedules.Schedule,
+                boundaries: Sequence[Tuple[int, int]],
+                recompute: bool) -> Tuple[List[int], List[int]]:
+  """Per device (activation bytes, stash bytes) of `table` with the
+  report's layers cut at `boundaries` (the module docstring's model)."""
+  a_bytes = model_analysis.DtypeBytes(report.activation_dtype)
+  inputs = [model_analysis.NumElements(report.input_shapes) * a_bytes] + [
+      r.activation_bytes for r in report.layers]
+  return _Memory(table, boundaries, inputs,
+                 [r.activation_bytes for r in report.layers],
+                 table.num_micro_batches, recompute)
 
 
 def _Memory(table: schedules.Schedule, boundaries, inputs: List[int],
@@ -128,7 +136,7 @@ def _Memory(table: schedules.Schedule, boundaries, inputs: List[int],
   return [a + h for a, h in zip(act, held)], held
 
 
-def _Time(seconds: float) -> str:
+def FormatTime(seconds: float) -> str:
   for scale, unit in ((1.0, 's'), (1e-3, 'ms'), (1e-6, 'us')):
     if seconds >= scale:
       return f'{seconds / scale:.3g} {unit}'
@@ -152,7 +160,7 @@ def CompareText(rows: Sequence[ScheduleRow], num_partitions: int,
     top = max(range(len(r.activation_bytes)),
               key=lambda d: r.activation_bytes[d])
     table.append([r.name, str(r.num_stages_per_device),
-                  _Time(r.step),
+                  FormatTime(r.step),
                   f'{r.ratio_to_1f1b:.3f}' if r.ratio_to_1f1b else '-',
                   f'{100 * r.bubble:.1f}%',
                   model_analysis.FormatBytes(r.activation_bytes[top]),

@@ -53,6 +53,7 @@ from tensorpipe import precise_bn
 from tensorpipe import preemption
 from tensorpipe import py_utils
 from tensorpipe import run_checkpoints
+from tensorpipe import schedule_auto
 from tensorpipe import summaries
 from tensorpipe import train_params
 from tensorpipe.layers import normalization
@@ -96,6 +97,9 @@ class Trainer:
     self._params = params.Copy()
     self._logdir = logdir
     self._log = log_fn or logging.info
+    # schedule='auto' becomes the planner's schedule here, so params.txt,
+    # a resume and an export read the concrete one.
+    schedule_auto.ResolveAutoIn(self._params, self._log)
     # Every step runs in a strategy: R = 1 without a cluster, so one code
     # path (tensorpipe/distribute.py).
     self.topology = topology or distribute.SingleReplicaTopology()

@@ -28,6 +28,8 @@ the first model (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
   bazel run //tools:benchmark -- --models=tiny --settings=plain,K2-T2-rc
   python -m tools.benchmark --report_from=benchmarks/results/grid/results.json
   python -m tools.benchmark --tick_cost --tick_cost_repos=/tmp/old_worktree
+  python -m tools.benchmark --profile --models=dense16 --profile_setting=K2-T8-rc
+  python -m tools.benchmark --plan_check --models=dense16,conv16
   python -m tools.benchmark --models=conv16 \
       --settings=K2-T32-1f1b-rc,K2-T32-1f1b-norc \
       --memory_settings=K2-T32-rc,K2-T32-1f1b-rc --timeline=
@@ -44,6 +46,7 @@ from absl import flags
 
 from tools import paths
 from tools.benchmark_lib import analysis
+from tools.benchmark_lib import plan_check
 from tools.benchmark_lib import plots
 from tools.benchmark_lib import report as report_lib
 from tools.benchmark_lib import results as results_lib
@@ -95,6 +98,22 @@ flags.DEFINE_list('tick_cost_repos', [], 'With --tick_cost: other checkouts '
 flags.DEFINE_integer('tick_cost_reps', 200, 'With --tick_cost: timed '
                      'rounds per child process (the 10th percentile is '
                      'kept).', lower_bound=10)
+flags.DEFINE_boolean('profile', False, 'Run nothing else: the cost profile '
+                     'of the first of --models at --profile_setting (per '
+                     'layer t_F, t_B, t_I, t_W of the engine\'s cells, tick '
+                     'and transfer cost; tensorpipe/cell_profile.py), written '
+                     'to profile.json under --out: the plan_profile of '
+                     "schedule='auto'.")
+flags.DEFINE_string('profile_setting', 'K2-T8-rc', 'With --profile: the '
+                    'setting (K, T, threads) profiled.')
+flags.DEFINE_boolean('plan_check', False, 'Run nothing else: every schedule '
+                     'of --models at K=2 with recompute, T in --plan_check_ts, '
+                     'measured and predicted by the calibrated cost model in '
+                     'one process per (model, T); the planner\'s pick '
+                     'against the fastest (benchmark_lib/plan_check.py); '
+                     'writes plan_check.json and plan_check.md under --out.')
+flags.DEFINE_list('plan_check_ts', ['4', '8'], 'With --plan_check: the T '
+                  'values.')
 flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
                      '(needed by the simulator predictions).')
 
@@ -123,6 +142,9 @@ def _Run(argv):
     return
   if FLAGS.tick_cost:
     _TickCost()
+    return
+  if FLAGS.profile or FLAGS.plan_check:
+    _Plan()
     return
   settings = FLAGS.settings or settings_lib.GridSettings()
   for s in settings + FLAGS.memory_settings + FLAGS.timeline:
@@ -213,6 +235,40 @@ def _TickCost() -> None:
   print(tick_cost.Table(results))
   print(f'wrote {os.path.join(out, "tick_cost.json")} in '
         f'{time.time() - started:.0f} s')
+
+
+def _Plan() -> None:
+  """--profile (one model's profile.json) or --plan_check (the table)."""
+  out = _OutDir()
+  if FLAGS.profile:
+    try:
+      settings_lib.ParseSetting(FLAGS.profile_setting)
+    except ValueError as e:
+      raise app.UsageError(f'--profile_setting: {e}') from None
+    res = plan_check.ProfileChild(FLAGS.models[0], FLAGS.profile_setting)
+    path = os.path.join(out, 'profile.json')
+    with open(path, 'w') as f:
+      json.dump(res['profile'], f, indent=1)
+    for k, st in enumerate(res['stages']):
+      print(f'stage {k}: ' + ', '.join(f'{n} {v * 1e3:.2f} ms'
+                                       for n, v in st.items()))
+    print(f'tick {res["profile"]["tick_s"] * 1e3:.3f} ms, transfer '
+          f'{res["profile"]["transfer_s_per_byte"] * 1e9:.3f} ns/B; '
+          f'profiled in {res["seconds"]:.1f} s; wrote {path}')
+    return
+  try:
+    ts = [int(t) for t in FLAGS.plan_check_ts]
+  except ValueError:
+    raise app.UsageError(f'--plan_check_ts={",".join(FLAGS.plan_check_ts)} '
+                         'must be integers, e.g. 4,8') from None
+  results = plan_check.Run(FLAGS.models, ts, FLAGS.steps, 10,
+                           log=lambda line: print(line, flush=True))
+  text = plan_check.Table(results)
+  with open(os.path.join(out, 'plan_check.json'), 'w') as f:
+    json.dump(results, f, indent=1)
+  with open(os.path.join(out, 'plan_check.md'), 'w') as f:
+    f.write(text + '\n')
+  print(text)
 
 
 def _ReportFrom(path: str) -> None:

@@ -39,6 +39,7 @@ from models import resnet
 from models import transformer
 from tensorpipe import model_analysis
 from tensorpipe import scale_out
+from tensorpipe import schedule_auto
 from tensorpipe import schedule_plan
 
 MODELS = ('transformer', 'transformer_lm', 'paper_transformers',
@@ -128,6 +129,21 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     '(schedule_plan.ALL; interleaved_1f1b and zb_v with 2 '
                     'stages per device); uses --recompute and '
                     '--device_tflops.', flag_values=fv)
+  flags.DEFINE_bool('plan', False, "Rank the schedules as schedule='auto' "
+                    'does (tensorpipe/schedule_auto.py): predicted step, '
+                    'work, ticks and activation peak; uses --recompute, '
+                    '--plan_profile, --plan_regime, --plan_memory_budget_mib.',
+                    flag_values=fv)
+  flags.DEFINE_string('plan_profile', None, 'With --plan: a profile.json of '
+                      'tools/benchmark --profile (measured costs); unset: '
+                      'FLOP-based costs.', flag_values=fv)
+  flags.DEFINE_enum('plan_regime', 'shared', ['shared', 'separate'], 'With '
+                    "--plan: 'shared' (logical devices of one process share "
+                    "its thread pools) or 'separate' (own executors).",
+                    flag_values=fv)
+  flags.DEFINE_float('plan_memory_budget_mib', None, 'With --plan: most MiB '
+                     'of activations per device; unset: no limit.',
+                     flag_values=fv)
 
 
 def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
@@ -250,6 +266,8 @@ def Run(fv: flags.FlagValues) -> str:
         device_flops=fv.device_tflops * 1e12)
     text += '\n\n' + schedule_plan.CompareText(
         rows, fv.num_partitions, fv.num_micro_batches, fv.recompute)
+  if fv.plan:
+    text += '\n\n' + _PlanText(report, fv)
   if fv.num_replicas:
     replicas = _PositiveInts('num_replicas', fv.num_replicas)
     assumptions = scale_out.ScaleOutAssumptions(
@@ -260,6 +278,19 @@ def Run(fv: flags.FlagValues) -> str:
     plan = scale_out.PlanScaleOut(report, replicas, assumptions)
     text += '\n\n' + plan.ToText()
   return text
+
+
+def _PlanText(report: model_analysis.Report, fv: flags.FlagValues) -> str:
+  """--plan: schedule_auto's ranking of the analysed model."""
+  budget = fv.plan_memory_budget_mib
+  plan = schedule_auto.Rank(
+      report, schedule_auto.ProfileFor(report, fv.plan_profile),
+      fv.recompute, fv.plan_regime,
+      memory_budget=budget * 2**20 if budget is not None else None)
+  note = ('' if fv.plan_profile else '\nFLOP-based costs (t_B = 2 t_F, '
+          't_I = t_W, no tick cost): in the shared regime every schedule '
+          'does the same work; give --plan_profile for measured costs.')
+  return plan.Text() + note
 
 
 def _Schedules(names: List[str]) -> List[Tuple[str, int]]:

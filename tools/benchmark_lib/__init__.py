@@ -13,6 +13,9 @@
   plots     the PNG plots (speed-up, memory, Gantt chart of a step).
   tick_cost --tick_cost: the fixed cost of a pipeline clock tick per
             partition (its child runs as a script on any checkout).
+  plan_check --profile and --plan_check: a model's cost profile, and every
+            schedule measured against the calibrated cost model's
+            prediction and the planner's pick.
 
 Importing the package imports none of them (in particular no TensorFlow).
 """

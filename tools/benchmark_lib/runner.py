@@ -265,7 +265,7 @@ def _MeanLoss(layer: Any, x: tf.Tensor) -> tf.Tensor:
                          tf.cast(tf.shape(x)[0], tf.float32)).loss
 
 
-def _StepFn(layer: Any, x: tf.Tensor, learning_rate: float):
+def StepFn(layer: Any, x: tf.Tensor, learning_rate: float):
   """The training step (forward, backward, SGD update) as a concrete
   function of x returning (loss, the timeline's raw tensors or {})."""
   variables = layer.trainable_variables
@@ -340,9 +340,9 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   recorder = None
   if timeline_dir:
     with timeline.Record() as recorder:
-      step_fn = _StepFn(layer, x, learning_rate)
+      step_fn = StepFn(layer, x, learning_rate)
   else:
-    step_fn = _StepFn(layer, x, learning_rate)
+    step_fn = StepFn(layer, x, learning_rate)
   trace_s = time.perf_counter() - t0
 
   def Run(fn):
@@ -367,7 +367,7 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
 
   fns = {setting.name: step_fn}
   for p in pairs:
-    fns[p.name] = _StepFn(BuildLayer(p, layer_ps, input_shape), x,
+    fns[p.name] = StepFn(BuildLayer(p, layer_ps, input_shape), x,
                           learning_rate)
     for _ in range(max(1, warmup)):
       Run(fns[p.name])
@@ -392,7 +392,7 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
     rec_layer = layer if own else BuildLayer(
         dataclasses.replace(setting, recompute=True), layer_ps, input_shape)
     with timeline.Record() as recorded:
-      fns['timeline'] = _StepFn(rec_layer, x, learning_rate)
+      fns['timeline'] = StepFn(rec_layer, x, learning_rate)
     for _ in range(max(1, warmup)):
       Run(fns['timeline'])
   times = {name: [] for name in fns}

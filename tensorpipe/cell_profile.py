@@ -1,0 +1,290 @@
+"""Measures a pipeline's cost profile: the engine's own cells, per layer.
+
+`ProfileLayer(layer, inputs)` times, for every layer of a built
+TensorPipeLayer on one micro-batch, the cells the schedule engine runs,
+built from the same cell algebra (pipeline_stage: `Stage.FlatCall`,
+`TapedCall` + `Vjp`, `TraceWeightOps` + `WeightGrads`), each traced once as
+a tf.function on the layer's device:
+
+  F     the forward call                      t_F = F - null
+  FB    forward under a tape + full vjp       t_B = FB - F
+  FI    the same, weight ops' dw left out     t_I = FI - F
+  W     WeightGrads from FI's kept (x, dz)    t_W = W - null
+  null  identity of the inputs (the cost of calling a tf.function, which a
+        cell inside the engine's loop does not pay)
+
+Each is the median of `reps` calls, the functions called in turn (this
+machine drifts), in CPU time: a cell's work in thread-seconds (ops of one
+cell that run in parallel count each, time spent waiting for a core while
+other processes run does not), which is what the shared regime divides
+over the cores. A layer is its own stage here, so any cut of the layers
+into stages (`cost_model.StageCosts`) is priced from one profile. It also
+measures the wall time of one clock tick of the engine's loop (a 1F1B
+pipeline of one 8 -> 8 FC layer per device, micro-batches of 2, at T = 2K
+and 4K: the difference over the difference in ticks, 10th percentiles as
+in tools/benchmark --tick_cost), the time per byte of a boundary tensor
+copied from the first device to the second in the same process, and the
+cores the process gets now (`EffectiveCores`: on a machine shared with
+other processes fewer than its threads).
+
+Usage:
+  prof = cell_profile.ProfileLayer(layer, (x,), reps=10)
+  prof.Save('profile.json')      # TensorPipeLayer.Params().plan_profile
+"""
+
+import os
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import tensorflow as tf
+
+from tensorpipe import cost_model
+from tensorpipe import microbatch
+from tensorpipe import pipeline_stage
+from tensorpipe import py_utils
+from tensorpipe import schedule_builders
+
+
+def _Timed(fns: Dict[str, Callable[[], Any]], reps: int,
+           pick: Callable[[List[float]], float] = statistics.median,
+           clock: Callable[[], float] = time.process_time
+           ) -> Dict[str, float]:
+  """`pick` of each function's call times (outputs fetched), in turn, on
+  `clock`: by default the process's CPU time, the thread-seconds the call
+  kept cores busy (ops that run in parallel count each; time waiting for a
+  core on a shared machine does not)."""
+  for fn in fns.values():
+    tf.nest.map_structure(lambda t: t.numpy(), fn())
+  times = {name: [] for name in fns}
+  names = list(fns)
+  for i in range(reps):
+    for name in names[i % len(names):] + names[:i % len(names)]:
+      start = clock()
+      tf.nest.map_structure(lambda t: t.numpy(), fns[name]())
+      times[name].append(clock() - start)
+  return {name: pick(v) for name, v in times.items()}
+
+
+def _Looped(cell: Callable[[List[tf.Tensor]], Any], args: List[tf.Tensor],
+            n: int) -> Callable[[], tf.Tensor]:
+  """A tf.function running `cell(args)` n times in a tf.while_loop, one
+  iteration after another (each one's inputs wait for the last one's
+  outputs), as the engine's loop runs cells: no call or fetch cost per
+  cell; returns a scalar made from one element of every output."""
+
+  def Body(i, acc):
+    zero = acc * 0.0
+    xs = [a + tf.cast(zero, a.dtype) if a.dtype.is_floating else a
+          for a in args]
+    outs = [o for o in tf.nest.flatten(cell(xs)) if o is not None]
+    firsts = [tf.cast(tf.reshape(o, [-1])[0], tf.float32) for o in outs
+              if o.shape.num_elements()]
+    return i + 1, acc + tf.add_n(firsts + [zero])
+
+  def Run():
+    return tf.while_loop(lambda i, _: i < n, Body,
+                         (tf.constant(0), tf.constant(0.0)),
+                         parallel_iterations=1)[1]
+  return tf.function(Run, autograph=False)
+
+
+def _Cells(stage: pipeline_stage.Stage, spec: pipeline_stage.StageSpecs,
+           theta: List[Any], mb_size: int, watch_inputs: bool):
+  """The layer's F, FB, FI and W cells: functions of flat tensor lists."""
+  ops = pipeline_stage.TraceWeightOps(stage, spec, theta, mb_size)
+  n = len(tf.nest.flatten(theta))
+  nx = len(spec.in_specs)
+  t0 = tf.constant(0)
+
+  def Theta():
+    return tf.nest.map_structure(tf.identity, theta)
+
+  def Forward(x):
+    y, _ = stage.FlatCall(spec.in_struct, Theta(), list(x), t0, mb_size)
+    return [y[i] for i in spec.float_out]
+
+  # The sums the engine's cells add their weight gradients to.
+  dtheta = pipeline_stage.Zeros(
+      [pipeline_stage.SpecOf(v) for v in tf.nest.flatten(theta)])
+
+  def Backward(x_dy, split):
+    th = Theta()
+    flat = tf.nest.flatten(th)
+    watched = pipeline_stage.Watched(n, ops, split)
+    cell = pipeline_stage.TapedCall(
+        stage, spec, th, list(x_dy[:nx]), t0, mb_size,
+        watch_inputs=watch_inputs, watched=watched, split=split,
+        head=pipeline_stage.FloatOutputs(spec), dys=list(x_dy[nx:]))
+    zs = [c.z for c in cell.calls]
+    dxs, dzs, dws = pipeline_stage.Vjp(
+        cell.tape, cell.ys, (cell.xs, zs, [flat[i] for i in watched]),
+        cell.dys)
+    sums = pipeline_stage.AccumulateAt(dtheta, watched, dws)
+    return dxs, sums, [c.x for c in cell.calls], dzs
+
+  def WeightGrad(xs_dzs):
+    half = len(xs_dzs) // 2
+    return pipeline_stage.WeightGrads(ops, Theta(), xs_dzs[:half],
+                                      xs_dzs[half:], dtheta)
+  return (Forward, lambda a: Backward(a, False)[:2],
+          lambda a: Backward(a, True), WeightGrad)
+
+
+def _LayerCost(stage: pipeline_stage.Stage,
+               spec: pipeline_stage.StageSpecs, theta: List[Any],
+               x: List[tf.Tensor], mb_size: int, reps: int,
+               watch_inputs: bool, inner: int = 8
+               ) -> Tuple[cost_model.LayerCost, List[tf.Tensor]]:
+  """One layer's LayerCost, and its flat outputs (the next one's inputs)."""
+  with tf.device(stage.device):
+    fwd, full, split, wgrad = _Cells(stage, spec, theta, mb_size,
+                                     watch_inputs)
+    out, _ = stage.FlatCall(spec.in_struct, theta, list(x), tf.constant(0),
+                            mb_size)
+    dy = [tf.ones_like(out[i]) for i in spec.float_out]
+    _, _, xs, dzs = tf.function(split, autograph=False)(list(x) + dy)
+    fns = {'null': _Looped(lambda a: a, list(x), inner),
+           'F': _Looped(fwd, list(x), inner),
+           'FB': _Looped(full, list(x) + dy, inner),
+           'FI': _Looped(split, list(x) + dy, inner),
+           'W': _Looped(wgrad, list(xs) + list(dzs), inner)}
+    t = {k: v / inner for k, v in _Timed(
+        {k: f for k, f in fns.items()}, reps).items()}
+  out_bytes = sum(v.shape.num_elements() * v.dtype.size for v in out)
+  cost = cost_model.LayerCost(
+      forward=max(0.0, t['F'] - t['null']),
+      backward=max(0.0, t['FB'] - t['F']),
+      input_grad=max(0.0, t['FI'] - t['F']),
+      weight_grad=max(0.0, t['W'] - t['null']) if xs else 0.0,
+      out_bytes=float(out_bytes))
+  return cost, list(out)
+
+
+def TickCost(devices: Sequence[str], reps: int = 30) -> float:
+  """Wall seconds one clock tick of a 1F1B loop adds (module docstring)."""
+  from tensorpipe import pipeline  # pylint: disable=g-import-not-at-top
+  from tensorpipe.layers import linear  # pylint: disable=g-import-not-at-top
+  kk = len(devices)
+  fns, ticks = {}, {}
+  for tt in (2 * kk, 4 * kk):
+    layer = pipeline.TensorPipeLayer.Params().Set(
+        name=f'tick_probe_t{tt}', devices=list(devices), schedule='1f1b',
+        num_micro_batches=tt, partitions=[[linear.FCLayer.Params().Set(
+            name=f'fc{k}', input_dim=8, output_dim=8)] for k in range(kk)]
+    ).Instantiate()
+    x = tf.random.stateless_uniform([2 * tt, 8], seed=[1, 2])
+
+    def Step(x, layer=layer):
+      with tf.GradientTape() as tape, py_utils.TrainingMode(True):
+        loss = layer.FPropLoss(layer.theta, (x,), None,
+                               lambda y, _: tf.reduce_sum(y), 1.0).loss
+      return tape.gradient(loss, layer.trainable_variables)
+    fn = tf.function(Step).get_concrete_function(x)
+    fns[tt] = lambda fn=fn, x=x: fn(x)
+    ticks[tt] = len(schedule_builders.Build('1f1b', kk, tt).grid[0])
+  t = _Timed(fns, reps, pick=lambda v: sorted(v)[len(v) // 10])
+  lo, hi = sorted(fns)
+  return max(0.0, (t[hi] - t[lo]) / (ticks[hi] - ticks[lo]))
+
+
+def TransferRate(devices: Sequence[str], num_bytes: float,
+                 reps: int = 30) -> float:
+  """Seconds per byte of a tensor copied from devices[0] to devices[1]."""
+  if len(devices) < 2 or devices[0] == devices[1] or num_bytes <= 0:
+    return 0.0
+  n = max(1, int(num_bytes // 4))
+  with tf.device(devices[0]):
+    x = tf.random.stateless_uniform([n], seed=[3, 4])
+
+  def On(device):
+    def Fn(x):
+      with tf.device(device):
+        return tf.reduce_sum(tf.identity(x))
+    return tf.function(Fn)
+  there, here = On(devices[1]), On(devices[0])
+  t = _Timed({'there': lambda: there(x), 'here': lambda: here(x)}, reps)
+  return max(0.0, t['there'] - t['here']) / (4 * n)
+
+
+def NumCores() -> int:
+  """Cores the devices' ops run on: the CPUs, or inter x intra-op threads
+  where both are set lower."""
+  cpus = os.cpu_count() or 1
+  inter = tf.config.threading.get_inter_op_parallelism_threads()
+  intra = tf.config.threading.get_intra_op_parallelism_threads()
+  return min(cpus, inter * intra) if inter > 0 and intra > 0 else cpus
+
+
+def _SameCost(stage: pipeline_stage.Stage, spec: pipeline_stage.StageSpecs,
+              watch_inputs: bool) -> Tuple[Any, ...]:
+  """Layers with equal keys cost the same and are timed once: the layer's
+  class, Params but its name, input specs, device and watched inputs."""
+  layer = stage.layers[0]
+  text = '\n'.join(line for line in layer.params.ToText().splitlines()
+                   if not line.startswith('name '))
+  return (type(layer), text, spec.in_specs, stage.device, watch_inputs)
+
+
+def _Ones(specs: Sequence[tf.TensorSpec]) -> List[tf.Tensor]:
+  return [tf.ones(s.shape, s.dtype) for s in specs]
+
+
+def EffectiveCores(devices: Sequence[str], cores: int,
+                   reps: int = 10) -> float:
+  """The cores this process gets now: `cores` independent chains of
+  256x256 matmuls, one per thread (on the devices in turn), run at once;
+  their CPU time over their wall time, at most `cores`. On a machine
+  other processes share this is below the thread count, even below 1."""
+  x = tf.random.stateless_uniform([256, 256], seed=[5, 6]) / 256.0
+  devs = [devices[i % len(devices)] for i in range(cores)]
+
+  def Chains():
+    outs = []
+    for d in devs:
+      with tf.device(d):
+        y = x
+        for _ in range(20):
+          y = tf.matmul(y, x)
+        outs.append(tf.reduce_sum(y))
+    return tf.add_n(outs)
+  fn = tf.function(Chains)
+  wall = _Timed({'c': fn}, reps, clock=time.perf_counter)['c']
+  cpu = _Timed({'c': fn}, reps)['c']
+  return max(0.05, min(float(cores), cpu / wall))
+
+
+def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
+                 tick: bool = True) -> cost_model.Profile:
+  """The cost profile of TensorPipeLayer `layer` on `inputs` (a tuple of
+  its FProp inputs, the whole mini-batch) at its micro-batch size."""
+  p = layer.params
+  batch = microbatch.BatchSize(inputs, p.batch_dim)
+  tt = microbatch.NumMicroBatches(batch, p.num_micro_batches,
+                                  p.micro_batch_size)
+  mb_size = batch // tt
+  stacked = microbatch.Split(tuple(inputs), tt, p.batch_dim)
+  stages = [pipeline_stage.Stage(i, [lay], st.device) for i, (lay, st) in
+            enumerate((lay, st) for st in layer.stages for lay in st.layers)]
+  thetas = [[s.layers[0].theta] for s in stages]
+  specs = pipeline_stage.InferSpecs(stages, thetas, stacked, mb_size)
+  x = microbatch.FlattenTensors(microbatch.Slice(stacked, 0))
+  in_bytes = sum(v.shape.num_elements() * v.dtype.size for v in x)
+  costs, seen = [], {}
+  for i, (stage, theta, spec) in enumerate(zip(stages, thetas, specs)):
+    key = _SameCost(stage, spec, i > 0)
+    if key in seen:
+      costs.append(seen[key])
+      x = microbatch.FlattenTensors(_Ones(spec.out_specs))
+      continue
+    cost, x = _LayerCost(stage, spec, theta, x, mb_size, reps,
+                         watch_inputs=i > 0)
+    costs.append(cost)
+    seen[key] = cost
+  biggest = max([c.out_bytes for c in costs[:-1]] or [0.0])
+  return cost_model.Profile(
+      tuple(costs), mb_size,
+      tick_s=TickCost(layer.devices) if tick else 0.0,
+      transfer_s_per_byte=TransferRate(layer.devices, biggest),
+      input_bytes=float(in_bytes),
+      num_cores=EffectiveCores(layer.devices, NumCores()))

@@ -1,0 +1,255 @@
+"""Calibrated step-time model of a schedule table, from per-layer cell costs.
+
+A `Profile` holds, per layer and for one micro-batch, the time of the
+engine's four cells (forward F, full backward B, input gradient I, weight
+gradient W; `cell_profile.ProfileLayer` measures them, `FlopProfile` makes
+them from FLOPs when nothing was measured), each layer's output bytes, the
+wall time of one clock tick of the engine's loop, the time per byte of a
+boundary transfer and the cores the devices run on. `Predict` turns it into
+the step time of any table (`schedule_builders.Build`: any schedule, K, T,
+v), any cut of the layers into the table's stages and either recompute
+setting, in one of two regimes:
+
+  shared    the K devices are logical devices of one process and share its
+            thread pools (TF's logical CPU devices): one device's ready ops
+            fill another's bubble, so a step costs its total cell work over
+            the cores, bounded below by the table's critical path (the
+            dataflow of the table with every cell spread over all cores):
+
+              step = max(work / C, critical path) + ticks x tick
+
+  separate  each device has its own executor (GPUs, stages in other
+            processes): the table's dataflow with its bubbles
+            (`simulator.SimulateSchedule`, one core per device), each cell
+            started one tick cost after its inputs.
+
+Cell costs per stage s (layers l in the stage, r_s = f_s with recompute,
+else 0), with x_s the bytes crossing to another device and rate the
+transfer time per byte:
+
+  F  f_s = sum_l t_F(l) + out_bytes(s) x rate     (if s+1 is elsewhere)
+  B  r_s + sum_l t_B(l) + in_bytes(s) x rate      (if s-1 is elsewhere)
+  I  r_s + B - W;  W  B x sum_l t_W(l) / sum_l (t_I(l) + t_W(l))
+
+  with t_W scaled so that I + W = B: the split takes B's measured time in
+  the measured proportion t_I : t_W. (Timed alone, I + W cost 10-30% more
+  than B; in the engine's steps the zero-bubble tables did the same CPU
+  work as 1F1B within 3%: tools/benchmark --plan_check.)
+
+The work of a step is the sum over the table's cells; ticks are the
+table's columns.
+
+Pure Python; no TensorFlow.
+
+Usage:
+  prof = cost_model.Profile(layers=(cost_model.LayerCost(1e-3, 2e-3, 1e-3,
+                                                         1e-3, 4096),) * 4,
+                            micro_batch_rows=8, tick_s=1e-4, num_cores=2)
+  table = schedule_builders.Build('1f1b', 2, 4)
+  pred = cost_model.Predict(table, prof, boundaries=[(0, 2), (2, 4)],
+                            recompute=True, regime='shared')
+  pred.step_s, pred.work_s, pred.critical_s, pred.ticks
+"""
+
+import dataclasses
+import json
+from typing import Dict, List, Sequence, Tuple
+
+from tensorpipe import schedules
+from tensorpipe import simulator
+
+REGIMES = ('shared', 'separate')
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCost:
+  """One layer's cells on one micro-batch (seconds) and its output size.
+
+  Attributes:
+    forward: t_F, the forward call.
+    backward: t_B, the full backward (input and weight gradients) without
+      the recompute.
+    input_grad: t_I, the backward without the weight ops' weight gradients.
+    weight_grad: t_W, the weight ops' weight gradients from the kept (x,
+      dz).
+    out_bytes: bytes of the layer's outputs for one micro-batch.
+  """
+  forward: float
+  backward: float
+  input_grad: float
+  weight_grad: float
+  out_bytes: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  """Per-layer cell costs and the run's overheads (module docstring).
+
+  Attributes:
+    layers: one LayerCost per layer, in order.
+    micro_batch_rows: the micro-batch size the costs were measured at.
+    tick_s: wall time one clock tick of the engine's loop adds.
+    transfer_s_per_byte: time per byte of a boundary tensor sent to another
+      device.
+    input_bytes: bytes of the first layer's input for one micro-batch.
+    num_cores: cores the devices' ops run on (the shared regime's C; a
+      measured profile holds the cores the process got, which may be a
+      fraction).
+    source: 'measured' (cell_profile) or 'flops' (FlopProfile).
+  """
+  layers: Tuple[LayerCost, ...]
+  micro_batch_rows: int
+  tick_s: float = 0.0
+  transfer_s_per_byte: float = 0.0
+  input_bytes: float = 0.0
+  num_cores: float = 1
+  source: str = 'measured'
+
+  def Scaled(self, micro_batch_rows: int) -> 'Profile':
+    """This profile at another micro-batch size, cell costs and bytes
+    scaled linearly with the rows (an approximation: small micro-batches
+    are bound by reading the weights, so this underestimates them)."""
+    if micro_batch_rows == self.micro_batch_rows:
+      return self
+    x = micro_batch_rows / self.micro_batch_rows
+    return dataclasses.replace(
+        self, micro_batch_rows=micro_batch_rows, input_bytes=self.input_bytes
+        * x, layers=tuple(LayerCost(c.forward * x, c.backward * x,
+                                    c.input_grad * x, c.weight_grad * x,
+                                    c.out_bytes * x) for c in self.layers))
+
+  def ToJson(self) -> Dict:
+    d = dataclasses.asdict(self)
+    d['layers'] = [dataclasses.asdict(c) for c in self.layers]
+    return d
+
+  @classmethod
+  def FromJson(cls, d: Dict) -> 'Profile':
+    d = dict(d)
+    d['layers'] = tuple(LayerCost(**c) for c in d['layers'])
+    return cls(**d)
+
+  def Save(self, path: str) -> None:
+    with open(path, 'w') as f:
+      json.dump(self.ToJson(), f, indent=1)
+
+  @classmethod
+  def Load(cls, path: str) -> 'Profile':
+    """Reads a profile written by `Save` (tools/benchmark --profile).
+
+    Raises:
+      ValueError: the file cannot be read or is not a profile, naming it.
+    """
+    try:
+      with open(path) as f:
+        return cls.FromJson(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise ValueError(f'plan_profile={path!r} is not a readable profile '
+                       f'({e}); write one with tools/benchmark --profile') \
+          from None
+
+
+def FlopProfile(flops: Sequence[float], out_bytes: Sequence[float],
+                micro_batch_rows: int, input_bytes: float = 0.0,
+                device_flops: float = 1e12, num_cores: int = 1) -> Profile:
+  """A profile from forward FLOPs of one micro-batch per layer:
+  t_F = flops / device_flops, t_B = 2 t_F, t_I = t_W = t_F (schedule_plan's
+  stated assumptions); no tick or transfer cost."""
+  layers = tuple(LayerCost(f / device_flops, 2 * f / device_flops,
+                           f / device_flops, f / device_flops, b)
+                 for f, b in zip(flops, out_bytes))
+  return Profile(layers, micro_batch_rows, input_bytes=input_bytes,
+                 num_cores=num_cores, source='flops')
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+  """One table's predicted step (seconds)."""
+  step_s: float
+  work_s: float          # sum of the cells' costs
+  critical_s: float      # the table's dataflow with cells over all cores
+  ticks: int             # the table's columns
+  regime: str
+
+
+def _Sum(values: Sequence[float], start: int, end: int) -> float:
+  return float(sum(values[start:end]))
+
+
+def StageCosts(table: schedules.Schedule, profile: Profile,
+               boundaries: Sequence[Tuple[int, int]]
+               ) -> Tuple[List[float], List[float], List[float]]:
+  """Per stage (f, b, w) of `Predict`'s cells without the recompute: the
+  layers' costs summed over `boundaries` ([start, end) per stage), the
+  transfers to and from another device added to F and to B (I).
+
+  Raises:
+    ValueError: boundaries that are not one per stage, or that reach past
+      the profile's layers.
+  """
+  ss, n = table.num_stages, len(profile.layers)
+  if len(boundaries) != ss or any(e > n for _, e in boundaries):
+    raise ValueError(f'boundaries={list(boundaries)!r} must give one [start, '
+                     f'end) per stage of {table.name!r} ({ss}) within the '
+                     f'profile\'s {n} layers; cut the same layers the profile '
+                     'measured')
+  c = profile.layers
+  split = any(a is not None and a.op in 'IW' for row in table.grid
+              for a in row)
+  dev = table.StageDevice()
+  rate = profile.transfer_s_per_byte
+  f, b, w = [], [], []
+  for s, (start, end) in enumerate(boundaries):
+    out_b = c[end - 1].out_bytes
+    in_b = profile.input_bytes if start == 0 else c[start - 1].out_bytes
+    send = out_b * rate if s + 1 < ss and dev[s + 1] != dev[s] else 0.0
+    recv = in_b * rate if s > 0 and dev[s - 1] != dev[s] else 0.0
+    f.append(_Sum([x.forward for x in c], start, end) + send)
+    bs = _Sum([x.backward for x in c], start, end)
+    iw = _Sum([x.input_grad + x.weight_grad for x in c], start, end)
+    # I and W split B in their measured proportion (module docstring).
+    w.append(bs * _Sum([x.weight_grad for x in c], start, end) / iw
+             if split and iw > 0 else 0.0)
+    b.append(bs + recv)
+  return f, b, w
+
+
+def Work(table: schedules.Schedule, f: Sequence[float], b: Sequence[float],
+         w: Sequence[float], recompute: bool) -> float:
+  """The sum of the table's cell costs (simulator's cell costs)."""
+  total = 0.0
+  for row in table.grid:
+    for a in row:
+      if a is None:
+        continue
+      s, r = a.stage, (f[a.stage] if recompute else 0.0)
+      total += {'F': f[s], 'B': r + b[s], 'I': r + b[s] - w[s],
+                'W': w[s]}[a.op]
+  return total
+
+
+def Predict(table: schedules.Schedule, profile: Profile,
+            boundaries: Sequence[Tuple[int, int]], recompute: bool,
+            regime: str) -> Prediction:
+  """The step time of `table` with the layers cut at `boundaries`.
+
+  Raises:
+    ValueError: an unknown regime, or boundaries that do not fit.
+  """
+  if regime not in REGIMES:
+    raise ValueError(f'regime={regime!r} is not one of {REGIMES}; use '
+                     "'shared' (logical devices of one process) or "
+                     "'separate' (own executors)")
+  f, b, w = StageCosts(table, profile, boundaries)
+  ticks = len(table.grid[0]) if table.grid else 0
+  work = Work(table, f, b, w, recompute)
+  if regime == 'separate':
+    res = simulator.SimulateSchedule(table, f, b, recompute, w,
+                                     tick_overhead=profile.tick_s)
+    return Prediction(res.step_time, work, res.step_time, ticks, regime)
+  cores = max(0.05, profile.num_cores)
+  spread = lambda xs: [x / cores for x in xs]
+  crit = simulator.SimulateSchedule(table, spread(f), spread(b), recompute,
+                                    spread(w)).step_time
+  step = max(work / cores, crit) + ticks * profile.tick_s
+  return Prediction(step, work, crit, ticks, regime)

@@ -1,0 +1,297 @@
+"""schedule='auto': the planner that picks a TensorPipeLayer's schedule.
+
+For a model given as layer Params (`TensorPipeLayer.Params().layers`, with
+`input_shapes`), K devices and T micro-batches, `Rank` predicts every
+schedule of `schedule_plan.ALL` that applies (GPipe, 1F1B, interleaved 1F1B
+with v=2, ZB-H1, ZB-V) with the calibrated cost model (`cost_model.Predict`)
+on the cut TensorPipeLayer itself will make (`partitioning.Partition` of the
+layers' FLOPs into K v stages) and ranks them by predicted step time, ties
+(within 0.1%) broken by fewer ticks, then by the smaller activation peak
+(`schedule_plan.TableMemory`). A schedule over the per-device memory budget
+is refused, as is one the layer's other settings cannot run (the I/W split
+needs grad_sum='sequential'; every schedule but GPipe needs
+recompute_impl='explicit'; a given num_stages_per_device keeps that v).
+
+`ResolveAuto(p)` turns schedule='auto' into the winner (schedule and
+num_stages_per_device set in a copy of the Params) and logs the choice with
+its prediction and the runner-up. Costs come from:
+
+  plan_profile=None   FLOPs (`cost_model.FlopProfile`: t_B = 2 t_F,
+                      t_I = t_W, no tick or transfer cost). Construction
+                      stays cheap (Params only, no TF op), but in the shared
+                      regime every schedule then has the same work, so the
+                      pick falls to ticks and memory: 1F1B or GPipe.
+  plan_profile=path   a profile measured by `tools/benchmark --profile`
+                      (`cell_profile.ProfileLayer`: the engine's own cells,
+                      tick and transfer cost), scaled to this micro-batch
+                      size if it was measured at another.
+
+The regime (`cost_model.REGIMES`) is `plan_regime`, or by default 'shared'
+when every device is a CPU device of this process (TF's logical CPU
+devices share its thread pools) and 'separate' otherwise; C is the
+profile's cores (FLOP costs: this machine's CPU count).
+
+The trainer resolves 'auto' in the experiment's Params before it writes
+params.txt (`ResolveAutoIn`), so params.txt, a resume and an export read
+the concrete schedule; a TensorPipeLayer built directly resolves its own.
+The resolution is deterministic: the same Params, profile and machine give
+the same schedule.
+"""
+
+import dataclasses
+import os
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from absl import logging
+
+from tensorpipe import cost_model
+from tensorpipe import model_analysis
+from tensorpipe import partitioning
+from tensorpipe import schedule_builders
+from tensorpipe import schedule_plan
+
+AUTO = 'auto'
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+  """One candidate's prediction; `refused` says why it cannot run."""
+  name: str
+  num_stages_per_device: int
+  step_s: float = 0.0
+  work_s: float = 0.0
+  ticks: int = 0
+  memory_bytes: int = 0        # activation peak of the fullest device
+  refused: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """`Rank`'s result: usable rows fastest first, then the refused ones."""
+  rows: Tuple[PlanRow, ...]
+  regime: str
+  source: str                  # the profile's source: 'measured', 'flops'
+  num_cores: float
+
+  @property
+  def best(self) -> Optional[PlanRow]:
+    return next((r for r in self.rows if not r.refused), None)
+
+  def Text(self) -> str:
+    """The ranking as a table (tools/model_analysis --plan)."""
+    lines = [f'Schedule plan ({self.source} costs, {self.regime} regime'
+             + (f', {self.num_cores:.3g} cores' if self.regime == 'shared'
+                else '') + '):',
+             f'{"rank":>4}  {"schedule":<17}{"v":>2}  {"step":>10}  '
+             f'{"work":>10}  {"ticks":>5}  {"act. peak":>10}']
+    for i, r in enumerate(self.rows):
+      if r.refused:
+        lines.append(f'{"-":>4}  {r.name:<17}{r.num_stages_per_device:>2}  '
+                     f'n/a: {r.refused}')
+        continue
+      lines.append(f'{i + 1:>4}  {r.name:<17}{r.num_stages_per_device:>2}  '
+                   f'{schedule_plan.FormatTime(r.step_s):>10}  '
+                   f'{schedule_plan.FormatTime(r.work_s):>10}  '
+                   f'{r.ticks:>5}  '
+                   f'{model_analysis.FormatBytes(r.memory_bytes):>10}')
+    return '\n'.join(lines)
+
+
+def _Row(report: model_analysis.Report, profile: cost_model.Profile,
+         name: str, v: int, recompute: bool, regime: str,
+         budget: Optional[float]) -> PlanRow:
+  """One candidate: its table, cut, prediction and memory, or a refusal."""
+  kk, tt = report.num_partitions, report.num_micro_batches
+  if kk * v > len(report.layers):
+    return PlanRow(name, v, refused=f'K*v = {kk * v} stages need at least '
+                   f'{kk * v} layers, the model has {len(report.layers)}')
+  try:
+    table = schedule_builders.Build(name, kk, tt, v)
+  except ValueError as e:
+    return PlanRow(name, v, refused=str(e))
+  plan = partitioning.Partition([r.flops for r in report.layers], kk * v,
+                                method=report.method)
+  pred = cost_model.Predict(table, profile, plan.boundaries, recompute,
+                            regime)
+  act, _ = schedule_plan.TableMemory(report, table, plan.boundaries,
+                                     recompute)
+  row = PlanRow(name, v, pred.step_s, pred.work_s, pred.ticks, max(act))
+  if budget is not None and max(act) > budget:
+    return dataclasses.replace(row, refused=(
+        f'activation peak {model_analysis.FormatBytes(max(act))} is over '
+        f'the budget of {model_analysis.FormatBytes(budget)} per device'))
+  return row
+
+
+def Rank(report: model_analysis.Report, profile: cost_model.Profile,
+         recompute: bool, regime: str,
+         which: Sequence[Tuple[str, int]] = schedule_plan.ALL,
+         memory_budget: Optional[float] = None) -> Plan:
+  """Predicts and ranks the schedules of `which` (module docstring).
+
+  Args:
+    report: `model_analysis.AnalyzeLayers` of the model at K and T.
+    profile: per-layer costs (one LayerCost per report layer).
+    recompute: whether B and I cells recompute the forward.
+    regime: 'shared' or 'separate' (`cost_model.REGIMES`).
+    which: (schedule, stages per device) candidates.
+    memory_budget: bytes of activations per device; None: no limit.
+
+  Raises:
+    ValueError: a profile of another layer count.
+  """
+  if len(profile.layers) != len(report.layers):
+    raise ValueError(f'the profile has {len(profile.layers)} layers, the '
+                     f'model {len(report.layers)}; profile this model '
+                     '(tools/benchmark --profile)')
+  rows = [_Row(report, profile, name, v, recompute, regime, memory_budget)
+          for name, v in which]
+  usable = [r for r in rows if not r.refused]
+  fastest = min((r.step_s for r in usable), default=0.0)
+  # Steps within 0.1% of each other are a tie: fewer ticks, less memory.
+  usable.sort(key=lambda r: (round(r.step_s / fastest, 3) if fastest else 0,
+                             r.ticks, r.memory_bytes))
+  return Plan(tuple(usable + [r for r in rows if r.refused]), regime,
+              profile.source, profile.num_cores)
+
+
+def DefinePlanParams(p: Any) -> None:
+  """TensorPipeLayer's Params of schedule='auto'."""
+  p.Define('plan_profile', None, "schedule='auto': path of a cost profile "
+           'written by tools/benchmark --profile (measured cell, tick and '
+           'transfer costs); None plans from FLOPs.')
+  p.Define('plan_memory_budget', None, "schedule='auto': most bytes of "
+           "activations per device (schedule_plan's memory model); None: no "
+           'limit.')
+  p.Define('plan_regime', None, "schedule='auto': 'shared' (devices share "
+           "one process's thread pools) or 'separate' (own executors); None: "
+           'shared for CPU devices of this process, else separate.')
+
+
+def Candidates(p: Any) -> List[Tuple[str, int]]:
+  """The (schedule, v) pairs of `schedule_plan.ALL` a TensorPipeLayer with
+  Params `p` (schedule='auto') can run with its other settings."""
+  out = []
+  for name, v in schedule_plan.ALL:
+    if p.num_stages_per_device not in (None, v):
+      continue
+    if name != 'gpipe' and p.recompute_impl != 'explicit':
+      continue
+    if name.startswith('zb') and p.grad_sum != 'sequential':
+      continue
+    out.append((name, v))
+  return out
+
+
+def Regime(device_names: Sequence[str]) -> str:
+  """'shared' when every device is a CPU device of one process, else
+  'separate'."""
+  names = [d.upper() for d in device_names]
+  tasks = {d.split('/DEVICE:')[0] for d in names if '/JOB:' in d}
+  if all('CPU' in d for d in names) and len(tasks) <= 1:
+    return 'shared'
+  return 'separate'
+
+
+def _Devices(p: Any, num: int) -> List[str]:
+  """The devices the layer will take (needs TF for the defaults)."""
+  if p.devices:
+    return list(p.devices)
+  from tensorpipe import devices as devices_lib  # pylint: disable=g-import-not-at-top
+  return devices_lib.DefaultDevices(num)
+
+
+def ProfileFor(report: model_analysis.Report,
+               profile_path: Optional[str] = None) -> cost_model.Profile:
+  """The plan's costs at the report's micro-batch size: the profile file
+  (scaled if measured at another size), or the layers' FLOPs with this
+  machine's CPU count as the cores."""
+  tt = report.num_micro_batches
+  rows = report.batch_size // tt
+  if profile_path:
+    return cost_model.Profile.Load(profile_path).Scaled(rows)
+  a_bytes = model_analysis.DtypeBytes(report.activation_dtype)
+  return cost_model.FlopProfile(
+      [r.flops / tt for r in report.layers],
+      [r.activation_bytes / tt for r in report.layers], rows,
+      model_analysis.NumElements(report.input_shapes) * a_bytes / tt,
+      num_cores=os.cpu_count() or 1)
+
+
+def PlanFor(p: Any) -> Plan:
+  """The ranking for TensorPipeLayer Params `p` with schedule='auto'.
+
+  Raises:
+    ValueError: Params the planner cannot plan for, naming the fix.
+  """
+  if p.plan_regime not in (None,) + cost_model.REGIMES:
+    raise ValueError(f'TensorPipeLayer {p.name!r}: plan_regime='
+                     f'{p.plan_regime!r} is not one of {cost_model.REGIMES}; '
+                     'leave it None to take it from the devices')
+  budget = p.plan_memory_budget
+  if budget is not None and (isinstance(budget, bool) or not isinstance(
+      budget, (int, float)) or budget <= 0):
+    raise ValueError(f'TensorPipeLayer {p.name!r}: plan_memory_budget='
+                     f'{budget!r} must be bytes > 0 per device, or None')
+  if p.partitions is not None or not p.layers or p.input_shapes is None:
+    raise ValueError(f"TensorPipeLayer {p.name!r}: schedule='auto' plans "
+                     'the cut itself and needs `layers`, `num_partitions` '
+                     'and `input_shapes`; give those, or name a schedule')
+  from tensorpipe import microbatch  # pylint: disable=g-import-not-at-top
+  report = model_analysis.AnalyzeLayers(
+      list(p.layers), p.input_shapes, num_partitions=p.num_partitions,
+      method=p.partition_method, exact_optimizer_state=False)
+  tt = microbatch.NumMicroBatches(report.batch_size, p.num_micro_batches,
+                                  p.micro_batch_size)
+  report = dataclasses.replace(report, num_micro_batches=tt)
+  profile = ProfileFor(report, p.plan_profile)
+  regime = p.plan_regime or Regime(_Devices(p, p.num_partitions))
+  return Rank(report, profile, p.recompute, regime, Candidates(p),
+              p.plan_memory_budget)
+
+
+def ResolveAuto(p: Any, log: Callable[[str], None] = logging.info) -> Any:
+  """`p` if its schedule is not 'auto', else a copy with the planner's
+  schedule and num_stages_per_device (module docstring); logs the choice.
+
+  Raises:
+    ValueError: no candidate fits (with each one's reason).
+  """
+  if p.schedule != AUTO:
+    return p
+  plan = PlanFor(p)
+  best = plan.best
+  if best is None:
+    why = '; '.join(f'{r.name}: {r.refused}' for r in plan.rows)
+    raise ValueError(f"TensorPipeLayer {p.name!r}: schedule='auto' found no "
+                     f'schedule that fits ({why}); raise plan_memory_budget, '
+                     'use more partitions or name a schedule')
+  q = p.Copy()
+  q.schedule, q.num_stages_per_device = best.name, best.num_stages_per_device
+  runner_up = next((r for r in plan.rows[1:] if not r.refused), None)
+  how = ('measured costs of ' + p.plan_profile if plan.source == 'measured'
+         else 'FLOP-based costs, no profile: set plan_profile to a '
+         'tools/benchmark --profile file for measured costs')
+  log(f"TensorPipeLayer {p.name!r}: schedule='auto' -> {best.name!r} "
+      f'(num_stages_per_device={best.num_stages_per_device}), predicted '
+      f'{best.step_s * 1e3:.3g} ms/step'
+      + (f' (next: {runner_up.name} {runner_up.step_s * 1e3:.3g} ms)'
+         if runner_up else '')
+      + f'; {plan.regime} regime, {how}')
+  return q
+
+
+def ResolveAutoIn(params: Any,
+                  log: Callable[[str], None] = logging.info) -> List[str]:
+  """Resolves schedule='auto' of every TensorPipeLayer in a Params tree in
+  place (the trainer, before it writes params.txt); returns the names
+  resolved."""
+  from tensorpipe import distribute  # pylint: disable=g-import-not-at-top
+  done = []
+  for mp in distribute.PipelineParamsIn(params):
+    if mp.schedule == AUTO:
+      q = ResolveAuto(mp, log)
+      mp.schedule, mp.num_stages_per_device = (q.schedule,
+                                               q.num_stages_per_device)
+      done.append(mp.name)
+  return done

@@ -1,0 +1,44 @@
+"""tensorpipe.cell_profile: what a profile holds (no timing asserted)."""
+
+import tensorflow as tf
+
+from tensorpipe import cell_profile
+from tensorpipe import cost_model
+from tensorpipe import pipeline
+from tensorpipe import test_utils
+from tensorpipe.layers import linear
+
+test_utils.ConfigureTestDevices()
+
+
+class ProfileLayerTest(tf.test.TestCase):
+
+  def testOneCostPerLayerWithSizesAndEqualLayersTimedOnce(self):
+    layers = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=8,
+                                          output_dim=8) for i in range(3)]
+    layer = pipeline.TensorPipeLayer.Params().Set(
+        name='pipe', layers=layers, num_partitions=1, num_micro_batches=4,
+        input_shapes=[[8, 8]]).Instantiate()
+    x = tf.ones([8, 8])
+    prof = cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False)
+    self.assertIsInstance(prof, cost_model.Profile)
+    self.assertLen(prof.layers, 3)
+    # Micro-batches of 2 rows: 2 x 8 float32 = 64 B in and out.
+    self.assertEqual(prof.micro_batch_rows, 2)
+    self.assertEqual(prof.input_bytes, 64.0)
+    self.assertEqual([c.out_bytes for c in prof.layers], [64.0] * 3)
+    # fc2 has fc1's Params but for the name, device and watched input: it
+    # is timed once (fc0 takes no input gradient: timed on its own).
+    self.assertIs(prof.layers[2], prof.layers[1])
+    self.assertIsNot(prof.layers[1], prof.layers[0])
+    self.assertEqual(prof.transfer_s_per_byte, 0.0)   # one device
+    self.assertEqual(prof.tick_s, 0.0)
+    for c in prof.layers:
+      for v in (c.forward, c.backward, c.input_grad, c.weight_grad):
+        self.assertGreaterEqual(v, 0.0)
+    self.assertGreater(prof.num_cores, 0.0)
+    self.assertLessEqual(prof.num_cores, cell_profile.NumCores())
+
+
+if __name__ == '__main__':
+  tf.test.main()

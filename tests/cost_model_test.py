@@ -1,0 +1,139 @@
+"""tensorpipe.cost_model: step predictions of hand-made profiles."""
+
+import os
+import tempfile
+import unittest
+
+from tensorpipe import cost_model
+from tensorpipe import schedule_builders
+
+LayerCost = cost_model.LayerCost
+
+
+def _Profile(n=2, fwd=1.0, bwd=2.0, i=1.0, w=1.0, out_bytes=0.0, tick=0.0,
+             rate=0.0, cores=2):
+  return cost_model.Profile(
+      layers=tuple(LayerCost(fwd, bwd, i, w, out_bytes) for _ in range(n)),
+      micro_batch_rows=4, tick_s=tick, transfer_s_per_byte=rate,
+      input_bytes=out_bytes, num_cores=cores)
+
+
+class PredictTest(unittest.TestCase):
+
+  def testSharedGPipeIsWorkOverCoresPlusTicks(self):
+    # K=2, T=2, one layer per stage, f=1, b=2, recompute: 4 F cells of 1
+    # and 4 B cells of 1 + 2: work 16; on 2 cores 8. The critical path
+    # (cells at half cost: f 0.5, B 1.5) is 1.5 forward + 4.5 backward = 6
+    # < 8. The table has 6 ticks of 0.1.
+    table = schedule_builders.Build('gpipe', 2, 2)
+    pred = cost_model.Predict(table, _Profile(tick=0.1), [(0, 1), (1, 2)],
+                              recompute=True, regime='shared')
+    self.assertEqual(pred.ticks, 6)
+    self.assertAlmostEqual(pred.work_s, 16.0)
+    self.assertAlmostEqual(pred.critical_s, 6.0)
+    self.assertAlmostEqual(pred.step_s, 8.6)
+
+  def testSeparateGPipeIsTheDataflowWithBubbles(self):
+    # Forward: device 0 F0 [0, 1], F1 [1, 2]; device 1 [1, 2], [2, 3].
+    # Backward (after the whole forward, from 3): B(1, stage 1) [3, 6],
+    # then B(0, 1) and B(1, 0) [6, 9], B(0, 0) [9, 12].
+    table = schedule_builders.Build('gpipe', 2, 2)
+    pred = cost_model.Predict(table, _Profile(), [(0, 1), (1, 2)],
+                              recompute=True, regime='separate')
+    self.assertAlmostEqual(pred.step_s, 12.0)
+    # A tick cost of 0.1 delays the start of every cell: 3 cells on the
+    # longest chain of each pass (F00, F10, F11; B11, B10, B00).
+    pred = cost_model.Predict(table, _Profile(tick=0.1), [(0, 1), (1, 2)],
+                              recompute=True, regime='separate')
+    self.assertAlmostEqual(pred.step_s, 12.6)
+
+  def testWithoutRecomputeBackwardCellsDoNotRedoTheForward(self):
+    table = schedule_builders.Build('gpipe', 2, 2)
+    pred = cost_model.Predict(table, _Profile(), [(0, 1), (1, 2)],
+                              recompute=False, regime='shared')
+    self.assertAlmostEqual(pred.work_s, 4 * 1.0 + 4 * 2.0)
+    self.assertAlmostEqual(pred.step_s, 6.0)
+
+  def testSplitTablesShareTheMeasuredBackwardInTheMeasuredProportion(self):
+    # ZB-H1 with t_B = 2, t_I = 3, t_W = 1: W gets 2 x 1 / 4 = 0.5 and I
+    # the rest, 1 + 1.5 with the recompute; per (micro-batch, stage)
+    # F 1 + I 2.5 + W 0.5 = 4, the same work as 1F1B's F 1 + B (1 + 2).
+    table = schedule_builders.Build('zb_h1', 2, 2)
+    f, b, w = cost_model.StageCosts(table, _Profile(i=3.0), [(0, 1), (1, 2)])
+    self.assertEqual((f, b, w), ([1.0, 1.0], [2.0, 2.0], [0.5, 0.5]))
+    pred = cost_model.Predict(table, _Profile(i=3.0), [(0, 1), (1, 2)],
+                              recompute=True, regime='shared')
+    self.assertAlmostEqual(pred.work_s, 16.0)
+    # Without the split W is 0 and B the measured 2.
+    table = schedule_builders.Build('1f1b', 2, 2)
+    self.assertEqual(cost_model.StageCosts(table, _Profile(i=3.0),
+                                           [(0, 1), (1, 2)])[2], [0.0, 0.0])
+
+  def testCriticalPathBoundsASharedStepOnManyCores(self):
+    # 1 layer per stage on 64 cores: work 16 / 64 = 0.25, but the chain of
+    # the table at 1/64 of the costs is 12 / 64 = 0.1875 (the separate
+    # dataflow scaled): the larger, 0.25, is the step.
+    table = schedule_builders.Build('gpipe', 2, 2)
+    pred = cost_model.Predict(table, _Profile(cores=64), [(0, 1), (1, 2)],
+                              recompute=True, regime='shared')
+    self.assertAlmostEqual(pred.critical_s, 0.1875)
+    self.assertAlmostEqual(pred.step_s, 0.25)
+    # On one core the work is all: 16.
+    pred = cost_model.Predict(table, _Profile(cores=1), [(0, 1), (1, 2)],
+                              recompute=True, regime='shared')
+    self.assertAlmostEqual(pred.step_s, 16.0)
+
+  def testTransfersCostOnlyBetweenDevices(self):
+    # zb_v places stages 0, 1, 2, 3 on devices 0, 1, 1, 0: F of stages 0
+    # and 2 send 100 B at 0.01 s/B (+1); stages 1 and 3 receive theirs in
+    # B (+1); stage 2's input comes from its own device.
+    table = schedule_builders.Build('zb_v', 2, 3, 2)
+    f, b, w = cost_model.StageCosts(
+        table, _Profile(n=4, out_bytes=100, rate=0.01),
+        [(0, 1), (1, 2), (2, 3), (3, 4)])
+    self.assertEqual(f, [2.0, 1.0, 2.0, 1.0])
+    self.assertEqual(b, [2.0, 3.0, 2.0, 3.0])
+    self.assertEqual(w, [1.0, 1.0, 1.0, 1.0])   # 2 x 1 / (1 + 1)
+
+  def testStagesSumTheirLayers(self):
+    table = schedule_builders.Build('1f1b', 2, 2)
+    prof = cost_model.Profile(
+        tuple(LayerCost(x, 2 * x, x, x) for x in (1.0, 2.0, 3.0)), 4)
+    f, b, w = cost_model.StageCosts(table, prof, [(0, 2), (2, 3)])
+    self.assertEqual((f, b, w), ([3.0, 3.0], [6.0, 6.0], [0.0, 0.0]))
+
+  def testBadInputsNameTheValue(self):
+    table = schedule_builders.Build('1f1b', 2, 2)
+    with self.assertRaisesRegex(ValueError, "regime='both'"):
+      cost_model.Predict(table, _Profile(), [(0, 1), (1, 2)], True, 'both')
+    with self.assertRaisesRegex(ValueError, r'boundaries=\[\(0, 2\)\]'):
+      cost_model.Predict(table, _Profile(), [(0, 2)], True, 'shared')
+
+
+class ProfileTest(unittest.TestCase):
+
+  def testScaledIsLinearInRows(self):
+    prof = _Profile(out_bytes=8.0).Scaled(8)
+    self.assertEqual(prof.micro_batch_rows, 8)
+    self.assertEqual(prof.layers[0], LayerCost(2.0, 4.0, 2.0, 2.0, 16.0))
+    self.assertEqual(prof.input_bytes, 16.0)
+
+  def testFlopProfile(self):
+    prof = cost_model.FlopProfile([2e12, 4e12], [10, 20], 4)
+    self.assertEqual(prof.source, 'flops')
+    self.assertEqual(prof.layers[1], LayerCost(4.0, 8.0, 4.0, 4.0, 20))
+
+  def testSaveLoadRoundTrip(self):
+    prof = _Profile(tick=0.25, rate=1e-9)
+    with tempfile.TemporaryDirectory() as d:
+      path = os.path.join(d, 'profile.json')
+      prof.Save(path)
+      self.assertEqual(cost_model.Profile.Load(path), prof)
+      with open(path, 'w') as f:
+        f.write('{"layers": 3}')
+      with self.assertRaisesRegex(ValueError, 'tools/benchmark --profile'):
+        cost_model.Profile.Load(path)
+
+
+if __name__ == '__main__':
+  unittest.main()

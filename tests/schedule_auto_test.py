@@ -1,0 +1,252 @@
+"""tensorpipe.schedule_auto: the planner behind schedule='auto'."""
+
+import os
+import tempfile
+
+from absl import flags
+import tensorflow as tf
+
+from tensorpipe import base_experiment
+from tensorpipe import cost_model
+from tensorpipe import hyperparams
+from tensorpipe import logdir as logdir_lib
+from tensorpipe import model_analysis
+from tensorpipe import pipeline
+from tensorpipe import schedule_auto
+from tensorpipe import synthetic_input
+from tensorpipe import tasks
+from tensorpipe import test_utils
+from tensorpipe import trainer_lib
+from tensorpipe.layers import linear
+from tools import model_analysis as model_analysis_tool
+
+test_utils.ConfigureTestDevices()
+
+
+def _FcLayers(n=4, dim=8):
+  return [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=dim,
+                                      output_dim=dim) for i in range(n)]
+
+
+def _Report(kk=2, tt=4):
+  return model_analysis.AnalyzeLayers(_FcLayers(), [[2 * tt, 8]],
+                                      num_partitions=kk, num_micro_batches=tt,
+                                      exact_optimizer_state=False)
+
+
+def _Profile(tick=0.0, cores=2):
+  # t_F = 1, t_B = 2, t_I = t_W = 1 per layer: two layers per stage at v=1.
+  return cost_model.Profile(
+      (cost_model.LayerCost(1.0, 2.0, 1.0, 1.0),) * 4, 2, tick_s=tick,
+      num_cores=cores)
+
+
+def _Pipe(**kw):
+  p = pipeline.TensorPipeLayer.Params().Set(
+      name='pipe', layers=_FcLayers(), num_partitions=2, num_micro_batches=4,
+      input_shapes=[[8, 8]], schedule='auto')
+  return p.Set(**kw)
+
+
+class RankTest(tf.test.TestCase):
+
+  def testSeparateExecutorsRankByBubble(self):
+    # K=2, T=4, no recompute, per layer t_F = t_I = t_W = 1: every device
+    # works 4 x (2 layers) x 3 = 24, plus its bubble as dataflow. 1F1B and
+    # GPipe: (K - 1)(f + b) = 6 (30); interleaved: 3 (27); ZB-H1: device 1
+    # waits one forward of 2 layers, then runs back to back (26); ZB-V:
+    # one forward of 1 layer (25). 1F1B before GPipe: same ticks, less
+    # memory.
+    plan = schedule_auto.Rank(_Report(), _Profile(), recompute=False,
+                              regime='separate')
+    self.assertEqual([(r.name, r.num_stages_per_device) for r in plan.rows],
+                     [('zb_v', 2), ('zb_h1', 1), ('interleaved_1f1b', 2),
+                      ('1f1b', 1), ('gpipe', 1)])
+    self.assertEqual([round(r.step_s, 6) for r in plan.rows],
+                     [25.0, 26.0, 27.0, 30.0, 30.0])
+    self.assertEqual({r.work_s for r in plan.rows}, {48.0})
+    self.assertEqual(plan.best.name, 'zb_v')
+
+  def testSharedPoolRanksByTicksWhenTheWorkIsEqual(self):
+    # Every table does 4 x 4 x (1 + 2) = 48 of work, 24 on 2 cores; a tick
+    # costs 0.5: GPipe and 1F1B 10 ticks (29), ZB-H1 13 (30.5),
+    # interleaved 18 (33), ZB-V 25 (36.5).
+    plan = schedule_auto.Rank(_Report(), _Profile(tick=0.5),
+                              recompute=False, regime='shared')
+    self.assertEqual([r.name for r in plan.rows],
+                     ['1f1b', 'gpipe', 'zb_h1', 'interleaved_1f1b', 'zb_v'])
+    self.assertEqual([r.step_s for r in plan.rows],
+                     [29.0, 29.0, 30.5, 33.0, 36.5])
+    self.assertEqual([r.ticks for r in plan.rows], [10, 10, 13, 18, 25])
+
+  def testMemoryBudgetRefusesWhatDoesNotFit(self):
+    # Fullest device without recompute (schedule_plan's model; a layer's
+    # output for one micro-batch is 2 x 8 x 4 = 64 B): 1F1B 384 B, ZB-H1
+    # 512, interleaved and GPipe 768, ZB-V 832. A budget of 512 B leaves
+    # ZB-H1 and 1F1B.
+    plan = schedule_auto.Rank(_Report(), _Profile(), recompute=False,
+                              regime='separate', memory_budget=512)
+    self.assertEqual([r.name for r in plan.rows if not r.refused],
+                     ['zb_h1', '1f1b'])
+    refused = {r.name: r.refused for r in plan.rows if r.refused}
+    self.assertEqual(sorted(refused), ['gpipe', 'interleaved_1f1b', 'zb_v'])
+    self.assertEqual(refused['zb_v'], 'activation peak 832 B is over the '
+                     'budget of 512 B per device')
+
+  def testRefusesScheduleThatDoesNotApply(self):
+    # T=3 is no multiple of K=2: interleaved is refused with the builder's
+    # reason; K v = 4 stages fit the 4 layers.
+    plan = schedule_auto.Rank(_Report(tt=3), _Profile(), recompute=True,
+                              regime='shared')
+    refused = {r.name: r.refused for r in plan.rows if r.refused}
+    self.assertEqual(list(refused), ['interleaved_1f1b'])
+
+  def testProfileOfAnotherModelIsRefused(self):
+    prof = cost_model.Profile((cost_model.LayerCost(1, 2, 1, 1),) * 3, 2)
+    with self.assertRaisesRegex(ValueError, 'the profile has 3 layers, the '
+                                'model 4'):
+      schedule_auto.Rank(_Report(), prof, True, 'shared')
+
+
+class ResolveTest(tf.test.TestCase):
+
+  def testCandidatesFollowTheLayerSettings(self):
+    self.assertEqual(schedule_auto.Candidates(_Pipe(grad_sum='pairwise')),
+                     [('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2)])
+    self.assertEqual(schedule_auto.Candidates(
+        _Pipe(recompute_impl='tf_recompute_grad')), [('gpipe', 1)])
+    self.assertEqual(schedule_auto.Candidates(_Pipe(num_stages_per_device=2)),
+                     [('interleaved_1f1b', 2), ('zb_v', 2)])
+
+  def testRegime(self):
+    self.assertEqual(schedule_auto.Regime(['/CPU:0', '/CPU:1']), 'shared')
+    self.assertEqual(schedule_auto.Regime(['/GPU:0', '/GPU:1']), 'separate')
+    self.assertEqual(schedule_auto.Regime(
+        ['/job:worker/replica:0/task:0/device:CPU:0',
+         '/job:worker/replica:0/task:1/device:CPU:0']), 'separate')
+
+  def testResolveAutoWithFlopCostsPicks1F1BAndSaysWhy(self):
+    lines = []
+    q = schedule_auto.ResolveAuto(_Pipe(), lines.append)
+    self.assertEqual((q.schedule, q.num_stages_per_device), ('1f1b', 1))
+    self.assertIn("schedule='auto' -> '1f1b'", lines[0])
+    self.assertIn('FLOP-based costs, no profile', lines[0])
+    self.assertIn('shared regime', lines[0])
+    p = _Pipe()
+    self.assertIs(schedule_auto.ResolveAuto(p.Set(schedule='gpipe')), p)
+
+  def testResolveAutoNeedsLayersAndShapes(self):
+    p = _Pipe(layers=None, partitions=[_FcLayers(2), _FcLayers(2)])
+    with self.assertRaisesRegex(ValueError, "schedule='auto' plans the cut "
+                                'itself and needs `layers`'):
+      schedule_auto.ResolveAuto(p)
+
+  def testBadPlanSettingsNameTheValue(self):
+    with self.assertRaisesRegex(ValueError, "plan_regime='gpu' is not one "
+                                'of'):
+      schedule_auto.ResolveAuto(_Pipe(plan_regime='gpu'))
+    with self.assertRaisesRegex(ValueError, 'plan_memory_budget=-1 must be '
+                                'bytes > 0'):
+      schedule_auto.ResolveAuto(_Pipe(plan_memory_budget=-1))
+
+  def testLayerBuiltWithAutoHoldsTheConcreteSchedule(self):
+    layer = _Pipe(plan_regime='separate').Instantiate()
+    self.assertEqual(layer.params.schedule, 'zb_v')
+    self.assertEqual(layer.params.num_stages_per_device, 2)
+    self.assertEqual(layer.num_stages, 4)
+
+  def testResolveAutoInSetsTheTreeForParamsTxt(self):
+    root = hyperparams.Params()
+    root.Define('model', _Pipe(), 'The model.')
+    self.assertEqual(schedule_auto.ResolveAutoIn(root, lambda _: None),
+                     ['pipe'])
+    self.assertIn("model.schedule : '1f1b'", root.ToText())
+    self.assertIn('model.num_stages_per_device : 1', root.ToText())
+
+
+class _AutoExperiment(base_experiment.BaseExperiment):
+  """Flatten and 3 FC layers on 8x8 synthetic images, schedule='auto'."""
+
+  def Train(self):
+    return synthetic_input.SyntheticImageInput.Params().Set(
+        name='train', batch_size=8, num_examples=16)
+
+  def Test(self):
+    return self.Train().Set(name='test', split='test')
+
+  def Task(self):
+    layers = [linear.FlattenLayer.Params().Set(name='flat'),
+              linear.FCLayer.Params().Set(name='fc0', input_dim=64,
+                                          output_dim=8)] + _FcLayers(3)[1:]
+    layers[-1].output_dim = 4
+    model = _Pipe(name='TensorPipe', input_shapes=[[8, 8, 8, 1]],
+                  layers=layers)
+    return tasks.ClassificationTask.Params().Set(name='task', model=model,
+                                                 num_classes=4)
+
+
+class TrainerTest(tf.test.TestCase):
+
+  def testParamsTxtHoldsTheConcreteScheduleAndAResumeReadsIt(self):
+    logdir = self.get_temp_dir()
+    log = []
+    trainer = trainer_lib.Trainer(_AutoExperiment().ModelParams(), logdir,
+                                  log_fn=log.append)
+    self.assertEqual(trainer.params.task.model.schedule, '1f1b')
+    self.assertEqual(trainer.task.children.model.params.schedule, '1f1b')
+    self.assertTrue(any("schedule='auto' -> '1f1b'" in line for line in log))
+    # What Train writes; a resume resolves the same and changes nothing.
+    text = trainer.params.ToText()
+    self.assertIsNone(logdir_lib.WriteParams(logdir, text, 0, log.append))
+    again = trainer_lib.Trainer(_AutoExperiment().ModelParams(), logdir,
+                                log_fn=log.append)
+    self.assertIsNone(logdir_lib.WriteParams(
+        logdir, again.params.ToText(), 3, log.append))
+    restored = _AutoExperiment().ModelParams()
+    with open(os.path.join(logdir, logdir_lib.PARAMS_FILE)) as f:
+      restored.FromText(f.read())
+    self.assertEqual((restored.task.model.schedule,
+                      restored.task.model.num_stages_per_device), ('1f1b', 1))
+
+
+class PlanToolTest(tf.test.TestCase):
+
+  def _Run(self, *argv):
+    fv = flags.FlagValues()
+    model_analysis_tool.DefineFlags(fv)
+    fv(['model_analysis', '--model=consistency', '--num_partitions=2',
+        '--num_micro_batches=4', '--batch_size=8', '--L=4', '--plan']
+       + list(argv))
+    return model_analysis_tool.Run(fv)
+
+  def _Order(self, text):
+    rows = text[text.index('rank  schedule'):].splitlines()[1:]
+    return [line.split()[1] for line in rows if line.split()[0].isdigit()]
+
+  def testFlopPlanOnSeparateExecutorsPutsZeroBubbleFirst(self):
+    text = self._Run('--plan_regime=separate')
+    self.assertIn('Schedule plan (flops costs, separate regime)', text)
+    self.assertIn('FLOP-based costs', text)
+    self.assertEqual(self._Order(text), ['zb_v', 'zb_h1', 'interleaved_1f1b',
+                                         '1f1b', 'gpipe'])
+
+  def testProfilePlanInASharedPoolRanksByTicks(self):
+    # testSharedPoolRanksByTicksWhenTheWorkIsEqual's profile, 4 layers.
+    with tempfile.TemporaryDirectory() as d:
+      path = os.path.join(d, 'profile.json')
+      _Profile(tick=0.5).Save(path)
+      text = self._Run(f'--plan_profile={path}', '--norecompute')
+    self.assertIn('Schedule plan (measured costs, shared regime, 2 cores)',
+                  text)
+    self.assertEqual(self._Order(text), ['1f1b', 'gpipe', 'zb_h1',
+                                         'interleaved_1f1b', 'zb_v'])
+    self.assertRegex(text, r'1  1f1b +1 +29 s +48 s +10 ')
+
+  def testMemoryBudgetRefusesInTheTable(self):
+    text = self._Run('--plan_memory_budget_mib=0.0001')
+    self.assertEqual(self._Order(text), [])
+    self.assertIn('n/a: activation peak', text)
+
+
+if __name__ == '__main__':
+  tf.test.main()

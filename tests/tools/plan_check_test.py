@@ -1,0 +1,42 @@
+"""tools/benchmark_lib/plan_check: the accuracy summary (pure Python)."""
+
+import unittest
+
+from tools.benchmark_lib import plan_check
+
+
+def _Row(schedule, v, measured, predicted, cpu, predicted_cpu):
+  return dict(setting='x', schedule=schedule, v=v, measured_s=measured,
+              predicted_s=predicted, measured_cpu_s=cpu,
+              predicted_cpu_s=predicted_cpu, separate_s=predicted)
+
+
+_RESULTS = [dict(model='dense16', T=4, pick=['1f1b', 1], load_average=1.0,
+                 rows=[_Row('gpipe', 1, 0.100, 0.110, 0.2, 0.2),
+                       _Row('1f1b', 1, 0.102, 0.100, 0.2, 0.18),
+                       _Row('zb_v', 2, 0.125, 0.100, 0.25, 0.2)])]
+
+
+class SummaryTest(unittest.TestCase):
+
+  def testErrorsAndPick(self):
+    s = plan_check.Summary(_RESULTS)
+    # Wall errors +10%, -1.96%, -20%; CPU 0%, -10%, -20%.
+    self.assertAlmostEqual(s['wall']['median_abs_error'], 0.1)
+    self.assertAlmostEqual(s['wall']['worst_abs_error'], 0.2)
+    self.assertAlmostEqual(s['cpu']['median_abs_error'], 0.1)
+    # The pick, 1F1B, measured 102 ms against GPipe's 100: +2%.
+    self.assertAlmostEqual(s['picks'][0]['over_best']['wall'], 0.02)
+    self.assertAlmostEqual(s['picks'][0]['over_best']['cpu'], 0.0)
+
+  def testTable(self):
+    text = plan_check.Table(_RESULTS)
+    self.assertIn('| dense16 | 4 | zb_v v=2 | 125.0 / 100.0 | -20.0% | '
+                  '250.0 / 200.0 | -20.0% | 1.225 | 1.000 | 100.0 |', text)
+    self.assertIn('wall: median |error| 10.0%, worst 20.0%', text)
+    self.assertIn('- dense16 T=4 (load 1.0): pick 1f1b v=1, +2.0% (wall) / '
+                  '+0.0% (CPU) over the fastest measured', text)
+
+
+if __name__ == '__main__':
+  unittest.main()

@@ -1,0 +1,254 @@
+"""The planner's accuracy: predicted vs measured step of every schedule.
+
+`tools/benchmark --plan_check` runs, for each model of --models and each T
+of --plan_check_ts, one child process (one intra-op thread, K = 2 inter-op
+threads, 2 logical CPU devices: the benchmark's pipelined settings) that
+
+  1. builds the five schedules of `schedule_plan.ALL` at K=2 with recompute
+     (K2-T<t>-rc, -1f1b-rc, -i2-rc, -zbh1-rc, -zbv-rc),
+  2. profiles the model (`cell_profile.ProfileLayer`: per-layer cells, tick
+     and transfer cost) before and after the timed steps, and averages,
+  3. times the five training steps in turn, one step each per round
+     (median of --steps rounds), and
+  4. predicts each with `cost_model.Predict` in the shared regime (the
+     logical devices share the process's thread pools) on the cut the
+     layer made, and ranks them with `schedule_auto.Rank` (the pick).
+
+The parent prints per schedule the measured and predicted step, the
+error, both ratios to 1F1B, and per (model, T) whether the planner's pick
+is within 3% of the fastest measured schedule; then the median and worst
+|error| over all rows.
+
+  python -m tools.benchmark --plan_check --models=dense16,conv16
+  python -m tools.benchmark --profile --models=dense16 --profile_setting=K2-T8-rc
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Sequence
+
+from tools import paths
+
+RESULT_PREFIX = 'PLAN_CHECK_RESULT '
+SUFFIXES = ('rc', '1f1b-rc', 'i2-rc', 'zbh1-rc', 'zbv-rc')
+_CHILD = 'from tools.benchmark_lib import plan_check; plan_check.ChildMain()'
+
+
+def _Average(a: Any, b: Any) -> Any:
+  """The mean of two cost_model.Profiles, cell by cell."""
+  from tensorpipe import cost_model  # pylint: disable=g-import-not-at-top
+  mean = lambda x, y: (x + y) / 2
+  return cost_model.Profile(
+      tuple(cost_model.LayerCost(*[mean(getattr(x, f), getattr(y, f)) for f in
+                                   ('forward', 'backward', 'input_grad',
+                                    'weight_grad', 'out_bytes')])
+            for x, y in zip(a.layers, b.layers)),
+      a.micro_batch_rows, mean(a.tick_s, b.tick_s),
+      mean(a.transfer_s_per_byte, b.transfer_s_per_byte), a.input_bytes,
+      mean(a.num_cores, b.num_cores))
+
+
+def _Measure(model: str, tt: int, steps: int, reps: int) -> Dict[str, Any]:
+  """The child's work (module docstring); TF not yet started."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from tensorpipe import cell_profile, cost_model, devices, model_analysis
+  from tensorpipe import schedule_auto, schedule_builders
+  from tools.benchmark_lib import runner, settings
+  # pylint: enable=g-import-not-at-top
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_inter_op_parallelism_threads(2)
+  devices.SetNumLogicalCpuDevices(2)
+  layer_ps, shape = runner.BuiltinLayers(model)
+  x = tf.random.stateless_uniform(shape, seed=[1, 2])
+  names = [f'K2-T{tt}-{s}' for s in SUFFIXES]
+  parsed = {n: settings.ParseSetting(n) for n in names}
+  layers = {n: runner.BuildLayer(parsed[n], layer_ps, shape) for n in names}
+  before = cell_profile.ProfileLayer(layers[names[0]], (x,), reps)
+  fns = {n: runner.StepFn(layers[n], x, 1e-3) for n in names}
+  for fn in fns.values():
+    for _ in range(2):
+      fn(x)[0].numpy()
+  times = {n: [] for n in names}
+  cpu = {n: [] for n in names}
+  load = os.getloadavg()[0]
+  for i in range(steps):
+    for n in names[i % len(names):] + names[:i % len(names)]:
+      start, start_cpu = _Now(), time.process_time()
+      fns[n](x)[0].numpy()
+      times[n].append(_Now() - start)
+      cpu[n].append(time.process_time() - start_cpu)
+  profile = _Average(before, cell_profile.ProfileLayer(
+      layers[names[0]], (x,), reps))
+  rows = []
+  for n in names:
+    s = parsed[n]
+    table = schedule_builders.Build(s.schedule, 2, tt,
+                                    s.num_stages_per_device)
+    cut = layers[n].partition_plan.boundaries
+    pred = cost_model.Predict(table, profile, cut, True, 'shared')
+    rows.append(dict(
+        setting=n, schedule=s.schedule, v=s.num_stages_per_device,
+        measured_s=statistics.median(times[n]),
+        measured_cpu_s=statistics.median(cpu[n]),
+        predicted_s=pred.step_s,
+        predicted_cpu_s=pred.work_s + pred.ticks * profile.tick_s,
+        separate_s=cost_model.Predict(table, profile, cut, True,
+                                      'separate').step_s))
+  report = model_analysis.AnalyzeLayers(
+      layer_ps, [shape], num_partitions=2, num_micro_batches=tt,
+      exact_optimizer_state=False)
+  best = schedule_auto.Rank(report, profile, True, 'shared').best
+  return dict(model=model, T=tt, rows=rows, pick=[best.name,
+                                                  best.num_stages_per_device],
+              profile=profile.ToJson(), load_average=load)
+
+
+def _Profile(model: str, setting: str, reps: int) -> Dict[str, Any]:
+  """--profile: the profile of one setting's layer, with the threads and
+  devices of the setting; per stage of its cut the summed cells."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from tensorpipe import cell_profile, devices
+  from tools.benchmark_lib import runner, settings
+  # pylint: enable=g-import-not-at-top
+  s = settings.ParseSetting(setting)
+  intra, inter = s.threads
+  tf.config.threading.set_intra_op_parallelism_threads(intra)
+  tf.config.threading.set_inter_op_parallelism_threads(inter)
+  devices.SetNumLogicalCpuDevices(max(1, s.num_partitions))
+  layer_ps, shape = runner.ModelLayers(model)
+  layer = runner.BuildLayer(s, layer_ps, shape)
+  x = tf.random.stateless_uniform(shape, seed=[1, 2])
+  start = _Now()
+  prof = cell_profile.ProfileLayer(layer, (x,), reps)
+  took = _Now() - start
+  plan = layer.partition_plan
+  cut = plan.boundaries if plan else [(0, len(prof.layers))]
+  stages = [{f: sum(getattr(c, f) for c in prof.layers[a:b]) for f in
+             ('forward', 'backward', 'input_grad', 'weight_grad')}
+            for a, b in cut]
+  return dict(profile=prof.ToJson(), stages=stages, seconds=took)
+
+
+def _Now() -> float:
+  return time.perf_counter()
+
+
+def ChildMain() -> None:
+  """Entry point of the child: argv[1] is a JSON request."""
+  request = json.loads(sys.argv[1])
+  fn = _Profile if request.pop('action') == 'profile' else _Measure
+  sys.stdout.write(RESULT_PREFIX + json.dumps(fn(**request)) + '\n')
+
+
+def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
+             timeout_s: float = 900) -> Dict[str, Any]:
+  """`_Measure` in a fresh process.
+
+  Raises:
+    RuntimeError: the child failed (with its stderr tail).
+  """
+  return _Spawn(dict(action='check', model=model, tt=tt, steps=steps,
+                     reps=reps), timeout_s)
+
+
+def ProfileChild(model: str, setting: str, reps: int = 10,
+                 timeout_s: float = 900) -> Dict[str, Any]:
+  """`_Profile` in a fresh process: {'profile', 'stages', 'seconds'}."""
+  return _Spawn(dict(action='profile', model=model, setting=setting,
+                     reps=reps), timeout_s)
+
+
+def _Spawn(request: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
+  """Runs ChildMain on `request`; RuntimeError with its stderr tail if it
+  fails."""
+  env = dict(os.environ)
+  env['PYTHONPATH'] = paths.REPO_ROOT
+  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  proc = subprocess.run([sys.executable, '-c', _CHILD, json.dumps(request)],
+                        capture_output=True, text=True, timeout=timeout_s,
+                        env=env, cwd=paths.REPO_ROOT, check=False)
+  for line in proc.stdout.splitlines():
+    if line.startswith(RESULT_PREFIX):
+      return json.loads(line[len(RESULT_PREFIX):])
+  raise RuntimeError(f'{request} failed (exit {proc.returncode}):\n'
+                     f'{proc.stderr[-3000:]}')
+
+
+def _Errors(results: Sequence[Dict[str, Any]], clock: str) -> List[float]:
+  return [r[f'predicted{clock}_s'] / r[f'measured{clock}_s'] - 1
+          for res in results for r in res['rows']]
+
+
+def Summary(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+  """Median and worst |predicted / measured - 1| of the step (wall) and of
+  its CPU time (work), and per (model, T) the pick's measured step over
+  the fastest measured one (wall and CPU)."""
+  out = {}
+  for clock, name in (('', 'wall'), ('_cpu', 'cpu')):
+    errs = [abs(e) for e in _Errors(results, clock)]
+    out[name] = dict(median_abs_error=statistics.median(errs),
+                     worst_abs_error=max(errs))
+  picks = []
+  for res in results:
+    over = {}
+    for clock, name in (('', 'wall'), ('_cpu', 'cpu')):
+      by = {(r['schedule'], r['v']): r[f'measured{clock}_s']
+            for r in res['rows']}
+      over[name] = by[tuple(res['pick'])] / min(by.values()) - 1
+    picks.append(dict(model=res['model'], T=res['T'], pick=res['pick'],
+                      over_best=over))
+  out['picks'] = picks
+  return out
+
+
+def Table(results: Sequence[Dict[str, Any]]) -> str:
+  """Markdown: one row per (model, T, schedule), then the summary."""
+  lines = ['| model | T | schedule | step ms measured / predicted | error | '
+           'CPU ms measured / predicted | error | measured / 1F1B | '
+           'predicted / 1F1B | separate-regime ms |',
+           '|---|---|---|---|---|---|---|---|---|---|']
+  for res in results:
+    base = {k: next(r[k] for r in res['rows'] if r['schedule'] == '1f1b')
+            for k in ('measured_s', 'predicted_s')}
+    for r in res['rows']:
+      lines.append(
+          f'| {res["model"]} | {res["T"]} | {r["schedule"]} v={r["v"]} | '
+          f'{r["measured_s"] * 1e3:.1f} / {r["predicted_s"] * 1e3:.1f} | '
+          f'{r["predicted_s"] / r["measured_s"] - 1:+.1%} | '
+          f'{r["measured_cpu_s"] * 1e3:.1f} / '
+          f'{r["predicted_cpu_s"] * 1e3:.1f} | '
+          f'{r["predicted_cpu_s"] / r["measured_cpu_s"] - 1:+.1%} | '
+          f'{r["measured_s"] / base["measured_s"]:.3f} | '
+          f'{r["predicted_s"] / base["predicted_s"]:.3f} | '
+          f'{r["separate_s"] * 1e3:.1f} |')
+  s = Summary(results)
+  lines.append('')
+  for name in ('wall', 'cpu'):
+    lines.append(f'{name}: median |error| {s[name]["median_abs_error"]:.1%}'
+                 f', worst {s[name]["worst_abs_error"]:.1%}')
+  lines += [f'- {p["model"]} T={p["T"]} (load {res["load_average"]:.1f}): '
+            f'pick {p["pick"][0]} v={p["pick"][1]}, '
+            f'{p["over_best"]["wall"]:+.1%} (wall) / '
+            f'{p["over_best"]["cpu"]:+.1%} (CPU) over the fastest measured'
+            for p, res in zip(s['picks'], results)]
+  return '\n'.join(lines)
+
+
+def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
+        log=print) -> List[Dict[str, Any]]:
+  """One child per (model, T), in turn."""
+  out = []
+  for model in models:
+    for tt in ts:
+      res = RunChild(model, tt, steps, reps)
+      log(f'{model} T={tt}: ' + ', '.join(
+          f'{r["schedule"]} {r["measured_s"] * 1e3:.1f} / '
+          f'{r["predicted_s"] * 1e3:.1f} ms' for r in res['rows']))
+      out.append(res)
+  return out
