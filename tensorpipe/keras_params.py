@@ -122,7 +122,7 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
   """TensorPipeLayer Params of a Keras model, one KerasLayer per layer.
 
   A Sequential (or list of layers) is cut into runs of layers; a functional
-  model into runs of its layer calls, one `keras_graph.KerasGraphSegment`
+  model into runs of its layer calls, one `keras_graph_segment.KerasGraphSegment`
   per partition (see keras_graph).
 
   Making the Params runs no TensorFlow op when `model` is a function (or
