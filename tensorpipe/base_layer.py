@@ -213,7 +213,7 @@ class BaseLayer(tf.Module):
 
   # Whether this layer's name is a level of its descendants' paths and
   # checkpoint keys. A layer that only groups others into one pipeline
-  # partition (keras_graph.KerasGraphSegment) sets False: its children get
+  # partition (keras_graph_segment.KerasGraphSegment) sets False: its children get
   # the paths and keys they would have directly under its parent, so the
   # same Keras layer has the same key for any number of partitions.
   ADDS_PATH_LEVEL = True

@@ -15,8 +15,8 @@ from typing import Any, List, Optional, Tuple
 
 import keras
 
-from tensorpipe import keras_graph
 from tensorpipe import keras_graph_params
+from tensorpipe import keras_graph_segment
 from tensorpipe import keras_nested
 from tensorpipe import keras_params
 from tensorpipe import keras_utils
@@ -109,7 +109,7 @@ def GraphFront(model: Any, num_partitions: int, num_micro_batches: int,
   return Front(
       pipe=pipe,
       input_specs=[(list(info.shape), info.dtype)
-                   for info in keras_graph.InputSpecs(graph, costs)],
+                   for info in keras_graph_segment.InputSpecs(graph, costs)],
       input_names=list(graph.input_names),
       output_names=list(graph.output_names),
       out_dtypes=[costs.tensors[k].dtype for k in graph.outputs],

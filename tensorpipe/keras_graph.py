@@ -5,14 +5,15 @@ keras.applications) is a graph: skip connections, several inputs and
 outputs, layers called more than once. Here the graph is read from the
 model's config (text, as every TensorPipe Params), its node calls are put in
 one topological order, and the order is cut into K consecutive segments.
-Each segment becomes one `KerasGraphSegment` layer, which a TensorPipeLayer
-takes as a manual partition; `Stage.Call`, the schedules and recompute are
-unchanged.
+Each segment becomes one `KerasGraphSegment` layer (keras_graph_segment.py),
+which a TensorPipeLayer takes as a manual partition; `Stage.Call`, the
+schedules and recompute are unchanged.
 
   graph = ReadGraph(model.get_config())     # nodes in topological order
   costs = keras_graph_costs.Analyse(graph)  # shapes, FLOPs, weights
   plan = PlanCuts(graph, costs, K)          # cuts between nodes
-  partitions = [[SegmentParams(graph, plan, k)] for k in range(K)]
+  partitions = [[keras_graph_segment.SegmentParams(graph, costs, plan, k)]
+                for k in range(K)]
 
 What crosses cut k travels in the segment's output NestedMap: every tensor
 made before the cut (model inputs included) that a node after it reads or
@@ -502,148 +503,3 @@ def PlanCuts(graph: Graph, costs: GraphCosts, num_segments: int,
   ends = list(starts[1:]) + [n]
   flops = tuple(float(sum(costs.flops[a:b])) for a, b in zip(starts, ends))
   return CutPlan(tuple(starts), tuple(boundaries), flops)
-
-
-# -- segments -----------------------------------------------------------------
-
-
-class KerasGraphSegment(base_layer.BaseLayer):
-  """A run of consecutive nodes of a functional Keras graph: one partition.
-
-  Its Params are text: the Keras layers it calls (KerasLayer Params, named
-  by their Keras names), the keras.ops configs, the node list with tensor
-  references, and what it takes and returns. Made by `SegmentParams`.
-
-  FProp(theta, *inputs): the first segment takes the model's inputs
-  (positional, in keras.Input order), every other one the previous
-  segment's NestedMap; the last returns the model's outputs (a tensor, or a
-  tuple), every other one a NestedMap of the tensors a later segment needs.
-  """
-
-  ADDS_PATH_LEVEL = False
-
-  @classmethod
-  def Params(cls):
-    p = super().Params()
-    p.Define('sub', [], 'KerasLayer Params of the Keras layers this segment '
-             'calls, each named by its Keras name.')
-    p.Define('ops', {}, 'keras.ops Operation name -> its serialised config '
-             '(stateless calls).')
-    p.Define('nodes', [], "The calls, in order: dicts {'layer', 'index', "
-             "'args', 'kwargs'} with tensors as {'__tensor__': key}.")
-    p.Define('inputs', [], 'Keys of the tensors this segment takes.')
-    p.Define('outputs', [], 'Keys of the tensors this segment returns.')
-    p.Define('first', True, 'Whether the inputs are the model inputs '
-             '(positional args) rather than one NestedMap.')
-    p.Define('last', True, 'Whether the outputs are the model outputs.')
-    p.Define('single_output', True, 'For the last segment: return one '
-             'tensor (else a tuple).')
-    p.Define('specs', {}, 'Tensor key -> [per-example shape, dtype name] of '
-             'the inputs and outputs (FPropMeta).')
-    p.Define('flops_per_example', 0.0, 'Forward FLOPs of one example.')
-    p.Define('num_params', 0, 'Weights of the layers called here.')
-    return p
-
-  def __init__(self, params):
-    super().__init__(params)
-    p = self.params
-    self.CreateChildren('sub', p.sub)
-    ops = {}
-    for name, entry in (p.ops or {}).items():
-      ops[name] = NewObject(p.name, name, entry)
-    object.__setattr__(self, '_ops', ops)
-
-  def FProp(self, theta, *inputs):
-    p = self.params
-    if p.first:
-      if len(inputs) != len(p.inputs):
-        raise ValueError(
-            f'KerasGraphSegment {p.name!r}: the model takes {len(p.inputs)} '
-            f'input(s) but got {len(inputs)}; pass one tensor per keras.Input, '
-            'in order')
-      env = dict(zip(p.inputs, inputs))
-    else:
-      (boundary,) = inputs
-      env = {key: boundary[key] for key in p.inputs}
-    # A tied reader (tied_to) is named apart but runs its Keras layer's
-    # nodes.
-    layers = {layer.params.tied_to or layer.layer_name: (layer, layer_theta)
-              for layer, layer_theta in zip(self.children.sub, theta.sub)}
-    for node in p.nodes:
-      args, kwargs = FillArgs(node['args'], env), FillArgs(node['kwargs'], env)
-      name = node['layer']
-      if name in self._ops:
-        with tf.name_scope(name):
-          out = self._ops[name](*args, **kwargs)
-      else:
-        layer, layer_theta = layers[name]
-        out = layer.CallKeras(layer_theta, tuple(args), kwargs)
-      for j, t in enumerate(tf.nest.flatten(out)):
-        env[TensorKey((name, node['index'], j))] = t
-    if p.last:
-      outs = [env[key] for key in p.outputs]
-      return outs[0] if p.single_output else tuple(outs)
-    return NestedMap({key: env[key] for key in p.outputs})
-
-  @classmethod
-  def FPropMeta(cls, p, *input_shapes):
-    leaves = tf.nest.flatten([base_layer.ToShape(s) if not isinstance(
-        s, (dict, NestedMap)) else s for s in input_shapes])
-    batch = None
-    for s in leaves:
-      s = base_layer.ToShape(s)
-      if s.rank:
-        batch = s[0]
-        break
-
-    def Shape(key):
-      shape, _ = p.specs[key]
-      return tf.TensorShape([batch] + list(shape))
-    if p.last:
-      outs = tuple(Shape(key) for key in p.outputs)
-      out = outs[0] if p.single_output else outs
-    else:
-      out = NestedMap({key: Shape(key) for key in p.outputs})
-    return base_layer.FPropMetaResult(p.flops_per_example * (batch or 0), out,
-                                      p.num_params)
-
-
-def SegmentParams(graph: Graph, costs: GraphCosts, plan: CutPlan,
-                  k: int) -> Any:
-  """The KerasGraphSegment Params of segment k of `plan`."""
-  nodes = [graph.nodes[i] for i in plan.Nodes(graph, k)]
-  last = k == plan.num_segments - 1
-  inputs = graph.inputs if k == 0 else plan.boundaries[k - 1]
-  outputs = graph.outputs if last else plan.boundaries[k]
-  subs, ops, seen = [], {}, set()
-  earlier = {graph.nodes[i].layer for i in range(plan.starts[k])}
-  for node in nodes:
-    if node.layer in ops or node.layer in seen:
-      continue
-    seen.add(node.layer)
-    if graph.IsOp(node.layer):
-      ops[node.layer] = copy.deepcopy(graph.entries[node.layer])
-    elif node.layer in earlier:
-      # Called in an earlier segment too: read that segment's weights.
-      subs.append(keras_layer.KerasLayer.Params().Set(
-          name=f'{node.layer}__tied_{k}', tied_to=node.layer,
-          keras_config=copy.deepcopy(graph.entries[node.layer])))
-    else:
-      subs.append(keras_layer.KerasLayer.Params().Set(
-          name=node.layer,
-          keras_config=copy.deepcopy(graph.entries[node.layer])))
-  specs = {key: [list(costs.tensors[key].shape), costs.tensors[key].dtype]
-           for key in list(inputs) + list(outputs)}
-  num_params = sum(costs.num_params[i] for i in plan.Nodes(graph, k))
-  return KerasGraphSegment.Params().Set(
-      name=f'segment_{k}', sub=subs, ops=ops,
-      nodes=[{'layer': n.layer, 'index': n.index, 'args': n.args,
-              'kwargs': n.kwargs} for n in nodes],
-      inputs=list(inputs), outputs=list(outputs), first=k == 0, last=last,
-      single_output=graph.single_output, specs=specs,
-      flops_per_example=float(plan.flops[k]), num_params=int(num_params))
-
-
-def InputSpecs(graph: Graph, costs: GraphCosts) -> List[TensorInfo]:
-  """The model inputs' TensorInfos, in order."""
-  return [costs.tensors[key] for key in graph.inputs]

@@ -22,6 +22,7 @@ from tensorpipe import hyperparams
 from tensorpipe import keras_graph
 from tensorpipe import keras_graph_costs
 from tensorpipe import keras_graph_mixing
+from tensorpipe import keras_graph_segment
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
 from tensorpipe import schedule_builders
@@ -150,12 +151,12 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
       graph, costs, stages, cut_after,
       method=pipeline_params.get('partition_method', 'min_max'))
   batch = batch_size or num_micro_batches
-  parts = [[keras_graph.SegmentParams(graph, costs, plan, k)]
+  parts = [[keras_graph_segment.SegmentParams(graph, costs, plan, k)]
            for k in range(stages)]
   p = pipeline.TensorPipeLayer.Params().Set(
       name=name, num_micro_batches=num_micro_batches, partitions=parts,
       input_shapes=[[batch] + list(info.shape)
-                    for info in keras_graph.InputSpecs(graph, costs)],
+                    for info in keras_graph_segment.InputSpecs(graph, costs)],
       **pipeline_params)
   result = GraphPipeline(p, graph, costs, plan, batch)
   logging.info('keras_pipeline: %s', result.Report())

@@ -122,8 +122,8 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
   """TensorPipeLayer Params of a Keras model, one KerasLayer per layer.
 
   A Sequential (or list of layers) is cut into runs of layers; a functional
-  model into runs of its layer calls, one `keras_graph.KerasGraphSegment`
-  per partition (see keras_graph).
+  model into runs of its layer calls, one
+  `keras_graph_segment.KerasGraphSegment` per partition (see keras_graph).
 
   Making the Params runs no TensorFlow op when `model` is a function (or
   its layers are built): the partition plan is computed when the Params are
@@ -184,6 +184,15 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
     raise ValueError(f'keras_pipeline: cut_after={cut_after} is for '
                      'functional models; a Sequential is split by '
                      'partition_sizes')
+  return _SequenceParams(model, num_partitions, num_micro_batches,
+                         input_shape, batch_size, partition_sizes, name,
+                         pipeline_params)
+
+
+def _SequenceParams(model, num_partitions: int, num_micro_batches: int,
+                    input_shape, batch_size, partition_sizes, name: str,
+                    pipeline_params) -> hyperparams.Params:
+  """PipelineParams of a Sequential or a list of layers."""
   layers = CheckedLayers(model)
   shape = InputShape(model, input_shape)
   if any(isinstance(layer, dict) for layer in layers):

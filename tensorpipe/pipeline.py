@@ -78,12 +78,12 @@ from absl import logging
 import tensorflow as tf
 
 from tensorpipe import base_layer
-from tensorpipe import checks
 from tensorpipe import devices as devices_lib
 from tensorpipe import grad_sum
 from tensorpipe import hyperparams
 from tensorpipe import microbatch
 from tensorpipe import partitioning
+from tensorpipe import pipeline_partitions
 from tensorpipe import pipeline_stage
 from tensorpipe import pipeline_train
 from tensorpipe import py_utils
@@ -199,7 +199,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     super().__init__(params)
     p = self.params
     microbatch.CheckMicroBatchParams(p.num_micro_batches, p.micro_batch_size)
-    stage_params, plan = self._ResolvePartitions(p)
+    stage_params, plan = pipeline_partitions.Resolve(p)
     self._CheckUniqueLayerNames(stage_params)
     self._devices = devices_lib.ResolveDevices(
         p.devices, len(stage_params) // schedule_builders.NumStagesPerDevice(p))
@@ -242,79 +242,6 @@ class TensorPipeLayer(base_layer.BaseLayer):
 
   # -- construction helpers ------------------------------------------------
 
-  def _ResolvePartitions(
-      self, p) -> Tuple[List[List[Any]], Optional[partitioning.PartitionPlan]]:
-    """The K lists of layer Params, and the automatic plan (or None)."""
-    if p.partitions is not None and p.layers is not None:
-      raise ValueError(f'TensorPipeLayer {p.name!r}: set either `partitions` '
-                       '(manual) or `layers` + `num_partitions` (automatic), '
-                       'not both')
-    if p.partitions is not None:
-      parts = list(p.partitions)
-      if not parts:
-        raise ValueError(f'TensorPipeLayer {p.name!r}: partitions is empty; '
-                         'give K >= 1 lists of layer Params')
-      for k, part in enumerate(parts):
-        if not isinstance(part, (list, tuple)):
-          what = (f'layer Params {part.name!r}'
-                  if isinstance(part, hyperparams.Params) and 'name' in part
-                  else f'{type(part).__name__} {part!r}')
-          raise TypeError(f'partitions[{k}] must be a list of layer Params, '
-                          f'got {what}; give K lists of layer Params, e.g. '
-                          'partitions=[[layer_a, layer_b], [layer_c]]')
-        if not part:
-          raise ValueError(f'TensorPipeLayer {p.name!r}: partition {k} is '
-                           'empty; every partition needs at least one layer')
-      v = schedule_builders.NumStagesPerDevice(p)
-      if len(parts) % v:
-        raise ValueError(
-            f'TensorPipeLayer {p.name!r}: {len(parts)} partitions (stages) do '
-            f'not fill num_stages_per_device={v} stages on each device; give '
-            f'a multiple of {v} partitions')
-      if p.input_shapes is not None:
-        self._CheckChain([lp for part in parts for lp in part],
-                         base_layer.InputShapes(p.input_shapes))
-      return [list(part) for part in parts], None
-    if p.layers is None:
-      raise ValueError(f'TensorPipeLayer {p.name!r}: no layers; set '
-                       '`partitions` (K lists of layer Params) or `layers` '
-                       'with `num_partitions`')
-    layers = list(p.layers)
-    if not layers:
-      raise ValueError(f'TensorPipeLayer {p.name!r}: layers is empty')
-    k = p.num_partitions
-    checks.CheckPositiveInts('', num_partitions=k)
-    v = schedule_builders.NumStagesPerDevice(p)
-    if k * v > len(layers):
-      what = (f'num_partitions={k}' if v == 1 else
-              f'num_partitions={k} x num_stages_per_device={v} = {k * v} '
-              'stages')
-      raise ValueError(f'{what} is larger than the number of layers '
-                       f'({len(layers)}): each stage needs at least one '
-                       f'layer; use num_partitions <= {len(layers) // v}')
-    k *= v
-    if k == 1:
-      return [layers], None
-    if p.input_shapes is None:
-      raise ValueError(
-          f'TensorPipeLayer {p.name!r}: automatic partitioning into {k} '
-          'partitions balances FPropMeta costs, which need the input shapes; '
-          'set input_shapes (e.g. [[batch, height, width, channels]]) or give '
-          '`partitions` explicitly')
-    metas = self._CheckChain(layers, base_layer.InputShapes(p.input_shapes))
-    costs = [m.flops for m in metas]
-    plan = partitioning.Partition(costs, k, method=p.partition_method)
-    # A row per stage; which device holds which: PlacementReport, logged
-    # once the devices are known.
-    logging.info('TensorPipeLayer %r partition plan (%d stages on %d '
-                 'devices):\n%s', p.name, k, k // v,
-                 plan.Report([lp.name for lp in layers]))
-    out, start = [], 0
-    for size in plan.sizes:
-      out.append(layers[start:start + size])
-      start += size
-    return out, plan
-
   def _WarnIfDevicesShared(self) -> None:
     """Partitions on one device run one after another: no pipelining."""
     shared = devices_lib.SharedDevices(self._devices)
@@ -346,15 +273,6 @@ class TensorPipeLayer(base_layer.BaseLayer):
               f'used {both}; layer names name the variables and checkpoint '
               'keys and must be unique across the pipeline: rename one')
         where[name] = k
-
-  def _CheckChain(self, layer_params, input_shapes):
-    try:
-      metas, _ = composite.ChainFPropMeta(
-          layer_params, input_shapes, owner=f'TensorPipeLayer '
-          f'{self.params.name!r}')
-    except NotImplementedError:
-      return None
-    return metas
 
   # -- properties ----------------------------------------------------------
 

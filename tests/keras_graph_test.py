@@ -18,6 +18,7 @@ from tensorpipe import base_layer
 from tensorpipe import keras_graph
 from tensorpipe import keras_graph_costs
 from tensorpipe import keras_graph_mixing
+from tensorpipe import keras_graph_segment
 from tensorpipe import keras_params
 from tensorpipe import keras_pipeline
 from tensorpipe import keras_utils
@@ -159,7 +160,7 @@ class GraphReadingTest(tf.test.TestCase):
                   'once per step from each of segments 1 to segment 0',
                   plan.Report(graph, costs, BATCH))
     # The reader holds no variables of its own.
-    seg = keras_graph.SegmentParams(graph, costs, plan, 1)
+    seg = keras_graph_segment.SegmentParams(graph, costs, plan, 1)
     (reader,) = [sp for sp in seg.sub if sp.tied_to]
     self.assertEqual((reader.name, reader.tied_to), ('shared__tied_1',
                                                      'shared'))
