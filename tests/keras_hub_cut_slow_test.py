@@ -40,8 +40,8 @@ class Gpt2SmallCutTest(tf.test.TestCase):
     flops = plan.flops
     self.assertLen(flops, _K)
     self.assertLessEqual((max(flops) - min(flops)) / max(flops), 0.15)
-    names = [[(graph.nodes[i].layer, graph.nodes[i].index) for i in plan.Nodes(graph, k)]
-             for k in range(_K)]
+    names = [[(graph.nodes[i].layer, graph.nodes[i].index)
+              for i in plan.Nodes(graph, k)] for k in range(_K)]
     blocks = [[n for n, _ in stage if n.startswith('transformer_layer')]
               for stage in names]
     # The input embeddings never make a stage of their own: the first
