@@ -8,6 +8,10 @@ per device), ZB-H1 and ZB-V (2 stages per device): the weights after `fit`
 equal plain Keras `fit`'s to rtol 1e-9 (the pipeline runs the same ops per
 row; only the sums over micro-batches are grouped differently). The default
 tier checks each model's predictions at K=2 (keras_nested_test).
+`GPT2CausalLM(preprocessor=None)` as given (its token table tied to the
+softmax, read on the first and the last device) trains the same way with
+keras_hub's loss: sparse cross-entropy from logits, sample_weight =
+padding_mask.
 """
 
 import keras
@@ -54,24 +58,33 @@ def _SequenceModel(build):
   return backbone
 
 
+def _Tokens():
+  rng = np.random.default_rng(4)
+  mask = np.ones((2 * _N, _LEN), 'int32')
+  mask[::3, -2:] = 0
+  return {'token_ids': rng.integers(0, _VOCAB, (2 * _N, _LEN)).astype('int32'),
+          'padding_mask': mask}
+
+
+def _CausalLm():
+  backbone = _Models()['gpt2'][0]()
+  return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
 class KerasHubBackbonesTest(tf.test.TestCase):
 
-  def _CheckFit(self, name, build, extra, k, schedule, stages_per_device):
-    model, twin = _SequenceModel(build), _SequenceModel(build)
+  def _CheckFit(self, name, build, k, schedule, stages_per_device, loss,
+                data, sample_weight=None):
+    """Fits `build()` pipelined and plain on data = (x, y); equal."""
+    model, twin = build(), build()
     twin.set_weights(model.get_weights())
-    rng = np.random.default_rng(4)
-    mask = np.ones((2 * _N, _LEN), 'int32')
-    mask[::3, -2:] = 0
-    x = {'token_ids': rng.integers(0, _VOCAB, (2 * _N, _LEN)).astype('int32'),
-         'padding_mask': mask}
-    x.update({key: np.concatenate([v, v]) for key, v in extra.items()})
-    y = rng.normal(size=(2 * _N, _LEN, 8))
     pipe = keras_pipeline.TensorPipeModel(
         model, num_partitions=k, num_micro_batches=_T, batch_size=_N,
         schedule=schedule, num_stages_per_device=stages_per_device)
     for m in (pipe, twin):
-      m.compile(keras.optimizers.SGD(0.05), 'mse')
-      m.fit(x, y, batch_size=_N, epochs=1, shuffle=False, verbose=0)
+      m.compile(keras.optimizers.SGD(0.05), loss)
+      m.fit(*data, sample_weight=sample_weight, batch_size=_N, epochs=1,
+            shuffle=False, verbose=0)
     want = twin.get_weights()
     self.assertLen(pipe.get_weights(), len(want))
     for i, (got, w) in enumerate(zip(pipe.get_weights(), want)):
@@ -81,10 +94,26 @@ class KerasHubBackbonesTest(tf.test.TestCase):
 
   def testEveryBackboneEverySchedule(self):
     for name, (build, extra) in _Models().items():
+      x = _Tokens()
+      x.update({key: np.concatenate([v, v]) for key, v in extra.items()})
+      y = np.random.default_rng(4).normal(size=(2 * _N, _LEN, 8))
       for k in (2, 4):
         for schedule, stages_per_device in _SCHEDULES:
           with self.subTest(model=name, k=k, schedule=schedule):
-            self._CheckFit(name, build, extra, k, schedule, stages_per_device)
+            self._CheckFit(name, lambda b=build: _SequenceModel(b), k,
+                           schedule, stages_per_device, 'mse', (x, y))
+
+  def testGpt2CausalLmAsGivenEverySchedule(self):
+    """The tied LM head (one table on two devices), keras_hub's loss
+    weighting: sample_weight = padding_mask."""
+    x = _Tokens()
+    y = np.roll(x['token_ids'], -1, axis=1)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for k in (2, 4):
+      for schedule, stages_per_device in _SCHEDULES:
+        with self.subTest(k=k, schedule=schedule):
+          self._CheckFit('gpt2_causal_lm', _CausalLm, k, schedule,
+                         stages_per_device, loss, (x, y), x['padding_mask'])
 
 
 if __name__ == '__main__':
