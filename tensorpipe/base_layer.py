@@ -522,11 +522,6 @@ class _BuildScopeType:
 _BuildScope = _BuildScopeType()
 
 
-def ShapeOf(x: Any) -> Any:
-  """Static shapes of a tensor structure (TensorShape leaves)."""
-  return tf.nest.map_structure(lambda t: t.shape, x)
-
-
 def Layers(layer: BaseLayer) -> List[BaseLayer]:
   """The layer and all its descendants, depth first."""
   out = [layer]

@@ -77,10 +77,6 @@ _KERAS_TENSOR = '__keras_tensor__'
 _REF = '__tensor__'  # {'__tensor__': key}: a tensor in a node's arguments
 
 
-def _Owner() -> str:
-  return 'keras_graph'
-
-
 def TensorKey(history: Sequence[Any]) -> str:
   """The NestedMap key of output `i` of node `n` of layer `name`."""
   name, node, index = history
@@ -424,17 +420,19 @@ def _Boundary(graph: Graph, cut: int) -> Tuple[str, ...]:
 
 def PlanCuts(graph: Graph, costs: GraphCosts, num_segments: int,
              cut_after: Optional[Sequence[str]] = None,
-             method: str = 'min_max') -> CutPlan:
+             method: str = 'min_max', stages_per_device: int = 1) -> CutPlan:
   """Cuts the node order into `num_segments` segments.
 
   Args:
     graph: the graph.
     costs: its GraphCosts (FLOPs per node).
-    num_segments: K.
+    num_segments: K v stages (K devices, v stages per device).
     cut_after: optional K-1 Keras layer names, in order: cut after each
       layer's last call. None balances the FLOPs (partitioning.Partition
       over the runs of nodes between allowed cuts).
     method: partitioning objective ('min_max' or 'min_variance').
+    stages_per_device: v, for the messages only (they name what the user
+      set: num_partitions = K devices, not K v stages).
 
   Raises:
     ValueError: K larger than the number of places to cut, a cut that
@@ -443,6 +441,10 @@ def PlanCuts(graph: Graph, costs: GraphCosts, num_segments: int,
   """
   n = len(graph.nodes)
   ok = _Cuttable(graph)
+  v = stages_per_device
+  asked = (f'num_partitions={num_segments // v} x {v} stages per device = '
+           f'{num_segments} stages' if v > 1 else
+           f'num_partitions={num_segments}')
   if isinstance(num_segments, bool) or not isinstance(num_segments, int) or (
       num_segments < 1):
     raise ValueError(f'keras_graph: num_partitions={num_segments!r} must be a '
@@ -451,8 +453,8 @@ def PlanCuts(graph: Graph, costs: GraphCosts, num_segments: int,
     names = list(cut_after)
     if len(names) != num_segments - 1:
       raise ValueError(
-          f'keras_graph: cut_after={names} names {len(names)} layers; K='
-          f'{num_segments} partitions need {num_segments - 1}')
+          f'keras_graph: cut_after={names} names {len(names)} layers; '
+          f'{asked} need{"s" if v == 1 else ""} {num_segments - 1}')
     cuts = []
     for name in names:
       calls = graph.NodesOf(name) if name in graph.entries else []
@@ -476,9 +478,10 @@ def PlanCuts(graph: Graph, costs: GraphCosts, num_segments: int,
         start = c
     if num_segments > len(atoms):
       raise ValueError(
-          f'keras_graph: num_partitions={num_segments} but model '
-          f'{graph.name!r} can be cut in only {len(atoms)} pieces (its '
-          f'{n} layer calls); use num_partitions <= {len(atoms)}')
+          f'keras_graph: {asked} but model {graph.name!r} can be cut in '
+          f'only {len(atoms)} pieces (its {n} layer calls); use '
+          + (f'num_partitions <= {len(atoms)}' if v == 1 else
+             f'num_partitions x stages per device <= {len(atoms)}'))
     if num_segments == 1:
       starts = [0]
     else:

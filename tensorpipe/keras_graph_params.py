@@ -149,7 +149,8 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
   WarnBatchMixing(graph, costs)
   plan = keras_graph.PlanCuts(
       graph, costs, stages, cut_after,
-      method=pipeline_params.get('partition_method', 'min_max'))
+      method=pipeline_params.get('partition_method', 'min_max'),
+      stages_per_device=stages // num_partitions)
   batch = batch_size or num_micro_batches
   parts = [[keras_graph_segment.SegmentParams(graph, costs, plan, k)]
            for k in range(stages)]

@@ -329,7 +329,12 @@ class Trainer:
     self._BuildOptimizer()
     step_var = self.global_step
 
-    @tf.function
+    # autograph=False: the step is written with TF's own control flow
+    # (tf.cond, tf.while_loop), so AutoGraph's source rewrite of the ~14
+    # functions it reaches (3 s of every first step) buys nothing. A layer
+    # that branches in Python on a tensor gets TF's "tf.Tensor as a Python
+    # bool" error at trace time instead of a silent conversion.
+    @tf.function(autograph=False)
     def TrainStep(batch, stop):
       step = step_var.read_value()
       # NASNet's drop-path schedule: progress = step / max_steps, so
@@ -537,7 +542,7 @@ class Trainer:
   def _BuildEvalFn(self):
     task = self.task
 
-    @tf.function
+    @tf.function(autograph=False)  # as TrainStep
     def EvalStep(batch):
       with py_utils.EvalMode():
         out = task.FPropDefaultTheta(batch)

@@ -10,23 +10,57 @@ _SLOW_SUFFIX = '_slow_test.py'
 
 # The end-to-end tier of the default run (tools/test.sh): slow files that
 # also get the marker "e2e", so `pytest -m "not slow or e2e"` is the tier.
-# They are scheduled first: under `-n 2 --dist loadfile` a worker takes whole
-# files in collection order, and the longest files last would leave one
-# worker alone at the end. Then the unit files that take longest.
 E2E_TIER = ('tests/tools/trainer_slow_test.py',
             'tests/tools/multiworker_faults_slow_test.py',
             'tests/tools/multiworker_slow_test.py',
             'tests/inputs/prepared_data_slow_test.py')
-_LONG_UNIT_FILES = ('tests/trainer_lib_test.py',
-                    'tests/pipeline_train_test.py',
-                    'tests/pipeline_test.py',
-                    'tests/keras_pipeline_test.py',
-                    'tests/keras_schedules_test.py',
-                    'tests/tasks_test.py',
-                    'tests/pipeline_ticks_test.py',
-                    'tests/models/amoebanet_test.py',
-                    'tests/schedule_engine_test.py')
-_FIRST = E2E_TIER + _LONG_UNIT_FILES
+
+# Seconds each long file took in the tier (2 workers on 2 cores, a fresh
+# clone's run). Files run longest first: under `-n 2 --dist loadfile
+# --no-loadscope-reorder` a free worker takes the next whole file in
+# collection order, so the long files do not meet at the end with one
+# worker idle. Unlisted files are short and keep their order after these.
+# Refresh from `--durations` when a file's time changes a lot.
+_MEASURED_S = {
+    'tests/tools/trainer_slow_test.py': 344,
+    'tests/trainer_lib_test.py': 149,
+    'tests/pipeline_ticks_test.py': 124,
+    'tests/keras_nested_test.py': 122,
+    'tests/keras_schedules_test.py': 112,
+    'tests/pipeline_test.py': 110,
+    'tests/schedule_engine_test.py': 106,
+    'tests/inputs/prepared_data_slow_test.py': 105,
+    'tests/pipeline_train_test.py': 104,
+    'tests/tools/multiworker_slow_test.py': 101,
+    'tests/tools/multiworker_faults_slow_test.py': 88,
+    'tests/params/experiments_test.py': 86,
+    'tests/models/amoebanet_test.py': 63,
+    'tests/keras_graph_test.py': 63,
+    'tests/keras_pipeline_test.py': 62,
+    'tests/models/transformer_test.py': 61,
+    'tests/distribute_test.py': 53,
+    'tests/tools/keras_fit_test.py': 43,
+    'tests/export_test.py': 42,
+    'tests/checkpoint_repartition_test.py': 37,
+    'tests/tools/consistency_test.py': 35,
+    'tests/pipeline_transparency_test.py': 35,
+    'tests/tied_weights_test.py': 31,
+    'tests/keras_build_test.py': 29,
+    'tests/test_main_test.py': 27,
+    'tests/tools/trainer_startup_test.py': 26,
+    'tests/weight_op_split_test.py': 26,
+    'tests/pipeline_memory_test.py': 25,
+    'tests/layers/dropout_test.py': 25,
+    'tests/models/resnet_test.py': 21,
+    'tests/eval_coverage_test.py': 19,
+    'tests/trainer_lib_oracle_test.py': 18,
+    'tests/tasks_test.py': 18,
+    'tests/decode_metrics_test.py': 17,
+    'tests/timeline_test.py': 15,
+    'tests/tools/prepare_data_test.py': 14,
+    'tests/packaging_test.py': 14,
+    'tests/distribute_placement_test.py': 14,
+}
 
 # tf.test.TestCase's test_session placeholder is not collected (it would
 # report one skip per test class), as under Bazel (tests/test_main.py).
@@ -36,7 +70,7 @@ test_main.DropTfTestSessionPlaceholder()
 @pytest.hookimpl(tryfirst=True)  # before -m / -k deselect items
 def pytest_collection_modifyitems(config, items):
   """Marks every test in a *_slow_test.py file `slow` (and the end-to-end
-  tier's `e2e`), puts the longest files first and fails a file without
+  tier's `e2e`), puts the longest files first (_MEASURED_S) and fails a file without
   tests.
 
   The file name is the one switch for slow tests: build_defs.bzl tags the same
@@ -59,7 +93,7 @@ def _RelativePath(item, root) -> str:
 
 
 def _FileRank(path: str) -> int:
-  return _FIRST.index(path) if path in _FIRST else len(_FIRST)
+  return -_MEASURED_S.get(path, 0)
 
 
 # Test modules collected (pytest_collectreport), to find one without tests.

@@ -18,6 +18,7 @@ from tensorpipe import base_layer
 from tensorpipe import keras_graph
 from tensorpipe import keras_graph_costs
 from tensorpipe import keras_graph_mixing
+from tensorpipe import keras_graph_params
 from tensorpipe import keras_graph_segment
 from tensorpipe import keras_params
 from tensorpipe import keras_pipeline
@@ -178,6 +179,13 @@ class GraphReadingTest(tf.test.TestCase):
     costs = keras_graph_costs.Analyse(graph)
     with self.assertRaisesRegex(ValueError, 'num_partitions=9.*<= 8'):
       keras_graph.PlanCuts(graph, costs, 9)
+    # With v stages per device the line names K and v, as the user set them.
+    with self.assertRaisesRegex(
+        ValueError, r'num_partitions=5 x 2 stages per device = 10 stages but '
+        r".*'chain'.*only 8 pieces.*num_partitions x stages per device <= 8"):
+      keras_graph_params.GraphPlan(_Chain(), 5, 5,
+                                   schedule='interleaved_1f1b',
+                                   num_stages_per_device=2)
     with self.assertRaisesRegex(ValueError, "'nope', which is no layer"):
       keras_graph.PlanCuts(graph, costs, 2, cut_after=['nope'])
     with self.assertRaisesRegex(ValueError, 'model order'):

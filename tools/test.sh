@@ -90,10 +90,19 @@ fi
 
 # (b) pytest: the unit tests and the end-to-end tier on two workers, each
 # taking whole files (--dist loadfile: trainer_slow_test trains its
-# uninterrupted reference run once per class; tests/conftest.py puts the
-# longest files first). --durations: the slowest tests, for the budget.
+# uninterrupted reference run once per class). tests/conftest.py puts the
+# longest files first; --no-loadscope-reorder keeps that order (xdist's
+# default reorders files by their number of tests, not their time).
+# --durations: the slowest tests, for the budget.
+# One intra-op thread per TensorFlow process: two workers (and the
+# trainers they start) on two cores would each start an intra-op pool as
+# wide as the machine, whose idle threads spin while the other process
+# waits for a core. Results do not depend on it: the bitwise tests compare
+# runs in one process, and tolerances come from the arithmetic.
+export TF_NUM_INTRAOP_THREADS=1
 echo "test: pytest -m 'not slow or e2e' (2 xdist workers)"
-run_pytest -q -m 'not slow or e2e' -n 2 --dist loadfile --durations=25 tests
+run_pytest -q -m 'not slow or e2e' -n 2 --dist loadfile --no-loadscope-reorder \
+  --durations=25 tests
 tier_result="$result"
 
 # (c) --slow: every other slow file, each in a pytest process of its own: a
