@@ -1,5 +1,8 @@
 """Tests of tensorpipe/base_input.py: the shared dataset tail (_Finish)."""
 
+import os
+from unittest import mock
+
 import tensorflow as tf
 
 from tensorpipe import base_input
@@ -69,6 +72,17 @@ class FinishTest(tf.test.TestCase):
                                    shuffle_buffer=0).Instantiate()
     self.assertEqual(_Values(inp.Dataset()), [[0, 1, 2, 3, 4],
                                               [5, 6, 7, 8, 9]])
+
+  def testAutotuneOffByEnvironmentKeepsTheBatches(self):
+    p = _RangeInput.Params().Set(split='train', batch_size=3, seed=5,
+                                 augment=True)
+    with mock.patch.dict(os.environ, {base_input.AUTOTUNE_ENV: '1'}):
+      tuned = p.Instantiate().Dataset()
+    with mock.patch.dict(os.environ, {base_input.AUTOTUNE_ENV: '0'}):
+      untuned = p.Instantiate().Dataset()
+    self.assertIsNot(tuned.options().autotune.enabled, False)
+    self.assertFalse(untuned.options().autotune.enabled)
+    self.assertEqual(_Values(untuned, 6), _Values(tuned, 6))
 
   def testAugmentGetsTheRunningExampleCountAsSeed(self):
     inp = _RangeInput.Params().Set(split='test', batch_size=2, augment=True,
