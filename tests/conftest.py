@@ -1,4 +1,5 @@
 """pytest hooks for the test tree (Bazel does not use this file)."""
+import os
 import sys
 import threading
 
@@ -65,6 +66,34 @@ _MEASURED_S = {
 # tf.test.TestCase's test_session placeholder is not collected (it would
 # report one skip per test class), as under Bazel (tests/test_main.py).
 test_main.DropTfTestSessionPlaceholder()
+
+
+def _TfDataAutotuneOffWhenAsked() -> None:
+  """TENSORPIPE_DATA_AUTOTUNE=0 (tools/test.sh): every tf.data iterator a
+  test process makes is untuned, Keras's own included (fit / evaluate /
+  predict build theirs from arrays), as tensorpipe/base_input.py does for
+  TensorPipe's inputs and the trainers the tests start. Deleting an
+  autotuned iterator that sat idle waits out its tuning thread's sleep
+  (seconds each, TF 2.21), once per fit and evaluation: keras_nested_test
+  took 83 s instead of 144 s. Autotuning sizes buffers and parallelism
+  only; the elements and their order are the same.
+  """
+  from tensorpipe import base_input  # pylint: disable=g-import-not-at-top
+  if os.environ.get(base_input.AUTOTUNE_ENV, '1') != '0':
+    return
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.data.ops import dataset_ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  tuned_iter = dataset_ops.DatasetV2.__iter__
+
+  def UntunedIter(dataset):
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return tuned_iter(dataset.with_options(options))
+
+  dataset_ops.DatasetV2.__iter__ = UntunedIter
+
+
+_TfDataAutotuneOffWhenAsked()
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m / -k deselect items
