@@ -13,7 +13,7 @@ routed weight's gradient as the vjp of fn(x, .) with the dz that I kept.
 
 `LiveNodes` / `IsWeightGradient` find the weight-gradient kernels a traced
 cell runs; `WeightGradientFlopsPerCell` counts each cell's weight-gradient
-FLOPs (tensorpipe/flops.py), for the share that runs in W cells.
+FLOPs (tensorpipe/cell_flops.py), for the share that runs in W cells.
 """
 
 import re
@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from tensorpipe import flops
+from tensorpipe import cell_flops
 from tensorpipe import py_utils
 from tensorpipe import schedule_builders
 from tensorpipe import schedule_program
@@ -176,62 +176,5 @@ def WeightGradientKernelsPerCellKind(pipe, x, loss_fn) -> dict:
   return {op: sorted(counts) for op, counts in got.items()}
 
 
-def _Ancestors(tensors) -> set:
-  seen, todo = set(), [t.op for t in tensors]
-  while todo:
-    op = todo.pop()
-    if op not in seen:
-      seen.add(op)
-      todo += [t.op for t in op.inputs] + list(op.control_inputs)
-  return seen
-
-
-def _CellWeightGradientFlops(graph) -> float:
-  """The FLOPs (flops.OpFlops) of a cell's weight-gradient work: the ops
-  its outputs need only for its weight-gradient sums (an AddN onto a
-  running sum that comes in as an argument: grad_sum.Accumulate), not for
-  any other output (activations, input gradients, the (x, dz) kept)."""
-  sums = {op for op in graph.get_operations() if op.type == 'AddN' and any(
-      t.op.type == 'Placeholder' for t in op.inputs)}
-
-  def Source(t):
-    op = t.op
-    while op.type == 'Identity' and op.inputs:
-      op = op.inputs[0].op
-    return op
-  grads = [t for t in graph.outputs if Source(t) in sums]
-  taken = {id(t) for t in grads}
-  others = [t for t in graph.outputs if id(t) not in taken] + [
-      op.outputs[0] for op in graph.control_outputs if op.outputs]
-  only = _Ancestors(grads) - _Ancestors(others)
-  return sum(flops.OpFlops(op) for op in only)
-
-
-def WeightGradientFlopsPerCell(graph, cells) -> dict:
-  """{(op, stage): weight-gradient FLOPs of one such cell} of a traced
-  schedule-engine step.
-
-  Args:
-    graph: the step's traced graph (concrete function's); the cells are the
-      branch functions of its switching loops (device d's switch_case_<d>,
-      branch b > 0 runs cells[d][b - 1]).
-    cells: schedule_program.Compile(schedule).cells.
-
-  Raises:
-    AssertionError: a cell traced twice (several loops) with other FLOPs.
-  """
-  found, todo, seen = {}, [graph], set()
-  while todo:
-    # FuncGraph._functions: the functions traced into a graph (TF 2.21).
-    for name, f in getattr(todo.pop(), '_functions', {}).items():
-      sub = getattr(f, 'graph', None)
-      if sub is None or name in seen:
-        continue
-      seen.add(name)
-      todo.append(sub)
-      m = re.search(r'switch_case(?:_(\d+))?_indexed_case_branch(\d+)_', name)
-      if m and int(m.group(2)):
-        cell = cells[int(m.group(1) or 0)][int(m.group(2)) - 1]
-        n = _CellWeightGradientFlops(sub)
-        assert found.setdefault(cell, n) == n, (cell, found[cell], n)
-  return found
+# Moved to the library (tools/keras_benchmark.py --w_share reports it too).
+WeightGradientFlopsPerCell = cell_flops.WeightGradientFlopsPerCell
