@@ -15,11 +15,12 @@
 #           error; a worker killed mid-run and the relaunch) and the
 #           prepared real data sets. One TF import per worker instead of one
 #           per Bazel target (110 targets took 912 s, about 40% of it
-#           process start and imports); but on a fresh clone this tier took
-#           1414 s with this session's new tests, and a pure-Python test
-#           (simulator_test) took 113 s in a worker against 0.5 s alone:
-#           later tests in a long-lived worker run slower (not yet found
-#           why; issue 30).
+#           process start and imports). What had made later tests in a
+#           worker slow (a pure-Python test took 113 s against 0.5 s
+#           alone): the garbage collector freeing tf.data iterators, each
+#           deletion waiting out the autotuning thread's sleep (seconds per
+#           iterator); the tier turns autotuning off (same batches, see
+#           TENSORPIPE_DATA_AUTOTUNE below).
 #   bash tools/test.sh --slow
 #       (a) and (b), then every other *_slow_test.py file, each in a pytest
 #       process of its own (also the big-model transparency checks, the
