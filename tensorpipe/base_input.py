@@ -176,12 +176,19 @@ class BaseInput:
 AUTOTUNE_ENV = 'TENSORPIPE_DATA_AUTOTUNE'
 
 
-def _MaybeWithoutAutotune(ds: tf.data.Dataset) -> tf.data.Dataset:
-  if os.environ.get(AUTOTUNE_ENV, '1') != '0':
-    return ds
+def AutotuneOff() -> bool:
+  """Whether TENSORPIPE_DATA_AUTOTUNE=0 is set."""
+  return os.environ.get(AUTOTUNE_ENV, '1') == '0'
+
+
+def WithoutAutotune(ds: tf.data.Dataset) -> tf.data.Dataset:
   options = tf.data.Options()
   options.autotune.enabled = False
   return ds.with_options(options)
+
+
+def _MaybeWithoutAutotune(ds: tf.data.Dataset) -> tf.data.Dataset:
+  return WithoutAutotune(ds) if AutotuneOff() else ds
 
 
 def PadBatch(batch: dict, batch_size: int) -> dict:

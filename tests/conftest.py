@@ -1,5 +1,4 @@
 """pytest hooks for the test tree (Bazel does not use this file)."""
-import os
 import sys
 import threading
 
@@ -79,16 +78,13 @@ def _TfDataAutotuneOffWhenAsked() -> None:
   only; the elements and their order are the same.
   """
   from tensorpipe import base_input  # pylint: disable=g-import-not-at-top
-  if os.environ.get(base_input.AUTOTUNE_ENV, '1') != '0':
+  if not base_input.AutotuneOff():
     return
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorflow.python.data.ops import dataset_ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
   tuned_iter = dataset_ops.DatasetV2.__iter__
 
   def UntunedIter(dataset):
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return tuned_iter(dataset.with_options(options))
+    return tuned_iter(base_input.WithoutAutotune(dataset))
 
   dataset_ops.DatasetV2.__iter__ = UntunedIter
 

@@ -3,7 +3,7 @@
 A 2-block GPT2Backbone (flattened by keras_nested, cut into 4 stages by
 keras_graph_params.GraphPlan) under zb_v on 2 devices: each cell's
 weight-gradient FLOPs (flops.OpFlops of the ops that only its gradient sums
-need; weight_op_testlib.WeightGradientFlopsPerCell) on the traced step.
+need; cell_flops.WeightGradientFlopsPerCell) on the traced step.
 The kernels of EinsumDense (attention), Dense (feed-forward) and the
 ReversibleEmbedding lookup go to W (keras_weight_ops); the biases, layer
 norms and keras_hub's PositionEmbedding stay in I. Issue 29 item 6's goal
@@ -20,6 +20,7 @@ test_utils.ConfigureTestDevices()
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import keras_hub
 
+from tensorpipe import cell_flops
 from tensorpipe import keras_graph_params
 from tensorpipe import keras_nested
 from tensorpipe import py_utils
@@ -52,7 +53,7 @@ class GPT2WeightGradientShareTest(tf.test.TestCase):
           *specs).graph
     cells = schedule_program.Compile(
         schedule_builders.Build('zb_v', 2, T, 2)).cells
-    per_cell = weight_op_testlib.WeightGradientFlopsPerCell(graph, cells)
+    per_cell = cell_flops.WeightGradientFlopsPerCell(graph, cells)
     # Every (op, stage) of the table was found: F, I, W for 4 stages.
     self.assertLen(per_cell, 12)
     totals = {op: sum(n for (o, _), n in per_cell.items() if o == op)

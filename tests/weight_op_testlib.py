@@ -12,8 +12,8 @@ routed weight's gradient as the vjp of fn(x, .) with the dz that I kept.
   its ops (a term the W cell cannot see) or a dz lost shows here.
 
 `LiveNodes` / `IsWeightGradient` find the weight-gradient kernels a traced
-cell runs; `WeightGradientFlopsPerCell` counts each cell's weight-gradient
-FLOPs (tensorpipe/cell_flops.py), for the share that runs in W cells.
+cell runs; tensorpipe/cell_flops.py counts each cell's weight-gradient
+FLOPs, for the share that runs in W cells.
 """
 
 import re
@@ -21,7 +21,6 @@ from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from tensorpipe import cell_flops
 from tensorpipe import py_utils
 from tensorpipe import schedule_builders
 from tensorpipe import schedule_program
@@ -174,7 +173,3 @@ def WeightGradientKernelsPerCellKind(pipe, x, loss_fn) -> dict:
     if branch and n:
       got.setdefault(cells[0][int(branch.group(1)) - 1][0], []).append(n)
   return {op: sorted(counts) for op, counts in got.items()}
-
-
-# Moved to the library (tools/keras_benchmark.py --w_share reports it too).
-WeightGradientFlopsPerCell = cell_flops.WeightGradientFlopsPerCell
