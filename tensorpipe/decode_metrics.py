@@ -102,11 +102,12 @@ class BleuMetrics(DecodeMetrics):
         tf.function; with groups, Finalize adds log_pplx_<name> per group
         (the split-wide log_pplx is the task's own metric).
     """
-    self._decode = tf.function(decode_fn)
+    self._decode = tf.function(decode_fn, autograph=False)  # as TrainStep
     self._detokenize = detokenize
     self._reference_texts = reference_texts
     self._reference_groups = reference_groups or (lambda: None)
-    self._score = None if score_fn is None else tf.function(score_fn)
+    self._score = (None if score_fn is None else
+                   tf.function(score_fn, autograph=False))
     self._hyps: List[str] = []
     self._refs: List[str] = []
     self._nll: List[float] = []

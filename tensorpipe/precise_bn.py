@@ -58,7 +58,7 @@ def RecomputeBatchNormStats(task: Any, train_input: Callable[[], Any],
         'with --mode=eval in a single process')
   reported = []
 
-  @tf.function
+  @tf.function(autograph=False)  # as the trainer's TrainStep
   def BatchStats(batch):
     with py_utils.TrainingMode(True), \
         py_utils.CollectBatchStats() as collected:

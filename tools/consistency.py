@@ -57,7 +57,7 @@ def _Run(argv):
   def MakeStep(layer):
     variables = layer.trainable_variables
 
-    @tf.function
+    @tf.function(autograph=False)  # as the trainer's TrainStep
     def Step(x):
       with tf.GradientTape() as tape:
         loss = tf.reduce_mean(layer.FPropDefaultTheta(x))
