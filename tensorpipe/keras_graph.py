@@ -320,11 +320,26 @@ class GraphCosts:
     sequence_length: the length FLOPs and bytes count for the model's
       unknown non-batch dims (a sequence axis of None); None: they were
       unknown, and FLOPs of ops over them are not counted.
+    weights_read: per node, the indices (in its layer's `weights` order) of
+      the weights its call reads; a stage that calls a layer owned by an
+      earlier stage (tied weights) is given only these. None: unknown
+      (every weight is read).
+    weight_sizes: per Keras layer name, the values (scalars) of each of
+      its weights, in `weights` order.
   """
   flops: Tuple[float, ...]
   num_params: Tuple[int, ...]
   tensors: Dict[str, TensorInfo]
   sequence_length: Optional[int] = None
+  weights_read: Optional[Tuple[Tuple[int, ...], ...]] = None
+  weight_sizes: Optional[Dict[str, Tuple[int, ...]]] = None
+
+  def WeightsRead(self, nodes: Sequence[int]) -> Optional[List[int]]:
+    """The weights (indices) that any of `nodes` (calls of one layer)
+    reads, sorted; None: unknown (every weight)."""
+    if self.weights_read is None:
+      return None
+    return sorted(set().union(*(self.weights_read[i] for i in nodes)))
 
   def Bytes(self, key: str, batch: int) -> int:
     return self.tensors[key].Bytes(batch, self.sequence_length or 1)
@@ -380,11 +395,19 @@ class CutPlan:
                        f'{info.dtype} ({costs.Bytes(key, batch)} bytes)')
     for name, ks in TiedLayers(graph, self).items():
       weights = sum(costs.num_params[i] for i in graph.NodesOf(name))
+      read = ''
+      later = [i for i in graph.NodesOf(name)
+               if i not in self.Nodes(graph, ks[0])]
+      indices = costs.WeightsRead(later)
+      if indices is not None and costs.weight_sizes is not None:
+        sizes = costs.weight_sizes[name]
+        read = (f'; the later segments read {sum(sizes[i] for i in indices)}'
+                f' of its weights, copied to their devices per step')
       lines.append(
           f'  tied: {name} ({weights} weights) is held on the devices of '
           f'segments {", ".join(map(str, ks))} (segment {ks[0]} owns it); '
           f'its gradient crosses once per step from each of segments '
-          f'{", ".join(map(str, ks[1:]))} to segment {ks[0]}')
+          f'{", ".join(map(str, ks[1:]))} to segment {ks[0]}{read}')
     return '\n'.join(lines)
 
 

@@ -2,8 +2,8 @@
 
 `Analyse(graph)` calls each node of a `keras_graph.Graph` on Keras
 symbolic tensors (shapes and dtypes of every tensor), counts the FLOPs of
-one traced inference call per node (`flops.CountFlops`), and the weights
-each layer holds at its first call; `keras_graph.PlanCuts` cuts on these
+one traced inference call per node (`flops.CountFlops`) and the weights
+that call reads, and the weights each layer holds at its first call; `keras_graph.PlanCuts` cuts on these
 costs. It runs on Keras objects built without allocating weights
 (keras_utils.NoAllocation), so a large model is costed from its config.
 
@@ -13,7 +13,7 @@ costs. It runs on Keras objects built without allocating weights
 """
 
 import json
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import keras
 import numpy as np
@@ -26,7 +26,8 @@ from tensorpipe import keras_graph
 from tensorpipe import keras_utils
 from tensorpipe.layers import keras_rebuild
 
-_FLOPS_CACHE: Dict[str, float] = {}
+# (FLOPs, weights read) per _FlopsKey.
+_FLOPS_CACHE: Dict[str, Tuple[float, Tuple[int, ...]]] = {}
 
 
 def _FlopsKey(entry: Dict[str, Any], args: Any, kwargs: Any,
@@ -43,9 +44,14 @@ def _FlopsKey(entry: Dict[str, Any], args: Any, kwargs: Any,
 
 
 def _NodeFlops(obj, args: Any, kwargs: Any,
-               sequence_length: Optional[int]) -> float:
+               sequence_length: Optional[int]) -> Tuple[float, Tuple[int, ...]]:
   """CountFlops of one inference call of `obj` on one example, its unknown
-  non-batch dims taken as `sequence_length` (if given)."""
+  non-batch dims taken as `sequence_length` (if given), and the indices
+  (in `obj.weights` order) of the weights the call reads: those whose
+  placeholder an op of the traced call consumes. A layer called again
+  with other arguments may read other weights (an untied
+  `ReversibleEmbedding`: its forward call reads `embeddings`, its
+  `reverse=True` call only `reverse_embeddings`)."""
   flat = tf.nest.flatten([args, kwargs])
   positions = [i for i, t in enumerate(flat)
                if isinstance(t, keras.KerasTensor)]
@@ -77,7 +83,8 @@ def _NodeFlops(obj, args: Any, kwargs: Any,
       kw['training'] = False
     with keras.StatelessScope(state_mapping=list(zip(variables, ws))):
       obj(*a, **kw)
-  return flops_lib.CountFlops(graph)
+  reads = tuple(i for i, w in enumerate(ws) if w.consumers())
+  return flops_lib.CountFlops(graph), reads
 
 
 def Analyse(graph: keras_graph.Graph,
@@ -93,7 +100,7 @@ def Analyse(graph: keras_graph.Graph,
   """
   if sequence_length is not None:
     checks.CheckPositiveInts('keras_graph', sequence_length=sequence_length)
-  flops, params, tensors = [], [], {}
+  flops, params, reads, weight_sizes, tensors = [], [], [], {}, {}
   with keras_utils.NoAllocation():
     objects = {name: keras_graph.NewObject(graph.name, name, entry)
                for name, entry in graph.entries.items()
@@ -123,7 +130,11 @@ def Analyse(graph: keras_graph.Graph,
         if len(_FLOPS_CACHE) > 4096:
           _FLOPS_CACHE.clear()
         _FLOPS_CACHE[key] = _NodeFlops(obj, args, kwargs, sequence_length)
-      flops.append(_FLOPS_CACHE[key])
+      node_flops, node_reads = _FLOPS_CACHE[key]
+      flops.append(node_flops)
+      reads.append(node_reads)
+      weight_sizes[node.layer] = tuple(int(np.prod(w.shape)) for w in
+                                       getattr(obj, 'weights', []))
       first_call = node.layer not in seen
       seen.add(node.layer)
       params.append(int(sum(int(np.prod(w.shape)) for w in getattr(
@@ -134,4 +145,5 @@ def Analyse(graph: keras_graph.Graph,
         tensors[key] = keras_graph.TensorInfo(tuple(t.shape[1:]), str(t.dtype),
                                              batched)
   return keras_graph.GraphCosts(tuple(flops), tuple(params), tensors,
-                                sequence_length)
+                                sequence_length, tuple(reads),
+                                weight_sizes)

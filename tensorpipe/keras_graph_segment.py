@@ -137,9 +137,13 @@ def SegmentParams(graph: Graph, costs: GraphCosts, plan: CutPlan,
     if graph.IsOp(node.layer):
       ops[node.layer] = copy.deepcopy(graph.entries[node.layer])
     elif node.layer in earlier:
-      # Called in an earlier segment too: read that segment's weights.
+      # Called in an earlier segment too: read that segment's weights,
+      # only those this segment's calls of the layer read.
+      calls = [i for i in plan.Nodes(graph, k)
+               if graph.nodes[i].layer == node.layer]
       subs.append(keras_layer.KerasLayer.Params().Set(
           name=f'{node.layer}__tied_{k}', tied_to=node.layer,
+          tied_weights=costs.WeightsRead(calls),
           keras_config=copy.deepcopy(graph.entries[node.layer])))
     else:
       subs.append(keras_layer.KerasLayer.Params().Set(

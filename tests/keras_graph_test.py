@@ -380,21 +380,33 @@ class GraphPipelineTest(tf.test.TestCase):
     x = rng.randint(0, 20, size=(2 * BATCH, 5)).astype('int32')
     y = rng.randint(0, 20, size=(2 * BATCH, 5))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    for tie in (True, False):
+    # Untied under ZB-H1 too: its weight-gradient cells route the reverse
+    # call's matmul on reverse_embeddings (keras_weight_ops), the one
+    # weight the reader is given.
+    for tie, schedule in ((True, 'gpipe'), (False, 'gpipe'),
+                          (False, 'zb_h1')):
       twin = Lm(tie)
       twin.compile(keras.optimizers.SGD(0.5), loss)
       twin.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
       model = Lm(tie)
       pm = keras_pipeline.TensorPipeModel(
           model, num_partitions=2, num_micro_batches=T, batch_size=BATCH,
-          cut_after=['mid'])
+          cut_after=['mid'], schedule=schedule)
       self.assertIn('tied: emb', pm.graph_pipeline.Report())
       self.assertLen(pm.weights, len(model.weights))  # 1 (tied) or 2 + 2
+      # The reader's stage gets only what its reverse call reads: the
+      # table (tied) or reverse_embeddings (untied), not the input table.
+      (reader,) = [l for l in base_layer.Layers(pm.pipeline)
+                   if getattr(l.params, 'tied_to', None) == 'emb']
+      read = [path.split('/')[-1] for path in reader.TiedWeights().values()]
+      self.assertEqual(read, ['embeddings'] if tie else ['reverse_embeddings'])
+      self.assertIn(f'the later segments read {20 * 6} of its weights',
+                    pm.graph_pipeline.Report())
       pm.compile(keras.optimizers.SGD(0.5), loss)
       pm.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
       for got, want in zip(pm.get_weights(), twin.get_weights()):
         self.assertAllClose(got, want, rtol=RTOL, atol=1e-15,
-                            msg=f'tie_weights={tie}')
+                            msg=f'tie_weights={tie} {schedule}')
 
   def testOutputMadeBeforeTheLastCutIsCarriedAcrossIt(self):
     kw = dict(dtype='float64')

@@ -229,6 +229,12 @@ class KerasLayer(base_layer.BaseLayer):
              'creates no variables: it reads every weight of that layer, '
              'passed in its theta by the pipeline (tied_weights.py). None: '
              'its own weights.')
+    p.Define('tied_weights', None, 'With tied_to: the indices (in the Keras '
+             'layer\'s `weights` order) of the weights this stage\'s calls '
+             'read (keras_graph_costs finds them in the traced call); only '
+             'these are passed and copied to its device. None: every weight '
+             '(an untied ReversibleEmbedding\'s reverse call reads only '
+             'reverse_embeddings, not the input table).')
     return p
 
   # -- construction --------------------------------------------------------
@@ -272,6 +278,13 @@ class KerasLayer(base_layer.BaseLayer):
           raise ValueError(f'{owner}: input_shape={p.input_shape!r} must be '
                            'one example\'s shape (positive ints, no batch '
                            'axis), e.g. [28, 28, 1]')
+    if p.tied_weights is not None and (
+        p.tied_to is None or not isinstance(p.tied_weights, (list, tuple)) or
+        not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                for i in p.tied_weights)):
+      raise ValueError(f'{owner}: tied_weights={p.tied_weights!r} must be '
+                       'a list of weight indices (ints >= 0), with tied_to '
+                       'set')
     if p.flops_per_example is not None and (
         not isinstance(p.flops_per_example, (int, float)) or
         isinstance(p.flops_per_example, bool) or p.flops_per_example < 0):
@@ -284,7 +297,7 @@ class KerasLayer(base_layer.BaseLayer):
     self._Validate(p)
     abstract = base_layer._abstract_scope.records is not None  # pylint: disable=protected-access
     # A tied reader's object gets no storage either: every call substitutes
-    # the owner's weights (theta) for all of its variables.
+    # the owner's weights (theta) for the variables it reads.
     if abstract or p.tied_to is not None:
       with keras_utils.NoAllocation():
         obj = keras_rebuild.BuildKerasObject(p, self.LayerSeed())
@@ -293,10 +306,16 @@ class KerasLayer(base_layer.BaseLayer):
     weights, taken = [], set()
     if p.tied_to is not None:
       _CheckTiedReader(p, obj)
-    for kv in obj.weights:
+    if p.tied_weights is not None and any(
+        i >= len(obj.weights) for i in p.tied_weights):
+      raise ValueError(f'{keras_rebuild.Owner(p)}: tied_weights='
+                       f'{list(p.tied_weights)} names a weight beyond the '
+                       f'{len(obj.weights)} of Keras layer {obj.name!r}')
+    for i, kv in enumerate(obj.weights):
       key = _VariableKey(obj, kv, taken)
       if p.tied_to is not None:
-        weights.append((kv, key))  # the owner's, passed in theta
+        if p.tied_weights is None or i in p.tied_weights:
+          weights.append((kv, key))  # the owner's, passed in theta
         continue
       var = self.CreateVariable(key, base_layer.WeightParams(
           shape=list(kv.shape), init=None if abstract else _KerasInit(kv.value),
@@ -337,7 +356,10 @@ class KerasLayer(base_layer.BaseLayer):
   # -- accessors -----------------------------------------------------------
 
   def TiedWeights(self) -> Dict[str, str]:
-    """Every weight, read from `tied_to`'s layer (same keys), if set."""
+    """The weights read from `tied_to`'s layer (same keys), if set: every
+    weight, or those of `tied_weights`. A weight left out stays unmapped in
+    CallKeras: a call that did read it would fail on the reader's
+    unallocated Keras variable, never read a stale value."""
     p = self.params
     if p.tied_to is None:
       return {}
