@@ -1,8 +1,7 @@
 """Training and evaluation loops: checkpoints, summaries, resume, metrics.
 
 `Trainer(params, logdir)` builds the task, inputs and optimizer from an
-experiment's Params (`BaseExperiment.ModelParams()`, overrides applied) and
-runs:
+experiment's Params (`BaseExperiment.ModelParams()`, overrides) and runs:
 
   lock the logdir (logdir.LogdirLock: one trainer per logdir; the chief only)
   check the inputs against the model (batch keys, micro-batches, eval length)
@@ -329,11 +328,9 @@ class Trainer:
     self._BuildOptimizer()
     step_var = self.global_step
 
-    # autograph=False: the step is written with TF's own control flow
-    # (tf.cond, tf.while_loop), so AutoGraph's source rewrite of the ~14
-    # functions it reaches (3 s of every first step) buys nothing. A layer
-    # that branches in Python on a tensor gets TF's "tf.Tensor as a Python
-    # bool" error at trace time instead of a silent conversion.
+    # autograph=False: the step uses TF's control flow; AutoGraph's rewrite
+    # cost 3 s of every first step (a layer branching in Python on a tensor
+    # now gets TF's "tf.Tensor as a Python bool" error).
     @tf.function(autograph=False)
     def TrainStep(batch, stop):
       step = step_var.read_value()
@@ -546,7 +543,7 @@ class Trainer:
     def EvalStep(batch):
       with py_utils.EvalMode():
         out = task.FPropDefaultTheta(batch)
-      return {k: v for k, v in out.metrics.items()}
+      return dict(out.metrics)
     return EvalStep
 
   def Evaluate(self, eval_steps: Optional[int] = None,

@@ -280,11 +280,9 @@ class KerasLayer(base_layer.BaseLayer):
                            'axis), e.g. [28, 28, 1]')
     if p.tied_weights is not None and (
         p.tied_to is None or not isinstance(p.tied_weights, (list, tuple)) or
-        not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                for i in p.tied_weights)):
-      raise ValueError(f'{owner}: tied_weights={p.tied_weights!r} must be '
-                       'a list of weight indices (ints >= 0), with tied_to '
-                       'set')
+        not all(type(i) is int and i >= 0 for i in p.tied_weights)):  # pylint: disable=unidiomatic-typecheck
+      raise ValueError(f'{owner}: tied_weights={p.tied_weights!r} must be a '
+                       'list of weight indices (ints >= 0), with tied_to set')
     if p.flops_per_example is not None and (
         not isinstance(p.flops_per_example, (int, float)) or
         isinstance(p.flops_per_example, bool) or p.flops_per_example < 0):
@@ -306,8 +304,7 @@ class KerasLayer(base_layer.BaseLayer):
     weights, taken = [], set()
     if p.tied_to is not None:
       _CheckTiedReader(p, obj)
-    if p.tied_weights is not None and any(
-        i >= len(obj.weights) for i in p.tied_weights):
+    if any(i >= len(obj.weights) for i in p.tied_weights or ()):
       raise ValueError(f'{keras_rebuild.Owner(p)}: tied_weights='
                        f'{list(p.tied_weights)} names a weight beyond the '
                        f'{len(obj.weights)} of Keras layer {obj.name!r}')
@@ -356,10 +353,9 @@ class KerasLayer(base_layer.BaseLayer):
   # -- accessors -----------------------------------------------------------
 
   def TiedWeights(self) -> Dict[str, str]:
-    """The weights read from `tied_to`'s layer (same keys), if set: every
-    weight, or those of `tied_weights`. A weight left out stays unmapped in
-    CallKeras: a call that did read it would fail on the reader's
-    unallocated Keras variable, never read a stale value."""
+    """The weights read from `tied_to`'s layer (same keys), if set: all or
+    `tied_weights`. One left out is unmapped in CallKeras: a call reading
+    it fails on the reader's unallocated variable, never reads stale."""
     p = self.params
     if p.tied_to is None:
       return {}
