@@ -33,9 +33,12 @@ test_utils.ConfigureTestDevices()
 
 KS, TS = (1, 2, 4), (1, 4, 8)
 GRID = [(k, t, rc) for rc in (True, False) for k in KS for t in TS]
-# (name, K, recompute): one test each for the AmoebaNet and Transformer grids.
+# (name, K, recompute): one test each for the Transformer grid; the
+# AmoebaNet grid has one test per (K, T, recompute) (_AMOEBA_TESTS).
 _GRID_TESTS = [(f'K{k}{"" if rc else "No"}Recompute', k, rc)
                for k in KS for rc in (True, False)]
+_AMOEBA_TESTS = [(f'K{k}T{t}{"" if rc else "No"}Recompute', k, t, rc)
+                 for k in KS for t in TS for rc in (True, False)]
 
 
 def _SquareSinSum(out, unused_targets):
@@ -61,37 +64,37 @@ class TransparencyGridTest(parameterized.TestCase, tf.test.TestCase):
             self, consistency_cnn.ConsistencyLayers(8), k, t, [x], None,
             _SquareSinSum, normalizer=1.0, recompute=rc)
 
-  # The AmoebaNet and Transformer grids run as one test per (K, recompute):
-  # each stays well inside pytest.ini's per-test timeout on a slow 2-core
-  # machine (half the AmoebaNet grid, one test per recompute mode, ran past
-  # 900 s on an AVX2-only CPU).
+  # The grids are split so that each test stays well inside pytest.ini's
+  # per-test timeout on a slow or loaded 2-core machine: the Transformer
+  # grid per (K, recompute); the AmoebaNet grid per (K, T, recompute), its
+  # oracle traces T AmoebaNets (half its grid, one test per recompute mode,
+  # ran past 900 s on an AVX2-only CPU; K=1 without recompute, T in 1, 4,
+  # 8, past 900 s on a loaded one).
 
-  @parameterized.named_parameters(*_GRID_TESTS)
-  def testTinyAmoebaNet(self, k, recompute):
-    self._TinyAmoebaNetWithDropPathDropoutAndBatchNorm(k, recompute)
+  @parameterized.named_parameters(*_AMOEBA_TESTS)
+  def testTinyAmoebaNet(self, k, t, recompute):
+    self._TinyAmoebaNetWithDropPathDropoutAndBatchNorm(k, t, recompute)
 
   @parameterized.named_parameters(*_GRID_TESTS)
   def testTinyTransformer(self, k, recompute):
     self._TinyTransformerWithDropout(k, recompute)
 
-  def _TinyAmoebaNetWithDropPathDropoutAndBatchNorm(self, k, recompute):
+  def _TinyAmoebaNetWithDropPathDropoutAndBatchNorm(self, k, t, recompute):
     # 8 examples: T = 8 leaves one per micro-batch.
     x = tf.random.stateless_normal([8, amoebanet_testlib.SIZE,
                                     amoebanet_testlib.SIZE, 3], seed=[1, 7])
     labels = tf.range(8) % amoebanet_testlib.CLASSES
-    for t in TS:
-      with self.subTest(k=k, t=t, recompute=recompute):
-        # The weights and activations are float64, but the head casts the
-        # logits to float32 (amoebanet_cells.py): 1F1B takes the loss of
-        # each micro-batch ([1, 5] logits at T=8), the oracle of the whole
-        # batch ([8, 5]), and float32 softmax kernels round differently per
-        # shape: a few eps32 (1.2e-7) of the gradients' scale (measured
-        # 2.5e-7 at K=4, T=8). 1e-5 bounds that; a wrong mask or micro-batch
-        # changes them by O(1e-2).
-        test_utils.AssertOneFOneBMatchesOracle(
-            self, amoebanet_testlib.TinyLayers('D'), k, t, [x], labels,
-            _AmoebaLossSum, normalizer=8.0, recompute=recompute, rtol=1e-5,
-            entry_points=('FPropLoss',))
+    # The weights and activations are float64, but the head casts the
+    # logits to float32 (amoebanet_cells.py): 1F1B takes the loss of
+    # each micro-batch ([1, 5] logits at T=8), the oracle of the whole
+    # batch ([8, 5]), and float32 softmax kernels round differently per
+    # shape: a few eps32 (1.2e-7) of the gradients' scale (measured
+    # 2.5e-7 at K=4, T=8). 1e-5 bounds that; a wrong mask or micro-batch
+    # changes them by O(1e-2).
+    test_utils.AssertOneFOneBMatchesOracle(
+        self, amoebanet_testlib.TinyLayers('D'), k, t, [x], labels,
+        _AmoebaLossSum, normalizer=8.0, recompute=recompute, rtol=1e-5,
+        entry_points=('FPropLoss',))
 
   def _TinyTransformerWithDropout(self, k, recompute):
     layers = transformer_models.TransformerLayers(
