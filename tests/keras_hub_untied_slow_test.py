@@ -1,0 +1,98 @@
+"""A keras_hub causal LM with an untied output projection, pipelined under
+every schedule: fit equals Keras's.
+
+`MistralCausalLM(preprocessor=None)` (as Llama: RMS norm, rotary
+embeddings, grouped-query attention, and a `ReversibleEmbedding` with
+`tie_weights=False`, whose reverse call reads its own `reverse_embeddings`
+matrix) is cut between the two calls of its token embedding at K=2 (GPipe,
+1F1B, interleaved 1F1B and ZB-V with 2 stages per device, ZB-H1) and K=4
+(GPipe, ZB-V) and trained two steps with keras_hub's loss
+(sparse cross-entropy from logits, sample_weight = padding_mask). The last
+stage is given only `reverse_embeddings` (the cut report says how many
+values it reads), and the weights after `fit` equal plain Keras `fit`'s.
+keras_hub 0.32's Llama itself cannot be pipelined (its decoder's
+`get_config()` reads an attribute it never sets; README).
+"""
+
+import keras
+import keras_hub
+import numpy as np
+import tensorflow as tf
+
+from tensorpipe import keras_pipeline
+from tensorpipe import test_utils
+
+test_utils.ConfigureTestDevices()
+
+_VOCAB, _LEN, _DIM, _N, _T = 40, 6, 8, 8, 8
+# (K, schedule, stages per device): every schedule at K=2; at K=4 GPipe
+# and ZB-V (8 stages: 6 blocks give the model 9 layer calls).
+_RUNS = ((2, 'gpipe', None), (2, '1f1b', None), (2, 'interleaved_1f1b', 2),
+         (2, 'zb_h1', None), (2, 'zb_v', 2), (4, 'gpipe', None),
+         (4, 'zb_v', 2))
+# The model is float64, but keras_hub computes Mistral's RMS norm and
+# attention softmax in float32 (as Gemma's), and float32 kernels round
+# differently for a micro-batch of 1 row than for the batch of 8: a few
+# float32 ulps (2^-24 relative) per op. Measured: at most 2.7e-7 of the
+# largest change a weight made in the two steps (K=2, ZB-H1). 1e-5 of that
+# change is 40x above it and catches what a pipeline bug does to the update
+# (a dropped micro-batch changes it by 1/T; a loss scaled by 1 + 1e-4, by
+# 1e-4).
+_RTOL_OF_UPDATE = 1e-5
+
+
+def _Lm():
+  keras.utils.set_random_seed(1)
+  backbone = keras_hub.models.MistralBackbone(
+      vocabulary_size=_VOCAB, num_layers=6, num_query_heads=2,
+      num_key_value_heads=1, hidden_dim=_DIM, intermediate_dim=16,
+      dtype='float64')
+  return keras_hub.models.MistralCausalLM(backbone=backbone,
+                                          preprocessor=None)
+
+
+def _Tokens():
+  rng = np.random.default_rng(4)
+  mask = np.ones((2 * _N, _LEN), 'int32')
+  mask[::3, -2:] = 0
+  return {'token_ids': rng.integers(0, _VOCAB, (2 * _N, _LEN)).astype('int32'),
+          'padding_mask': mask}
+
+
+class KerasHubUntiedLmTest(tf.test.TestCase):
+
+  def testMistralCausalLmEverySchedule(self):
+    x = _Tokens()
+    y = np.roll(x['token_ids'], -1, axis=1)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    twin = _Lm()
+    self.assertFalse(twin.backbone.token_embedding.tie_weights)
+    w0 = twin.get_weights()
+    twin.compile(keras.optimizers.SGD(0.05), loss)
+    twin.fit(x, y, sample_weight=x['padding_mask'], batch_size=_N, epochs=1,
+             shuffle=False, verbose=0)
+    want = twin.get_weights()
+    for k, schedule, stages_per_device in _RUNS:
+      with self.subTest(k=k, schedule=schedule):
+        model = _Lm()
+        pipe = keras_pipeline.TensorPipeModel(
+            model, num_partitions=k, num_micro_batches=_T, batch_size=_N,
+            schedule=schedule, num_stages_per_device=stages_per_device)
+        # The reader of the untied table reads reverse_embeddings only.
+        self.assertIn(f'the later segments read {_VOCAB * _DIM} of its '
+                      'weights', pipe.graph_pipeline.Report())
+        pipe.compile(keras.optimizers.SGD(0.05), loss)
+        pipe.fit(x, y, sample_weight=x['padding_mask'], batch_size=_N,
+                 epochs=1, shuffle=False, verbose=0)
+        got = pipe.get_weights()
+        self.assertLen(got, len(want))
+        for i, (g, w, start) in enumerate(zip(got, want, w0)):
+          change = float(np.max(np.abs(w - start)))
+          self.assertGreater(change, 0.0, f'weight {i} did not train')
+          np.testing.assert_allclose(
+              g, w, rtol=0, atol=_RTOL_OF_UPDATE * change,
+              err_msg=f'K={k} {schedule}: weight {i}')
+
+
+if __name__ == '__main__':
+  tf.test.main()
