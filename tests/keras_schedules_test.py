@@ -253,20 +253,6 @@ class KerasSchedulesTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, r"reduction='none'.*use one of"):
       pipe.fit(x, y, batch_size=N, verbose=0)
 
-  def testMultipleOutputsRefused(self):
-    inp = keras.Input((6,), dtype='float64')
-    h = keras.layers.Dense(4, name='h', dtype='float64')(inp)
-    a = keras.layers.Dense(2, name='oa', dtype='float64')(h)
-    b = keras.layers.Dense(2, name='ob', dtype='float64')(h)
-    pipe = keras_pipeline.TensorPipeModel(
-        keras.Model(inp, [a, b]), num_partitions=2, num_micro_batches=T,
-        batch_size=N, schedule='1f1b')
-    pipe.compile(keras.optimizers.SGD(0.1), ['mse', 'mse'])
-    x = np.zeros((N, 6))
-    with self.assertRaisesRegex(ValueError, r"one output.*schedule='gpipe'"):
-      pipe.fit(x, [np.zeros((N, 2)), np.zeros((N, 2))], batch_size=N,
-               verbose=0)
-
 
 if __name__ == '__main__':
   tf.test.main()
