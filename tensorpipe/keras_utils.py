@@ -51,6 +51,8 @@ keras_schedules_test and keras_multi_output_test fail if one changes):
   |   `keras.src.losses.loss.                     |                        |
   |   reduce_weighted_values` /                   |                        |
   |   `unscale_loss_for_distribution`             |                        |
+  | `TensorFlowTrainer._maybe_symbolic_build`     | TensorPipeModel:       |
+  |   (overridden), `Trainer._symbolic_build`     |   built before tracing |
 
 keras_graph reads the functional config layout that `keras.Model.get_config`
 writes (`inbound_nodes` args/kwargs, `__keras_tensor__` with

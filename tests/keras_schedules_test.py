@@ -241,11 +241,14 @@ class KerasSchedulesTest(tf.test.TestCase):
   def testRefusalsNameTheValueAndTheFix(self):
     x, y = _Data('functional', N)
     pipe = _Model('functional', '1f1b')
-    pipe.compile(keras.optimizers.SGD(0.1), keras_testlib.Loss(),
+    # One-hot labels: AUC's own (symbolic) update must accept them.
+    pipe.compile(keras.optimizers.SGD(0.1), keras.losses.
+                 CategoricalCrossentropy(from_logits=True),
                  metrics=['accuracy', keras.metrics.AUC(name='auc')])
     with self.assertRaisesRegex(ValueError, r"metric 'auc' \(AUC\).*"
                                 r"only weighted means.*schedule='gpipe'"):
-      pipe.fit(x, y, batch_size=N, verbose=0)
+      pipe.fit(x, np.eye(keras_testlib.NUM_CLASSES)[y], batch_size=N,
+               verbose=0)
     pipe = _Model('functional', 'zb_h1')
     pipe.compile(keras.optimizers.SGD(0.1),
                  keras.losses.SparseCategoricalCrossentropy(
