@@ -8,7 +8,8 @@ Keras' compiled loss reduces each output i's per-example values
 l_i = L_i.call(y_i, y_pred_i), weighted by the sample weights w_i, as
 (keras/src/losses/loss.py, `reduce_weighted_values`):
 
-  'sum_over_batch_size', 'mean':  S_i / N_i = sum(l_i w_i) / (elements of l_i w_i)
+  'sum_over_batch_size', 'mean':  S_i / N_i = sum(l_i w_i) / (elements of
+                                                            l_i w_i)
   'mean_with_sample_weight':      S_i / N_i = sum(l_i w_i) / sum(w_i)
   'sum':                          S_i / N_i = sum(l_i w_i) / 1
 

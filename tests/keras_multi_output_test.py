@@ -131,7 +131,8 @@ class KerasMultiOutputTest(tf.test.TestCase):
     data = tf.data.Dataset.from_tensor_slices(
         (x, (labels, targets), w[0])).batch(N)
     history = self._AssertFitEqualsKeras(
-        _TwoOutputs, (('1f1b', None), ('zb_v', None)), Compile, (data,))
+        _TwoOutputs, (('1f1b', None), ('zb_v', None)), Compile, (data,),
+        dict(shuffle=False))
     self.assertCountEqual(history, ['loss', 'logits_loss', 'aux_loss',
                                     'logits_accuracy', 'aux_mae', 'aux_mse'])
 
