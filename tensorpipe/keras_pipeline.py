@@ -53,7 +53,6 @@ from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import schedules
 from tensorpipe.layers import composite
-from tensorpipe.nested_map import NestedMap
 
 
 def _Chain(pipe: pipeline.TensorPipeLayer, *xs: Any) -> Any:
@@ -354,9 +353,16 @@ class TensorPipeModel(keras.Model):
     return list(out) if isinstance(out, tuple) else out
 
   def _OutputSpecLike(self, xs):
-    """Zeros shaped like the outputs (Keras' symbolic build, the loss
-    check). An unknown dim (a sequence axis of None) takes the first
-    input's dim on that axis (a sequence model's length), else 1."""
+    """Zeros shaped like the outputs, as the model returns them (Keras'
+    symbolic build, the loss check)."""
+    outs = self._FlatOutputSpecLike(xs)
+    return self._Outputs(outs[0] if self._front.single_output
+                         else tuple(outs))
+
+  def _FlatOutputSpecLike(self, xs) -> List[tf.Tensor]:
+    """Zeros shaped like the outputs, in the pipeline's output order. An
+    unknown dim (a sequence axis of None) takes the first input's dim on
+    that axis (a sequence model's length), else 1."""
     meta = self._pipe.FPropMeta(self._pipe.params,
                                 *[[1] + x.shape.as_list()[1:] for x in xs])
     rank = xs[0].shape.rank or 0
@@ -365,12 +371,16 @@ class TensorPipeModel(keras.Model):
       if d is not None:
         return tf.constant(d, tf.int32)
       return tf.shape(xs[0])[i] if i < rank else tf.constant(1, tf.int32)
-    outs = [tf.zeros(tf.stack([tf.shape(xs[0])[0]] + [
+    return [tf.zeros(tf.stack([tf.shape(xs[0])[0]] + [
         Dim(i, d) for i, d in enumerate(s.as_list()[1:], start=1)]), dtype)
             for s, dtype in zip(tf.nest.flatten(meta.out_shapes),
                                 self._front.out_dtypes)]
-    return self._Outputs(outs[0] if self._front.single_output
-                         else tuple(outs))
+
+  def _OutputIndex(self):
+    """The outputs' structure (as `_Outputs` returns them), each output's
+    index among the pipeline's flat outputs as its leaf."""
+    n = len(self._front.out_dtypes)
+    return self._Outputs(0 if self._front.single_output else tuple(range(n)))
 
   def call(self, x, training=None):
     """The pipeline on x: training=True trains (batch statistics, dropout)."""
@@ -410,6 +420,22 @@ class TensorPipeModel(keras.Model):
     if n is not None and n % self._num_micro_batches == 0:
       return self._Pipelined(xs)
     return _Chain(self._pipe, *xs)
+
+  def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+    """Builds Keras' compiled loss, metrics and optimizer before a step is
+    traced, as Keras' TF trainer does under a distribution strategy.
+
+    Without a strategy Keras builds them while tracing the step: their
+    variables (the metrics' totals and counts, the per-output loss
+    trackers) are then created in the first trace, and tf.function traces
+    the step a second time; tracing a pipelined step is most of a short
+    fit's time (a 1f1b fit of a small model: 11 s -> 7 s).
+    """
+    if iterator is not None:
+      for _, _, it in iterator:
+        data_batch = next(it)
+        break
+    self._symbolic_build(data_batch=data_batch)
 
   def train_step(self, data):
     """One pipelined step: forward, loss, backward (recompute), update."""
@@ -455,56 +481,58 @@ class TensorPipeModel(keras.Model):
   def _LossInsideTrainStep(self, x, y, sample_weight, xs):
     """train_step under a schedule with the loss inside the pipeline.
 
-      loss, metric sums = pipeline.FPropLoss(x, (y, sample_weight),
-          compiled loss sum and metric (sum, count) per micro-batch,
-          Keras' normaliser of the whole batch)
+      targets = each loss's and metric's labels and weights (whole batch)
+      loss, sums = pipeline.FPropLoss(x, targets, per micro-batch: the
+          compiled losses' sums (several: sum_i weight_i S_i / N_i) and
+          metric (sum, count) pairs; Keras' normalisers of the whole batch)
       optimizer.apply(tape.gradient(loss, weights))
-      Keras' metric states += the step's metric sums
+      Keras' loss trackers and metric states += the step's sums
 
     A batch of other than batch_size rows runs unpipelined, as under GPipe.
     """
     compiled = keras_loss_inside.Check(
-        self, self._schedule, self._front.single_output, y,
-        self._OutputSpecLike([x_[:0] for x_ in xs]))
+        self, self._schedule, y, self._OutputSpecLike([x_[:0] for x_ in xs]),
+        self._OutputIndex())
     variables = self.trainable_weights
-
-    def Targets(y_, w_):
-      return (NestedMap(y=y_) if w_ is None else
-              NestedMap(y=y_, w=w_))
+    # What Keras' per-loss trackers weight a step by: the outputs' static
+    # rows (CompileLoss.call), here the inputs'.
+    static_rows = xs[0].shape[0]
 
     def Step(inputs, targets, pipelined):
       with tf.GradientTape() as tape:
         if pipelined:
-          rows0 = self._OutputSpecLike([x_[:0] for x_ in inputs])
-          normaliser = compiled.Normaliser(
-              targets.y, rows0, targets.get('w'), tf.shape(inputs[0])[0])
-          res = self._pipe.FPropLoss(self._pipe.theta, tuple(inputs),
-                                     targets, compiled.LossSum, normaliser)
+          rows0 = self._FlatOutputSpecLike([x_[:0] for x_ in inputs])
+          norms = compiled.Normalisers(targets, rows0, tf.shape(inputs[0])[0])
+          res = self._pipe.FPropLoss(
+              self._pipe.theta, tuple(inputs), targets,
+              compiled.LossFn(norms), compiled.PipelineNormaliser(norms))
           loss, sums = compiled.Total(res.loss), res.metrics
+          compiled.UpdateLossTrackers(sums, norms, static_rows)
         else:
-          y_pred = self._Outputs(_Chain(self._pipe, *inputs))
-          loss = self.compute_loss(x=x, y=targets.y, y_pred=y_pred,
-                                   sample_weight=targets.get('w'),
-                                   training=True)
-          sums = compiled.MetricSums(targets.y, y_pred, targets.get('w'))
+          out = _Chain(self._pipe, *inputs)
+          loss = self.compute_loss(x=x, y=y, y_pred=self._Outputs(out),
+                                   sample_weight=sample_weight, training=True)
+          sums = compiled.MetricSums(out, targets)
         scaled = self.optimizer.scale_loss(loss)
-      return loss, tape.gradient(scaled, variables), dict(sums)
+      return (loss, tape.gradient(scaled, variables),
+              compiled.MetricPairs(sums))
 
     n = xs[0].shape[0]
     rows = self._batch_size
+    targets = compiled.Targets(y, sample_weight)
     with py_utils.StepSeed(self._StepSeed()), py_utils.TrainingMode(True):
       if n is not None:
-        loss, grads, sums = Step(xs, Targets(y, sample_weight),
+        loss, grads, sums = Step(xs, targets,
                                  n % self._num_micro_batches == 0)
       else:
         # As train_step's GPipe branch: the targets fitted with the inputs.
-        fit = lambda t: None if t is None else _PadTo(t[:rows], rows)
+        fit = lambda t: _PadTo(t[:rows], rows)
         fitted = [fit(x_) for x_ in xs]
-        fitted_targets = Targets(fit(y), fit(sample_weight))
+        fitted_targets = tf.nest.map_structure(fit, targets)
         loss, grads, sums = tf.cond(
             tf.equal(tf.shape(xs[0])[0], rows),
             lambda: Step(fitted, fitted_targets, True),
-            lambda: Step(xs, Targets(y, sample_weight), False))
+            lambda: Step(xs, targets, False))
     tracker = getattr(self, '_loss_tracker', None)
     if tracker is not None:
       tracker.update_state(loss, sample_weight=tf.shape(xs[0])[0])

@@ -9,8 +9,8 @@ allocating weights (NoAllocation), and walking a Keras object's sublayers.
 Keras private APIs TensorPipe relies on, all used through this module
 (tested with Keras 3.15.1, the version TF 2.21 installs and requirements.txt
 pins; re-check each on a Keras upgrade, keras_layer_test,
-keras_graph_test, keras_build_test, keras_weight_ops_test and
-keras_schedules_test fail if one changes):
+keras_graph_test, keras_build_test, keras_weight_ops_test,
+keras_schedules_test and keras_multi_output_test fail if one changes):
 
   | private API                                   | used by                |
   |-----------------------------------------------|------------------------|
@@ -39,15 +39,20 @@ keras_schedules_test fail if one changes):
   | `keras.src.backend.set_keras_mask`            | SetKerasMask:          |
   |                                               |   keras_weight_ops     |
   | `Trainer._compile_loss` / `_compile_metrics`, | keras_loss_inside      |
-  |   `CompileLoss.build` / `_flat_losses`,       |   (the compiled loss   |
-  |   `CompileMetrics.build` / `_flat_metrics` /  |   and weighted-mean    |
-  |   `_flat_weighted_metrics`,                   |   metrics inside the   |
-  |   `MeanMetricWrapper._fn` / `_fn_kwargs`,     |   pipeline)            |
-  |   `Mean.total` / `count`, `keras.src.metrics. |                        |
+  |   `CompileLoss.build` / `_flat_losses` /      |   (the compiled losses |
+  |   `_y_true_build_structure` /                 |   and weighted-mean    |
+  |   `_y_pred_build_structure`,                  |   metrics inside the   |
+  |   `CompileMetrics.build` / `_flat_metrics` /  |   pipeline, one or     |
+  |   `_flat_weighted_metrics` / `_flatten_y`,    |   several outputs;     |
+  |   `MeanMetricWrapper._fn` / `_fn_kwargs`,     |   keras_multi_output_  |
+  |   `Mean.total` / `count`, `keras.src.metrics. |   test too)            |
   |   reduction_metrics.                          |                        |
   |   reduce_to_samplewise_values`,               |                        |
   |   `keras.src.losses.loss.                     |                        |
-  |   reduce_weighted_values`                     |                        |
+  |   reduce_weighted_values` /                   |                        |
+  |   `unscale_loss_for_distribution`             |                        |
+  | `TensorFlowTrainer._maybe_symbolic_build`     | TensorPipeModel:       |
+  |   (overridden), `Trainer._symbolic_build`     |   built before tracing |
 
 keras_graph reads the functional config layout that `keras.Model.get_config`
 writes (`inbound_nodes` args/kwargs, `__keras_tensor__` with
