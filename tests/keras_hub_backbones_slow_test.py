@@ -11,8 +11,8 @@ computes its RMS norm and softmax in float32 whatever the dtype, and float32
 kernels round a 1-row micro-batch differently from the whole batch: its
 updates are held to the difference Keras alone shows when it groups each
 step's gradient as the pipeline does, plus 2^-15 of the update
-(_Float32Atols). The default tier checks each model's predictions at K=2
-(keras_nested_test).
+(keras_hub_testlib.Float32Atols). The default tier checks each model's
+predictions at K=2 (keras_nested_test).
 `GPT2CausalLM(preprocessor=None)` as given (its token table tied to the
 softmax, read on the first and the last device) trains the same way with
 keras_hub's loss: sparse cross-entropy from logits, sample_weight =
@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from tensorpipe import keras_pipeline
 from tensorpipe import test_utils
+from tests import keras_hub_testlib
 
 test_utils.ConfigureTestDevices()
 
@@ -79,62 +80,6 @@ def _CausalLm():
   return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
 
 
-def _KerasFit(build, weights, loss, data, sample_weight=None,
-              rows_per_gradient=_N):
-  """Plain Keras `fit` of `build()` from `weights`: the weights after.
-
-  Every step takes _N rows. rows_per_gradient=1 makes Keras itself compute
-  each step's gradient as the mean of _N one-row gradients (the optimizer's
-  gradient_accumulation_steps), the grouping of a pipeline with _N
-  micro-batches of 1 row, with no tensorpipe involved.
-  """
-  model = build()
-  model.set_weights(weights)
-  steps = _N // rows_per_gradient
-  model.compile(keras.optimizers.SGD(
-      0.05, gradient_accumulation_steps=steps if steps > 1 else None), loss)
-  model.fit(*data, sample_weight=sample_weight, batch_size=rows_per_gradient,
-            epochs=1, shuffle=False, verbose=0)
-  return model.get_weights()
-
-
-def _Float32Atols(w0, want, rows):
-  """Per weight, the bound on |pipelined - Keras fit| for a float64 model
-  that computes parts in float32 (Gemma: RMS norm, softmax).
-
-  A float32 op rounds each result by up to u = 2^-24 relative, and its
-  kernels round a 1-row batch differently from an 8-row one (vector lanes,
-  blocking and reduction order follow the shape, and differ between CPUs:
-  AVX2, AVX-512, AMX); a norm's scale gradient is moreover a float32 sum
-  over rows x positions (48 terms for the batch, 6 per micro-batch). And
-  the update is a sum over rows that can cancel, so its error relative to
-  its own size has no useful a-priori bound: it is measured instead, on the
-  CPU that runs the test. `rows` is Keras alone computing each step's
-  gradient from 1-row slices (the pipeline's grouping), and
-  |rows - want| the regrouping noise of this CPU's kernels (measured on
-  one CPU: 2e-6 to 9e-5 of the update, by initial weights; 1e-15 for
-  GPT-2, float64 throughout).
-
-  The pipeline is held to that plus a floor for what still differs between
-  it and `rows`, which group alike: the loss and its float64 gradient taken
-  over the whole batch instead of per row, other graph rewrites (1e-16),
-  tipping float32 roundings by an ulp. Carried through 13 float32 sections
-  (2 RMS norms and a softmax per block, 6 blocks, the final norm) of ~5 ops
-  forward and ~10 backward, ~2^8 roundings of u: 2^-16 of the gradient per
-  step, 2^-15 over the 2 steps, taken of the weight's largest update
-  (measured: at most 3.4e-6 = 2^-18.2 over 9 initialisations). A loss
-  scaled by 1 + 1e-3, or a micro-batch missing from the gradient sum, moves
-  the update by 1e-3 and ~1/8 of its size.
-
-  Returns:
-    One absolute tolerance per weight: max|rows - want| +
-    2^-15 max|want - w0|.
-  """
-  return [float(np.max(np.abs(r - w))) +
-          2.0 ** -15 * float(np.max(np.abs(w - a)))
-          for r, w, a in zip(rows, want, w0)]
-
-
 class KerasHubBackbonesTest(tf.test.TestCase):
 
   def _CheckFit(self, label, build, w0, want, k, schedule, stages_per_device,
@@ -143,7 +88,7 @@ class KerasHubBackbonesTest(tf.test.TestCase):
 
     Float64 models (atols None): the same ops per row, sums regrouped:
     rtol 1e-9. Else each weight's update (w - w0) equals Keras's to its
-    atol (_Float32Atols).
+    atol (keras_hub_testlib.Float32Atols).
     """
     model = build()
     model.set_weights(w0)
@@ -173,15 +118,18 @@ class KerasHubBackbonesTest(tf.test.TestCase):
     seq = lambda: _SequenceModel(build)
     # The same initial weights on every run: one Keras fit serves all ten
     # pipelined ones, and Gemma's float32 noise (which depends on the
-    # weights, _Float32Atols) does not change from run to run.
+    # weights, keras_hub_testlib.Float32Atols) does not change from run to
+    # run.
     keras.utils.set_random_seed(5)
     w0 = seq().get_weights()
-    want = _KerasFit(seq, w0, 'mse', (x, y))
+    want = keras_hub_testlib.KerasFit(seq, w0, 'mse', (x, y), batch_size=_N)
     # Gemma computes its RMS norm and softmax in float32 whatever the dtype
     # (keras_hub's choice).
-    atols = (_Float32Atols(w0, want, _KerasFit(
-        seq, w0, 'mse', (x, y), rows_per_gradient=1))
-             if name == 'gemma' else None)
+    atols = None
+    if name == 'gemma':
+      rows = keras_hub_testlib.KerasFit(seq, w0, 'mse', (x, y), batch_size=_N,
+                                        rows_per_gradient=1)
+      atols = keras_hub_testlib.Float32Atols(w0, want, rows)
     for k in (2, 4):
       for schedule, stages_per_device in _SCHEDULES:
         with self.subTest(k=k, schedule=schedule):
@@ -208,7 +156,8 @@ class KerasHubBackbonesTest(tf.test.TestCase):
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     keras.utils.set_random_seed(5)
     w0 = _CausalLm().get_weights()
-    want = _KerasFit(_CausalLm, w0, loss, (x, y), x['padding_mask'])
+    want = keras_hub_testlib.KerasFit(_CausalLm, w0, loss, (x, y),
+                                      x['padding_mask'], batch_size=_N)
     for k in (2, 4):
       for schedule, stages_per_device in _SCHEDULES:
         with self.subTest(k=k, schedule=schedule):
