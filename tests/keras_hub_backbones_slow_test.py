@@ -68,11 +68,7 @@ def _SequenceModel(build):
 
 
 def _Tokens():
-  rng = np.random.default_rng(4)
-  mask = np.ones((2 * _N, _LEN), 'int32')
-  mask[::3, -2:] = 0
-  return {'token_ids': rng.integers(0, _VOCAB, (2 * _N, _LEN)).astype('int32'),
-          'padding_mask': mask}
+  return keras_hub_testlib.Tokens(_VOCAB, _LEN, 2 * _N)
 
 
 def _CausalLm():

@@ -7,6 +7,16 @@ import keras
 import numpy as np
 
 
+def Tokens(vocab: int, length: int, rows: int):
+  """keras_hub's LM inputs: random token_ids, and a padding_mask whose
+  every third row ends in 2 padded positions."""
+  rng = np.random.default_rng(4)
+  mask = np.ones((rows, length), 'int32')
+  mask[::3, -2:] = 0
+  return {'token_ids': rng.integers(0, vocab, (rows, length)).astype('int32'),
+          'padding_mask': mask}
+
+
 def KerasFit(build, weights, loss, data, sample_weight=None, batch_size=8,
              rows_per_gradient=None):
   """Plain Keras `fit` of `build()` from `weights` (SGD 0.05, one epoch):

@@ -14,9 +14,11 @@ keras_hub 0.32's Llama itself cannot be pipelined (its decoder's
 `get_config()` reads an attribute it never sets; README).
 """
 
+from absl.testing import parameterized
 import keras
 import keras_hub
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tensorpipe import keras_pipeline
@@ -49,46 +51,52 @@ def _Lm():
 
 
 def _Tokens():
-  rng = np.random.default_rng(4)
-  mask = np.ones((2 * _N, _LEN), 'int32')
-  mask[::3, -2:] = 0
-  return {'token_ids': rng.integers(0, _VOCAB, (2 * _N, _LEN)).astype('int32'),
-          'padding_mask': mask}
+  return keras_hub_testlib.Tokens(_VOCAB, _LEN, 2 * _N)
 
 
-class KerasHubUntiedLmTest(tf.test.TestCase):
+class KerasHubUntiedLmTest(parameterized.TestCase, tf.test.TestCase):
 
-  def testMistralCausalLmEverySchedule(self):
+  @classmethod
+  def setUpClass(cls):
+    """Plain Keras's fit and the float32 bound, once for every run."""
+    super().setUpClass()
     x = _Tokens()
-    y = np.roll(x['token_ids'], -1, axis=1)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    cls.data = (x, np.roll(x['token_ids'], -1, axis=1))
+    cls.mask = x['padding_mask']
+    cls.loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    cls.w0 = _Lm().get_weights()
+    cls.want = keras_hub_testlib.KerasFit(_Lm, cls.w0, cls.loss, cls.data,
+                                          cls.mask, batch_size=_N)
+    cls.atols = keras_hub_testlib.Float32Atols(
+        cls.w0, cls.want, keras_hub_testlib.KerasFit(
+            _Lm, cls.w0, cls.loss, cls.data, cls.mask, batch_size=_N,
+            rows_per_gradient=1))
+
+  # One test per run: each fit of the 6-block model takes minutes on a
+  # loaded 2-core machine (all seven in one test ran past 900 s).
+  @parameterized.named_parameters(
+      *[(f'K{k}_{schedule}', k, schedule, v) for k, schedule, v in _RUNS])
+  @pytest.mark.timeout(1800)
+  def testMistralCausalLmFitEqualsKeras(self, k, schedule, stages_per_device):
     self.assertFalse(_Lm().backbone.token_embedding.tie_weights)
-    w0 = _Lm().get_weights()
-    data, weights = (x, y), x['padding_mask']
-    want = keras_hub_testlib.KerasFit(_Lm, w0, loss, data, weights,
-                                      batch_size=_N)
-    atols = keras_hub_testlib.Float32Atols(w0, want, keras_hub_testlib.KerasFit(
-        _Lm, w0, loss, data, weights, batch_size=_N, rows_per_gradient=1))
-    for k, schedule, stages_per_device in _RUNS:
-      with self.subTest(k=k, schedule=schedule):
-        model = _Lm()
-        pipe = keras_pipeline.TensorPipeModel(
-            model, num_partitions=k, num_micro_batches=_T, batch_size=_N,
-            schedule=schedule, num_stages_per_device=stages_per_device)
-        # The reader of the untied table reads reverse_embeddings only.
-        self.assertIn(f'the later segments read {_VOCAB * _DIM} of its '
-                      'weights', pipe.graph_pipeline.Report())
-        pipe.compile(keras.optimizers.SGD(0.05), loss)
-        pipe.fit(x, y, sample_weight=x['padding_mask'], batch_size=_N,
-                 epochs=1, shuffle=False, verbose=0)
-        got = pipe.get_weights()
-        self.assertLen(got, len(want))
-        for i, (g, w, start) in enumerate(zip(got, want, w0)):
-          self.assertGreater(np.max(np.abs(w - start)), 0.0,
-                             f'weight {i} did not train')
-          np.testing.assert_allclose(
-              g - start, w - start, rtol=0, atol=atols[i],
-              err_msg=f'K={k} {schedule}: weight {i}')
+    model = _Lm()
+    pipe = keras_pipeline.TensorPipeModel(
+        model, num_partitions=k, num_micro_batches=_T, batch_size=_N,
+        schedule=schedule, num_stages_per_device=stages_per_device)
+    # The reader of the untied table reads reverse_embeddings only.
+    self.assertIn(f'the later segments read {_VOCAB * _DIM} of its '
+                  'weights', pipe.graph_pipeline.Report())
+    pipe.compile(keras.optimizers.SGD(0.05), self.loss)
+    pipe.fit(*self.data, sample_weight=self.mask, batch_size=_N, epochs=1,
+             shuffle=False, verbose=0)
+    got = pipe.get_weights()
+    self.assertLen(got, len(self.want))
+    for i, (g, w, start) in enumerate(zip(got, self.want, self.w0)):
+      self.assertGreater(np.max(np.abs(w - start)), 0.0,
+                         f'weight {i} did not train')
+      np.testing.assert_allclose(
+          g - start, w - start, rtol=0, atol=self.atols[i],
+          err_msg=f'K={k} {schedule}: weight {i}')
 
 
 if __name__ == '__main__':
