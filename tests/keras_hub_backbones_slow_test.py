@@ -138,7 +138,7 @@ class KerasHubBackbonesTest(tf.test.TestCase):
   def testBertEverySchedule(self):
     self._CheckEverySchedule('bert')
 
-  # Ten pipelined fits of 6 blocks: 12-14 minutes on a loaded 2-core
+  # Ten pipelined fits of 6 blocks: 10-14 minutes on a loaded 2-core
   # machine, near pytest.ini's 900 s.
   @pytest.mark.timeout(1800)
   def testGemmaEverySchedule(self):
