@@ -24,7 +24,8 @@
 #   bash tools/test.sh --slow
 #       (a) and (b), then every other *_slow_test.py file, each in a pytest
 #       process of its own (also the big-model transparency checks, the
-#       experiments and the benchmark binary; ~75 more minutes).
+#       experiments, the keras_hub fits and the benchmark binary; 2 to 3
+#       more hours on 2 cores).
 #   Under pytest every test fails after pytest.ini's timeout (pytest-timeout),
 #   naming itself, so no run can hang; a test file that collects no test
 #   fails (tests/conftest.py).
