@@ -222,19 +222,15 @@ class KerasLayer(base_layer.BaseLayer):
     p.Define('flops_per_example', None, 'If set, the forward FLOPs of one '
              'example, used by FPropMeta instead of counting the ops of a '
              'traced call (for layers the count gets wrong).')
-    p.Define('tied_to', None, 'Path below the pipeline of another KerasLayer '
-             'of the same config whose Keras layer this one calls again in a '
-             'later stage (a layer called in several stages: a causal LM\'s '
-             'token embedding, called again with reverse=True). This one then '
-             'creates no variables: it reads every weight of that layer, '
-             'passed in its theta by the pipeline (tied_weights.py). None: '
-             'its own weights.')
-    p.Define('tied_weights', None, 'With tied_to: the indices (in the Keras '
-             'layer\'s `weights` order) of the weights this stage\'s calls '
-             'read (keras_graph_costs finds them in the traced call); only '
-             'these are passed and copied to its device. None: every weight '
-             '(an untied ReversibleEmbedding\'s reverse call reads only '
-             'reverse_embeddings, not the input table).')
+    p.Define('tied_to', None, 'Path of another KerasLayer of the same '
+             'config whose Keras layer this one calls again in a later stage '
+             '(a causal LM\'s token embedding, with reverse=True); this one '
+             'creates no variables and reads that layer\'s, passed in its '
+             'theta (tied_weights.py). None: its own weights.')
+    p.Define('tied_weights', None, 'With tied_to: indices (in `weights` '
+             'order) of the weights its calls read (from the traced call: an '
+             'untied ReversibleEmbedding\'s reverse call reads only '
+             'reverse_embeddings); only these are passed. None: all.')
     return p
 
   # -- construction --------------------------------------------------------
@@ -308,11 +304,12 @@ class KerasLayer(base_layer.BaseLayer):
       raise ValueError(f'{keras_rebuild.Owner(p)}: tied_weights='
                        f'{list(p.tied_weights)} names a weight beyond the '
                        f'{len(obj.weights)} of Keras layer {obj.name!r}')
+    unread = []  # a tied reader's weights its calls do not read
     for i, kv in enumerate(obj.weights):
       key = _VariableKey(obj, kv, taken)
-      if p.tied_to is not None:
-        if p.tied_weights is None or i in p.tied_weights:
-          weights.append((kv, key))  # the owner's, passed in theta
+      if p.tied_to is not None:  # the owner's weights, passed in theta
+        read = p.tied_weights is None or i in p.tied_weights
+        (weights if read else unread).append((kv, key))
         continue
       var = self.CreateVariable(key, base_layer.WeightParams(
           shape=list(kv.shape), init=None if abstract else _KerasInit(kv.value),
@@ -337,10 +334,11 @@ class KerasLayer(base_layer.BaseLayer):
       for gen in keras_utils.SeedGenerators(layer):
         if all(gen is not g for g, _ in gens):
           gens.append((gen, seeds[id(layer)]))
-    # Plain attributes: the Keras object must not be walked by tf.Module
-    # (its variables are ours, tracked under their keys).
+    # Plain attributes: tf.Module must not walk the Keras object (its
+    # variables are ours, tracked under their keys).
     object.__setattr__(self, '_keras', _Holder(obj))
     object.__setattr__(self, '_weights', weights)
+    object.__setattr__(self, '_unread', unread)
     object.__setattr__(self, '_seed_gens', gens)
     object.__setattr__(self, '_seeds', seeds)
     object.__setattr__(self, '_bn_reporters', reporters)
@@ -354,8 +352,7 @@ class KerasLayer(base_layer.BaseLayer):
 
   def TiedWeights(self) -> Dict[str, str]:
     """The weights read from `tied_to`'s layer (same keys), if set: all or
-    `tied_weights`. One left out is unmapped in CallKeras: a call reading
-    it fails on the reader's unallocated variable, never reads stale."""
+    `tied_weights`; one left out is NaN in CallKeras, never stale."""
     p = self.params
     if p.tied_to is None:
       return {}
@@ -459,6 +456,9 @@ class KerasLayer(base_layer.BaseLayer):
     batch = shapes[0][0] if shapes and shapes[0] else None
     _CheckDeclaredBatch(p, self._declared_batch, batch, shapes)
     mapping = [(kv, theta[key]) for kv, key in self._weights]
+    mapping += [(kv, tf.fill(kv.shape, tf.constant(float('nan'), kv.dtype)))
+                for kv, _ in self._unread  # pruned unless read: loud
+                if tf.as_dtype(kv.dtype).is_floating]
     for gen, seed in self._seed_gens:
       mapping.append((gen.state, self._SeedState(seed, gen.state.dtype)))
     kwargs = keras_rebuild.WithMode(

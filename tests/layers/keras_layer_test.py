@@ -12,6 +12,7 @@ from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import test_utils
 from tensorpipe.layers import keras_layer
+from tensorpipe.nested_map import NestedMap
 
 test_utils.ConfigureTestDevices()
 
@@ -100,6 +101,25 @@ class KerasLayerParamsTest(tf.test.TestCase):
     self.assertEqual({(w.path, w.shape) for w in weights},
                      {('kernel', (5, 7)), ('bias', (7,))})
     self.assertIsInstance(layer.vars.kernel, tf.TensorSpec)
+
+
+  def testTiedReaderGetsOnlyTheWeightsItReadsAndAnUnreadOneIsNaN(self):
+    dense = keras.layers.Dense(3, name='dense')
+    dense.build((None, 4))
+    reader = keras_layer.KerasLayer.Params().Set(
+        name='dense__tied_1', tied_to='dense', tied_weights=[0],
+        keras_config=keras.saving.serialize_keras_object(dense)).Instantiate()
+    self.assertEqual(reader.TiedWeights(), {'kernel': 'dense/kernel'})
+    # Dense reads its bias too: a read missing from tied_weights gives NaN,
+    # never the reader's initial (zero) bias.
+    out = reader.CallKeras(NestedMap(kernel=tf.ones([4, 3])),
+                           (tf.ones([2, 4]),), {})
+    self.assertTrue(np.all(np.isnan(out.numpy())))
+    with self.assertRaisesRegex(ValueError, 'tied_weights=.*with tied_to'):
+      keras_layer.KerasLayer.Params().Set(
+          name='d', tied_weights=[0],
+          keras_config=keras.saving.serialize_keras_object(dense)
+      ).Instantiate()
 
 
 class KerasLayerMetaTest(tf.test.TestCase):
