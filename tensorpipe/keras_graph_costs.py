@@ -3,9 +3,10 @@
 `Analyse(graph)` calls each node of a `keras_graph.Graph` on Keras
 symbolic tensors (shapes and dtypes of every tensor), counts the FLOPs of
 one traced inference call per node (`flops.CountFlops`) and the weights
-that call reads, and the weights each layer holds at its first call; `keras_graph.PlanCuts` cuts on these
-costs. It runs on Keras objects built without allocating weights
-(keras_utils.NoAllocation), so a large model is costed from its config.
+that call reads, and the weights each layer holds at its first call;
+`keras_graph.PlanCuts` cuts on these costs. It runs on Keras objects built
+without allocating weights (keras_utils.NoAllocation), so a large model is
+costed from its config.
 
   graph = keras_graph.ReadGraph(model.get_config())
   costs = keras_graph_costs.Analyse(graph)   # keras_graph.GraphCosts
@@ -110,7 +111,6 @@ def Analyse(graph: keras_graph.Graph,
       cfg = graph.entries[name]['config']
       shape = cfg.get('batch_shape') or cfg.get('batch_input_shape')
       env[key] = keras.KerasTensor(shape, dtype=cfg.get('dtype', 'float32'))
-    seen = set()
     for node in graph.nodes:
       obj = objects[node.layer]
       args = keras_graph.FillArgs(node.args, env)
@@ -133,12 +133,11 @@ def Analyse(graph: keras_graph.Graph,
       node_flops, node_reads = _FLOPS_CACHE[key]
       flops.append(node_flops)
       reads.append(node_reads)
-      weight_sizes[node.layer] = tuple(int(np.prod(w.shape)) for w in
-                                       getattr(obj, 'weights', []))
-      first_call = node.layer not in seen
-      seen.add(node.layer)
-      params.append(int(sum(int(np.prod(w.shape)) for w in getattr(
-          obj, 'weights', []))) if first_call else 0)
+      first_call = node.layer not in weight_sizes
+      if first_call:
+        weight_sizes[node.layer] = tuple(int(np.prod(w.shape)) for w in
+                                         getattr(obj, 'weights', []))
+      params.append(sum(weight_sizes[node.layer]) if first_call else 0)
     for key, t in env.items():
       if isinstance(t, keras.KerasTensor):
         batched = bool(t.shape) and t.shape[0] is None

@@ -207,7 +207,7 @@ def ReadColumns(ds, batch: int = 8192) -> Dict[str, np.ndarray]:
 
   Read in batches: `tfds.as_numpy` one example at a time costs a Python
   round trip per example (the 50,561 Brown training sentences took 17.6 s
-  that way, under 1 s batched). Raises what reading raises
+  that way, about 3 s batched). Raises what reading raises
   (tf.errors.OpError on damaged files).
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
