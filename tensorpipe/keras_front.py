@@ -23,25 +23,6 @@ from tensorpipe import keras_utils
 from tensorpipe import pipeline
 
 
-def NestedSource(model: Any) -> Optional[keras_nested.Flattened]:
-  """`model` (or the model a stored config describes) flattened, when
-  keras_graph cannot read it as it is (keras_nested); else None."""
-  if isinstance(model, dict):
-    model = keras_nested.FromStored(model)
-  if model is None or not keras_nested.NeedsFlattening(model):
-    return None
-  return keras_nested.Flatten(model)
-
-
-def MaxSequenceLength(model: Any) -> Optional[int]:
-  """A keras_hub backbone's (or its task model's backbone's) length."""
-  for obj in (model, getattr(model, 'backbone', None)):
-    length = getattr(obj, 'max_sequence_length', None)
-    if isinstance(length, int) and not isinstance(length, bool):
-      return length
-  return None
-
-
 @dataclasses.dataclass(frozen=True)
 class Front:
   """What TensorPipeModel needs of the model it wraps, found once by its
@@ -156,13 +137,13 @@ def Make(model: Any, num_partitions: int, num_micro_batches: int,
   (num_stages_per_device, or the schedule's own) the Params route cuts the
   model into K v stages (keras_params.PipelineParams, GraphPlan).
   """
-  nested = NestedSource(model)
+  nested = keras_nested.NestedSource(model)
   if nested is not None:  # a keras_hub model, or dict inputs or outputs
     model = nested.model
     if weight_order is None:
       weight_order = nested.weight_order
     if sequence_length is None:
-      sequence_length = MaxSequenceLength(nested.source)
+      sequence_length = keras_nested.MaxSequenceLength(nested.source)
   if weight_order is not None:
     weight_order = [list(w) for w in weight_order]
   if keras_graph_params.IsGraph(model):

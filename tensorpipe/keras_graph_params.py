@@ -130,12 +130,14 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
               batch_size: Optional[int] = None,
               cut_after: Optional[Sequence[str]] = None,
               name: str = 'TensorPipe', sequence_length: Optional[int] = None,
+              output_keys: Optional[Sequence[str]] = None,
               **pipeline_params) -> GraphPipeline:
   """A functional model (or its config) cut into K v stages on K devices.
 
   Args: as PipelineParams (num_partitions: K devices; cut_after: K v - 1
     names); sequence_length: the length the cost model counts unknown
-    non-batch dims at (keras_graph_costs.Analyse).
+    non-batch dims at (keras_graph_costs.Analyse); output_keys: the
+    pipeline returns a NestedMap keyed by them (dict outputs).
 
   Returns:
     The GraphPipeline; its Report() names what crosses each cut.
@@ -152,7 +154,8 @@ def GraphPlan(model: Any, num_partitions: int, num_micro_batches: int,
       method=pipeline_params.get('partition_method', 'min_max'),
       stages_per_device=stages // num_partitions)
   batch = batch_size or num_micro_batches
-  parts = [[keras_graph_segment.SegmentParams(graph, costs, plan, k)]
+  parts = [[keras_graph_segment.SegmentParams(graph, costs, plan, k,
+                                              output_keys)]
            for k in range(stages)]
   p = pipeline.TensorPipeLayer.Params().Set(
       name=name, num_micro_batches=num_micro_batches, partitions=parts,

@@ -28,7 +28,8 @@ class KerasGraphSegment(base_layer.BaseLayer):
   references, and what it takes and returns. Made by `SegmentParams`.
 
   FProp(theta, *inputs): the first segment takes the model's inputs
-  (positional, in keras.Input order), every other one the previous
+  (positional, in keras.Input order, or one dict keyed by their names),
+  every other one the previous
   segment's NestedMap; the last returns the model's outputs (a tensor, or a
   tuple), every other one a NestedMap of the tensors a later segment needs.
   """
@@ -51,6 +52,11 @@ class KerasGraphSegment(base_layer.BaseLayer):
     p.Define('last', True, 'Whether the outputs are the model outputs.')
     p.Define('single_output', True, 'For the last segment: return one '
              'tensor (else a tuple).')
+    p.Define('input_names', [], 'For the first segment: the keras.Input '
+             'names, in order; it then also takes one dict keyed by them.')
+    p.Define('output_keys', None, 'For the last segment: return a '
+             'NestedMap keyed by these (a model with dict outputs), one '
+             'per output, in order.')
     p.Define('specs', {}, 'Tensor key -> [per-example shape, dtype name] of '
              'the inputs and outputs (FPropMeta).')
     p.Define('flops_per_example', 0.0, 'Forward FLOPs of one example.')
@@ -69,6 +75,8 @@ class KerasGraphSegment(base_layer.BaseLayer):
   def FProp(self, theta, *inputs):
     p = self.params
     if p.first:
+      if len(inputs) == 1 and isinstance(inputs[0], dict) and p.input_names:
+        inputs = _ByName(p, inputs[0])
       if len(inputs) != len(p.inputs):
         raise ValueError(
             f'KerasGraphSegment {p.name!r}: the model takes {len(p.inputs)} '
@@ -94,8 +102,7 @@ class KerasGraphSegment(base_layer.BaseLayer):
       for j, t in enumerate(tf.nest.flatten(out)):
         env[TensorKey((name, node['index'], j))] = t
     if p.last:
-      outs = [env[key] for key in p.outputs]
-      return outs[0] if p.single_output else tuple(outs)
+      return _Outputs(p, [env[key] for key in p.outputs])
     return NestedMap({key: env[key] for key in p.outputs})
 
   @classmethod
@@ -113,17 +120,36 @@ class KerasGraphSegment(base_layer.BaseLayer):
       shape, _ = p.specs[key]
       return tf.TensorShape([batch] + list(shape))
     if p.last:
-      outs = tuple(Shape(key) for key in p.outputs)
-      out = outs[0] if p.single_output else outs
+      out = _Outputs(p, [Shape(key) for key in p.outputs])
     else:
       out = NestedMap({key: Shape(key) for key in p.outputs})
     return base_layer.FPropMetaResult(p.flops_per_example * (batch or 0), out,
                                       p.num_params)
 
 
+def _ByName(p, inputs: Dict[str, Any]) -> Tuple[Any, ...]:
+  """The first segment's inputs from a dict keyed by keras.Input name."""
+  missing = [name for name in p.input_names if name not in inputs]
+  if missing:
+    raise ValueError(
+        f'KerasGraphSegment {p.name!r}: the model\'s inputs are '
+        f'{p.input_names} but the dict given has no {missing} (its keys: '
+        f'{sorted(inputs)}); key it by the keras.Input names')
+  return tuple(inputs[name] for name in p.input_names)
+
+
+def _Outputs(p, outs: List[Any]) -> Any:
+  """The last segment's result: one output, a tuple, or a NestedMap keyed
+  by p.output_keys."""
+  if p.output_keys:
+    return NestedMap(zip(p.output_keys, outs))
+  return outs[0] if p.single_output else tuple(outs)
+
+
 def SegmentParams(graph: Graph, costs: GraphCosts, plan: CutPlan,
-                  k: int) -> Any:
-  """The KerasGraphSegment Params of segment k of `plan`."""
+                  k: int, output_keys: Optional[Sequence[str]] = None) -> Any:
+  """The KerasGraphSegment Params of segment k of `plan`; `output_keys`:
+  the last one returns a NestedMap keyed by them."""
   nodes = [graph.nodes[i] for i in plan.Nodes(graph, k)]
   last = k == plan.num_segments - 1
   inputs = graph.inputs if k == 0 else plan.boundaries[k - 1]
@@ -158,6 +184,8 @@ def SegmentParams(graph: Graph, costs: GraphCosts, plan: CutPlan,
               'kwargs': n.kwargs} for n in nodes],
       inputs=list(inputs), outputs=list(outputs), first=k == 0, last=last,
       single_output=graph.single_output, specs=specs,
+      input_names=list(graph.input_names) if k == 0 else [],
+      output_keys=list(output_keys) if last and output_keys else None,
       flops_per_example=float(plan.flops[k]), num_params=int(num_params))
 
 

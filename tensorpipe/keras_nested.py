@@ -163,3 +163,22 @@ def FromStored(config: Dict[str, Any]) -> Optional[keras.Model]:
         'defines it (e.g. `import keras_hub`) before loading the '
         'TensorPipeModel') from None
   return model if NeedsFlattening(model) else None
+
+
+def NestedSource(model: Any) -> Optional[Flattened]:
+  """`model` (or the model a stored config describes) flattened, when
+  keras_graph cannot read it as it is (see above); else None."""
+  if isinstance(model, dict):
+    model = FromStored(model)
+  if model is None or not NeedsFlattening(model):
+    return None
+  return Flatten(model)
+
+
+def MaxSequenceLength(model: Any) -> Optional[int]:
+  """A keras_hub backbone's (or its task model's backbone's) length."""
+  for obj in (model, getattr(model, 'backbone', None)):
+    length = getattr(obj, 'max_sequence_length', None)
+    if isinstance(length, int) and not isinstance(length, bool):
+      return length
+  return None

@@ -18,6 +18,7 @@ import keras
 from tensorpipe import base_layer
 from tensorpipe import hyperparams
 from tensorpipe import keras_graph_params
+from tensorpipe import keras_nested
 from tensorpipe import keras_utils
 from tensorpipe import pipeline
 from tensorpipe.layers import keras_layer
@@ -131,7 +132,9 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
 
   Args:
     model: a keras.Sequential, a functional keras.Model (or its
-      get_config() dict), a list of Keras 3 layers (built or not), or a
+      get_config() dict; a keras_hub model, or one with dict inputs or
+      outputs, is flattened first: keras_nested), a list of Keras 3 layers
+      (built or not), or a
       function returning one of them, which is then built without
       allocating weights (experiments: their Params are made before the
       trainer sets up devices; the KerasLayers initialise their own weights).
@@ -153,7 +156,10 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
 
   Returns:
     TensorPipeLayer Params; each layer is a KerasLayer named after its Keras
-    layer, with that layer's config and input shape.
+    layer, with that layer's config and input shape. A functional model's
+    pipeline takes its inputs in keras.Input order or as one dict keyed by
+    their names (a flattened model's dict inputs come in sorted-name
+    order); a model with dict outputs returns a NestedMap keyed by them.
 
   Raises:
     TypeError / ValueError: a non-Sequential model, a Keras 2 object, an
@@ -163,10 +169,26 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
     raise keras_utils.Keras2Error('keras_pipeline', 'the model', model)
   if callable(model) and not isinstance(model, (keras.Layer, list, tuple)):
     with keras_utils.NoAllocation():
-      return PipelineParams(model(), num_partitions, num_micro_batches,
+      try:
+        built = model()
+      except ValueError as e:
+        if 'stateless scope' not in str(e):
+          raise
+        raise ValueError(
+            'keras_pipeline: the model function made a variable with a '
+            'fixed value, which the Params route cannot defer (it builds '
+            'the model without allocating weights); a keras_hub task model '
+            'compiles an optimizer when made: pass compile=False') from None
+      return PipelineParams(built, num_partitions, num_micro_batches,
                             input_shape, batch_size, partition_sizes, name,
                             cut_after, **pipeline_params)
   keras_graph_params.CheckKT(num_partitions, num_micro_batches)
+  nested = keras_nested.NestedSource(model)
+  if nested is not None:  # a keras_hub model, or dict inputs or outputs
+    model = nested.model
+    pipeline_params.setdefault(
+        'sequence_length', keras_nested.MaxSequenceLength(nested.source))
+    pipeline_params['output_keys'] = nested.output_keys
   if keras_graph_params.IsGraph(model):
     if partition_sizes is not None:
       raise ValueError(
@@ -231,7 +253,10 @@ def _SequenceParams(model, num_partitions: int, num_micro_batches: int,
 def CopyKerasWeights(pipe: pipeline.TensorPipeLayer,
                      model: KerasModelLike) -> None:
   """Copies the Keras layers' weights into the pipeline's KerasLayers."""
-  if isinstance(model, dict):
+  nested = keras_nested.NestedSource(model)
+  if nested is not None:
+    model = nested.model
+  elif isinstance(model, dict):
     return
   if keras_graph_params.IsGraph(model):
     for layer in KerasLayersOf(pipe):

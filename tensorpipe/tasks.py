@@ -15,7 +15,7 @@ Usage:
   out = task.FPropDefaultTheta(batch)     # out.loss, out.metrics.accuracy
 """
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -295,6 +295,13 @@ class SequenceTask(BaseTask):
     p.Define('label_smoothing', 0.0, 'Label smoothing s in [0, 1) when the '
              'model returns logits (a model computing its own loss smooths '
              'with its own setting).')
+    p.Define('model_inputs', None, 'None: the model gets the whole batch '
+             'NestedMap. Else {model input name: batch key} for a model '
+             'with named inputs (a Keras model through '
+             'keras_params.PipelineParams, e.g. a keras_hub LM): the model '
+             "gets NestedMap(name=batch[key]); a key '1-<key>' gives an "
+             'int32 mask, 1 where batch[<key>] is 0 (keras_hub\'s '
+             "padding_mask from 'paddings').")
     p.Define('decode_eos_id', None, 'End-of-sentence id: greedy decoding '
              'stops once every row has produced it (later positions stay 0; '
              'detokenisers stop at the first </s>). None decodes the full '
@@ -309,6 +316,41 @@ class SequenceTask(BaseTask):
     if not 0.0 <= p.label_smoothing < 1.0:
       raise ValueError(f'label_smoothing={p.label_smoothing!r} must be in '
                        '[0, 1)')
+    if p.model_inputs is not None and not (
+        isinstance(p.model_inputs, dict) and p.model_inputs and all(
+            isinstance(k, str) and isinstance(v, str) and v not in ('', '1-')
+            for k, v in p.model_inputs.items())):
+      raise ValueError(
+          f'model_inputs={p.model_inputs!r} must be None or a non-empty dict '
+          "{model input name: batch key}, e.g. {'token_ids': 'ids', "
+          "'padding_mask': '1-paddings'}")
+
+  def _BatchKeys(self) -> List[str]:
+    """The batch keys model_inputs reads."""
+    return [v[2:] if v.startswith('1-') else v
+            for v in (self.params.model_inputs or {}).values()]
+
+  def CheckInputSpec(self, element_spec, batch_size: int, name: str) -> None:
+    super().CheckInputSpec(element_spec, batch_size, name)
+    missing = [k for k in self._BatchKeys() if isinstance(element_spec, dict)
+               and k not in element_spec]
+    if missing:
+      raise ValueError(
+          f'task.model_inputs={self.params.model_inputs!r} reads batch keys '
+          f'{missing} that the {name} batches do not have (they have '
+          f'{sorted(element_spec)}); map the model inputs to those keys')
+
+  def ModelInputs(self, batch: NestedMap) -> Any:
+    """What the model gets of `batch` (see Params: model_inputs)."""
+    if self.params.model_inputs is None:
+      return batch
+    out = NestedMap()
+    for name, key in self.params.model_inputs.items():
+      if key.startswith('1-'):
+        out[name] = tf.cast(tf.equal(batch[key[2:]], 0), tf.int32)
+      else:
+        out[name] = batch[key]
+    return out
 
   @staticmethod
   def _LabelsAndWeights(batch, dtype: tf.DType = tf.float32):
@@ -361,7 +403,7 @@ class SequenceTask(BaseTask):
     if _TrainsWith1F1B(self.children.model):
       return self._FPropLossInPipeline(theta, batch)
     batch, example_weights = self.SplitExampleWeights(batch)
-    out = self.children.model.FProp(theta.model, batch)
+    out = self.children.model.FProp(theta.model, self.ModelInputs(batch))
     loss_sum, plain_sum, tokens, correct = self._TokenSums(out, batch,
                                                            example_weights)
     num_tokens = tf.maximum(tokens, 1.0)
@@ -390,10 +432,15 @@ class SequenceTask(BaseTask):
           loss=(loss_sum, n), log_pplx=(plain_sum, n),
           token_accuracy=(correct, n)))
 
-    out = self.children.model.FPropLoss(theta.model, (batch,), targets,
-                                        LossSums, num_tokens)
-    metrics = NestedMap({name: (value / num_tokens, num_tokens)
-                         for name, (value, _) in out.metrics.items()})
+    out = self.children.model.FPropLoss(
+        theta.model, (self.ModelInputs(batch),), targets, LossSums,
+        num_tokens)
+    # A Keras model's sums follow its own dtype (float64 in a float64
+    # model), not the pipeline's fprop_dtype.
+    metrics = NestedMap({
+        name: (value / tf.cast(num_tokens, value.dtype),
+               tf.cast(num_tokens, value.dtype))
+        for name, (value, _) in out.metrics.items()})
     metrics.num_tokens = (tokens, tf.constant(1.0, tokens.dtype))
     return NestedMap(loss=out.loss, metrics=metrics)
 
@@ -418,7 +465,7 @@ class SequenceTask(BaseTask):
     `Logits` of its input instead. float32, float64 for a float64 model.
     """
     layers = self._LayersWithTheta()
-    args = (batch,)
+    args = (self.ModelInputs(batch),)
     for i, (layer, theta) in enumerate(layers):
       if (i == len(layers) - 1 and
           isinstance(layer, transformer.SequenceSoftmaxLayer)):

@@ -15,8 +15,8 @@ softmax, within 15% of each other.
 import keras_hub
 import tensorflow as tf
 
-from tensorpipe import keras_front
 from tensorpipe import keras_graph_params
+from tensorpipe import keras_nested
 
 _K, _SEQ = 4, 1024
 
@@ -26,10 +26,10 @@ def _Plan():
       vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768,
       intermediate_dim=3072, max_sequence_length=_SEQ, dropout=0.0)
   lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-  flat = keras_front.NestedSource(lm)
+  flat = keras_nested.NestedSource(lm)
   return keras_graph_params.GraphPlan(
       flat.model, _K, num_micro_batches=8, batch_size=8,
-      sequence_length=keras_front.MaxSequenceLength(lm))
+      sequence_length=keras_nested.MaxSequenceLength(lm))
 
 
 class Gpt2SmallCutTest(tf.test.TestCase):

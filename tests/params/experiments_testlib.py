@@ -79,7 +79,8 @@ def _SyntheticLike(input_p, exp):
 
 # Same model code as an experiment whose step runs in the fast test.
 _TWINS = ('consistency.Consistency1x8', 'image.fashion_mnist.ResNet1x8',
-          'lm.brown.TransformerLm1x8', 'nmt.bible.TransformerEsEn4x8',
+          'lm.brown.TransformerLm1x8', 'lm.brown.KerasGpt2Lm1x8',
+          'nmt.bible.TransformerEsEn4x8',
           'nmt.bible.TransformerMulti4x8',
           'nmt.bible.TransformerMultiLowProportional4x8')
 
