@@ -27,8 +27,15 @@ copied from the first device to the second in the same process, and the
 cores the process gets now (`EffectiveCores`: on a machine shared with
 other processes fewer than its threads).
 
+With `micro_batch_sizes` it times the cells again at those micro-batch
+sizes (the profile's points): small micro-batches cost more per row than
+the size they were measured at says (dense layers at a few rows are bound
+by reading the weights), and num_micro_batches='auto' plans from that
+curve.
+
 Usage:
-  prof = cell_profile.ProfileLayer(layer, (x,), reps=10)
+  prof = cell_profile.ProfileLayer(layer, (x,), reps=10,
+                                   micro_batch_sizes=(4, 8, 16, 32))
   prof.Save('profile.json')      # TensorPipeLayer.Params().plan_profile
 """
 
@@ -254,14 +261,12 @@ def EffectiveCores(devices: Sequence[str], cores: int,
   return max(0.05, min(float(cores), cpu / wall))
 
 
-def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
-                 tick: bool = True) -> cost_model.Profile:
-  """The cost profile of TensorPipeLayer `layer` on `inputs` (a tuple of
-  its FProp inputs, the whole mini-batch) at its micro-batch size."""
+def _CellCosts(layer: Any, inputs: Tuple[Any, ...], tt: int, reps: int
+               ) -> Tuple[Tuple[cost_model.LayerCost, ...], int, float]:
+  """(per-layer cells, micro-batch rows, input bytes) of TensorPipeLayer
+  `layer` on `inputs` (the whole mini-batch) split into `tt` micro-batches."""
   p = layer.params
   batch = microbatch.BatchSize(inputs, p.batch_dim)
-  tt = microbatch.NumMicroBatches(batch, p.num_micro_batches,
-                                  p.micro_batch_size)
   mb_size = batch // tt
   stacked = microbatch.Split(tuple(inputs), tt, p.batch_dim)
   stages = [pipeline_stage.Stage(i, [lay], st.device) for i, (lay, st) in
@@ -281,10 +286,39 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
                          watch_inputs=i > 0)
     costs.append(cost)
     seen[key] = cost
+  return tuple(costs), mb_size, float(in_bytes)
+
+
+def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
+                 tick: bool = True,
+                 micro_batch_sizes: Sequence[int] = ()) -> cost_model.Profile:
+  """The cost profile of TensorPipeLayer `layer` on `inputs` (a tuple of
+  its FProp inputs, the whole mini-batch) at its micro-batch size, and the
+  cells alone at each of `micro_batch_sizes` (the profile's points: the
+  curve num_micro_batches='auto' plans from).
+
+  Raises:
+    ValueError: a size that does not divide the mini-batch.
+  """
+  p = layer.params
+  batch = microbatch.BatchSize(inputs, p.batch_dim)
+  tt = microbatch.NumMicroBatches(batch, p.num_micro_batches,
+                                  p.micro_batch_size)
+  for size in micro_batch_sizes:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1 or (
+        batch % size):
+      raise ValueError(f'micro_batch_sizes: {size!r} must be a positive '
+                       f'int dividing the mini-batch of {batch} rows')
+  costs, mb_size, in_bytes = _CellCosts(layer, inputs, tt, reps)
+  points = []
+  for size in sorted(set(micro_batch_sizes) - {mb_size}):
+    other, _, other_bytes = _CellCosts(layer, inputs, batch // size, reps)
+    points.append(cost_model.Profile(other, size, input_bytes=other_bytes))
   biggest = max([c.out_bytes for c in costs[:-1]] or [0.0])
   return cost_model.Profile(
-      tuple(costs), mb_size,
+      costs, mb_size,
       tick_s=TickCost(layer.devices) if tick else 0.0,
       transfer_s_per_byte=TransferRate(layer.devices, biggest),
-      input_bytes=float(in_bytes),
-      num_cores=EffectiveCores(layer.devices, NumCores()))
+      input_bytes=in_bytes,
+      num_cores=EffectiveCores(layer.devices, NumCores()),
+      points=tuple(points))

@@ -59,6 +59,8 @@ from tensorpipe import schedules
 from tensorpipe import simulator
 
 REGIMES = ('shared', 'separate')
+_CELL_FIELDS = ('forward', 'backward', 'input_grad', 'weight_grad',
+                'out_bytes')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +98,10 @@ class Profile:
       measured profile holds the cores the process got, which may be a
       fraction).
     source: 'measured' (cell_profile) or 'flops' (FlopProfile).
+    points: the same layers' cells measured at other micro-batch sizes
+      (their own tick, transfer and core figures unused): the curve
+      `Scaled` interpolates, and the sizes num_micro_batches='auto' may
+      choose from.
   """
   layers: Tuple[LayerCost, ...]
   micro_batch_rows: int
@@ -104,29 +110,67 @@ class Profile:
   input_bytes: float = 0.0
   num_cores: float = 1
   source: str = 'measured'
+  points: Tuple['Profile', ...] = ()
+
+  @property
+  def measured_rows(self) -> Tuple[int, ...]:
+    """The micro-batch sizes measured, ascending."""
+    return tuple(sorted({q.micro_batch_rows for q in (self,) + self.points}))
 
   def Scaled(self, micro_batch_rows: int) -> 'Profile':
-    """This profile at another micro-batch size, cell costs and bytes
-    scaled linearly with the rows (an approximation: small micro-batches
-    are bound by reading the weights, so this underestimates them)."""
-    if micro_batch_rows == self.micro_batch_rows:
+    """This profile at another micro-batch size (one size, no points).
+
+    Between two measured sizes each cell cost and byte count is
+    interpolated linearly in the rows: the measured curve, which knows that
+    a small micro-batch costs more per row (bound by reading the weights).
+    Outside them the nearest measured size is scaled in proportion to the
+    rows, which underestimates smaller micro-batches.
+
+    Raises:
+      ValueError: a point of another layer count.
+    """
+    if micro_batch_rows == self.micro_batch_rows and not self.points:
       return self
-    x = micro_batch_rows / self.micro_batch_rows
+    measured = sorted((self,) + self.points,
+                      key=lambda q: q.micro_batch_rows)
+    if any(len(q.layers) != len(self.layers) for q in measured):
+      raise ValueError('a profile\'s points must measure the same '
+                       f'{len(self.layers)} layers; profile again with '
+                       'tools/benchmark --profile')
+    rows = micro_batch_rows
+    exact = [q for q in measured if q.micro_batch_rows == rows]
+    below = [q for q in measured if q.micro_batch_rows < rows]
+    above = [q for q in measured if q.micro_batch_rows > rows]
+    if exact:
+      lo = hi = exact[0]
+      mix = lambda v, _: v
+    elif below and above:
+      lo, hi = below[-1], above[0]
+      a = (rows - lo.micro_batch_rows) / (hi.micro_batch_rows -
+                                          lo.micro_batch_rows)
+      mix = lambda v, w: v + a * (w - v)
+    else:
+      lo = hi = below[-1] if below else above[0]
+      x = rows / lo.micro_batch_rows
+      mix = lambda v, _: v * x
+    layers = tuple(LayerCost(*[mix(getattr(c, f), getattr(d, f))
+                               for f in _CELL_FIELDS])
+                   for c, d in zip(lo.layers, hi.layers))
     return dataclasses.replace(
-        self, micro_batch_rows=micro_batch_rows, input_bytes=self.input_bytes
-        * x, layers=tuple(LayerCost(c.forward * x, c.backward * x,
-                                    c.input_grad * x, c.weight_grad * x,
-                                    c.out_bytes * x) for c in self.layers))
+        self, layers=layers, micro_batch_rows=rows,
+        input_bytes=mix(lo.input_bytes, hi.input_bytes), points=())
 
   def ToJson(self) -> Dict:
     d = dataclasses.asdict(self)
     d['layers'] = [dataclasses.asdict(c) for c in self.layers]
+    d['points'] = [q.ToJson() for q in self.points]
     return d
 
   @classmethod
   def FromJson(cls, d: Dict) -> 'Profile':
     d = dict(d)
     d['layers'] = tuple(LayerCost(**c) for c in d['layers'])
+    d['points'] = tuple(cls.FromJson(q) for q in d.get('points', ()))
     return cls(**d)
 
   def Save(self, path: str) -> None:

@@ -137,7 +137,9 @@ class TensorPipeLayer(base_layer.BaseLayer):
              'construction.')
     p.Define('num_micro_batches', None, 'T, the number of micro-batches a '
              'mini-batch is split into; None means 1 unless micro_batch_size '
-             'is set (set at most one of the two).')
+             "is set (set at most one of the two). 'auto': the planner picks "
+             'T from a profile measured at several micro-batch sizes '
+             '(schedule_auto.py, plan_profile).')
     p.Define('micro_batch_size', None, 'Alternative to num_micro_batches: '
              'examples per micro-batch (T = batch size / micro_batch_size).')
     p.Define('batch_dim', 0, 'Axis of the batch in every input tensor.')

@@ -12,9 +12,19 @@ is refused, as is one the layer's other settings cannot run (the I/W split
 needs grad_sum='sequential'; every schedule but GPipe needs
 recompute_impl='explicit'; a given num_stages_per_device keeps that v).
 
-`ResolveAuto(p)` turns schedule='auto' into the winner (schedule and
-num_stages_per_device set in a copy of the Params) and logs the choice with
-its prediction and the runner-up. Costs come from:
+num_micro_batches='auto' (with schedule='auto' or a named schedule) ranks
+every T too: those that split the mini-batch into micro-batches of a size
+the profile measured or lies between two measured sizes
+(`MicroBatchChoices`), each priced from the measured curve
+(`cost_model.Profile.Scaled`: a micro-batch of a few rows costs more per
+row than a linear scaling says, so more micro-batches, less bubble, can
+lose). It needs a profile measured at several sizes (plan_profile; FLOP
+costs scale linearly and would always pick the most micro-batches).
+
+`ResolveAuto(p)` turns the 'auto' settings into the winner (schedule,
+num_stages_per_device and num_micro_batches set in a copy of the Params)
+and logs the choice with its prediction and the runner-up. Costs come
+from:
 
   plan_profile=None   FLOPs (`cost_model.FlopProfile`: t_B = 2 t_F,
                       t_I = t_W, no tick or transfer cost). Construction
@@ -58,6 +68,7 @@ class PlanRow:
   """One candidate's prediction; `refused` says why it cannot run."""
   name: str
   num_stages_per_device: int
+  num_micro_batches: int = 0
   step_s: float = 0.0
   work_s: float = 0.0
   ticks: int = 0
@@ -82,14 +93,14 @@ class Plan:
     lines = [f'Schedule plan ({self.source} costs, {self.regime} regime'
              + (f', {self.num_cores:.3g} cores' if self.regime == 'shared'
                 else '') + '):',
-             f'{"rank":>4}  {"schedule":<17}{"v":>2}  {"step":>10}  '
-             f'{"work":>10}  {"ticks":>5}  {"act. peak":>10}']
+             f'{"rank":>4}  {"schedule":<17}{"v":>2}{"T":>4}  '
+             f'{"step":>10}  {"work":>10}  {"ticks":>5}  {"act. peak":>10}']
     for i, r in enumerate(self.rows):
+      head = f'{r.name:<17}{r.num_stages_per_device:>2}{r.num_micro_batches:>4}'
       if r.refused:
-        lines.append(f'{"-":>4}  {r.name:<17}{r.num_stages_per_device:>2}  '
-                     f'n/a: {r.refused}')
+        lines.append(f'{"-":>4}  {head}  n/a: {r.refused}')
         continue
-      lines.append(f'{i + 1:>4}  {r.name:<17}{r.num_stages_per_device:>2}  '
+      lines.append(f'{i + 1:>4}  {head}  '
                    f'{schedule_plan.FormatTime(r.step_s):>10}  '
                    f'{schedule_plan.FormatTime(r.work_s):>10}  '
                    f'{r.ticks:>5}  '
@@ -103,19 +114,20 @@ def _Row(report: model_analysis.Report, profile: cost_model.Profile,
   """One candidate: its table, cut, prediction and memory, or a refusal."""
   kk, tt = report.num_partitions, report.num_micro_batches
   if kk * v > len(report.layers):
-    return PlanRow(name, v, refused=f'K*v = {kk * v} stages need at least '
-                   f'{kk * v} layers, the model has {len(report.layers)}')
+    return PlanRow(name, v, tt, refused=f'K*v = {kk * v} stages need at '
+                   f'least {kk * v} layers, the model has '
+                   f'{len(report.layers)}')
   try:
     table = schedule_builders.Build(name, kk, tt, v)
   except ValueError as e:
-    return PlanRow(name, v, refused=str(e))
+    return PlanRow(name, v, tt, refused=str(e))
   plan = partitioning.Partition([r.flops for r in report.layers], kk * v,
                                 method=report.method)
   pred = cost_model.Predict(table, profile, plan.boundaries, recompute,
                             regime)
   act, _ = schedule_plan.TableMemory(report, table, plan.boundaries,
                                      recompute)
-  row = PlanRow(name, v, pred.step_s, pred.work_s, pred.ticks, max(act))
+  row = PlanRow(name, v, tt, pred.step_s, pred.work_s, pred.ticks, max(act))
   if budget is not None and max(act) > budget:
     return dataclasses.replace(row, refused=(
         f'activation peak {model_analysis.FormatBytes(max(act))} is over '
@@ -146,13 +158,45 @@ def Rank(report: model_analysis.Report, profile: cost_model.Profile,
                      '(tools/benchmark --profile)')
   rows = [_Row(report, profile, name, v, recompute, regime, memory_budget)
           for name, v in which]
+  return _Ranked(rows, regime, profile)
+
+
+def _Ranked(rows: Sequence[PlanRow], regime: str,
+            profile: cost_model.Profile) -> Plan:
+  """`rows` fastest first; steps within 0.1% of each other are a tie:
+  fewer ticks, then less memory, then more rows per micro-batch."""
   usable = [r for r in rows if not r.refused]
   fastest = min((r.step_s for r in usable), default=0.0)
-  # Steps within 0.1% of each other are a tie: fewer ticks, less memory.
   usable.sort(key=lambda r: (round(r.step_s / fastest, 3) if fastest else 0,
-                             r.ticks, r.memory_bytes))
+                             r.ticks, r.memory_bytes, r.num_micro_batches))
   return Plan(tuple(usable + [r for r in rows if r.refused]), regime,
               profile.source, profile.num_cores)
+
+
+def MicroBatchChoices(batch: int, profile: cost_model.Profile) -> List[int]:
+  """num_micro_batches='auto': the T that split `batch` into micro-batches
+  of a size within the profile's measured ones (interpolated, never
+  extrapolated: the curve says nothing outside them).
+
+  Raises:
+    ValueError: a profile of one size, or none of its sizes fits.
+  """
+  rows = profile.measured_rows
+  if len(rows) < 2:
+    raise ValueError(
+        "num_micro_batches='auto' plans from measured costs at several "
+        f'micro-batch sizes; the profile has {list(rows)} rows only. '
+        'Profile with tools/benchmark --profile '
+        '--profile_micro_batch_sizes=4,8,16,32 (sizes dividing the '
+        'mini-batch), or name num_micro_batches')
+  ts = [t for t in range(1, batch + 1)
+        if batch % t == 0 and rows[0] <= batch // t <= rows[-1]]
+  if not ts:
+    raise ValueError(
+        f"num_micro_batches='auto': no T splits the mini-batch of {batch} "
+        f'into micro-batches of {rows[0]} to {rows[-1]} rows (the '
+        'profile\'s measured sizes); profile at sizes that divide it')
+  return ts
 
 
 def DefinePlanParams(p: Any) -> None:
@@ -170,7 +214,10 @@ def DefinePlanParams(p: Any) -> None:
 
 def Candidates(p: Any) -> List[Tuple[str, int]]:
   """The (schedule, v) pairs of `schedule_plan.ALL` a TensorPipeLayer with
-  Params `p` (schedule='auto') can run with its other settings."""
+  Params `p` (schedule='auto') can run with its other settings; its own
+  schedule when that is named."""
+  if p.schedule != AUTO:
+    return [(p.schedule, schedule_builders.NumStagesPerDevice(p))]
   out = []
   for name, v in schedule_plan.ALL:
     if p.num_stages_per_device not in (None, v):
@@ -233,21 +280,54 @@ def PlanFor(p: Any) -> Plan:
       budget, (int, float)) or budget <= 0):
     raise ValueError(f'TensorPipeLayer {p.name!r}: plan_memory_budget='
                      f'{budget!r} must be bytes > 0 per device, or None')
+  what = ("schedule='auto'" if p.schedule == AUTO else
+           "num_micro_batches='auto'")
   if p.partitions is not None or not p.layers or p.input_shapes is None:
-    raise ValueError(f"TensorPipeLayer {p.name!r}: schedule='auto' plans "
-                     'the cut itself and needs `layers`, `num_partitions` '
-                     'and `input_shapes`; give those, or name a schedule')
+    raise ValueError(f'TensorPipeLayer {p.name!r}: {what} plans the cut '
+                     'itself and needs `layers`, `num_partitions` and '
+                     '`input_shapes`; give those, or name a schedule and T')
   from tensorpipe import microbatch  # pylint: disable=g-import-not-at-top
   report = model_analysis.AnalyzeLayers(
       list(p.layers), p.input_shapes, num_partitions=p.num_partitions,
       method=p.partition_method, exact_optimizer_state=False)
-  tt = microbatch.NumMicroBatches(report.batch_size, p.num_micro_batches,
-                                  p.micro_batch_size)
-  report = dataclasses.replace(report, num_micro_batches=tt)
-  profile = ProfileFor(report, p.plan_profile)
+  if p.num_micro_batches == AUTO:
+    if p.micro_batch_size is not None:
+      raise ValueError(f"TensorPipeLayer {p.name!r}: num_micro_batches="
+                       "'auto' picks T, so micro_batch_size="
+                       f'{p.micro_batch_size!r} cannot be set too; drop '
+                       'one of them')
+    if not p.plan_profile:
+      raise ValueError(
+          f"TensorPipeLayer {p.name!r}: num_micro_batches='auto' needs "
+          'measured costs at several micro-batch sizes (FLOP counts say '
+          'nothing of what a smaller micro-batch costs per row): set '
+          'plan_profile to a tools/benchmark --profile '
+          '--profile_micro_batch_sizes=... file, or name num_micro_batches')
+    ts = MicroBatchChoices(report.batch_size,
+                           cost_model.Profile.Load(p.plan_profile))
+  else:
+    ts = [microbatch.NumMicroBatches(report.batch_size, p.num_micro_batches,
+                                     p.micro_batch_size)]
   regime = p.plan_regime or Regime(_Devices(p, p.num_partitions))
-  return Rank(report, profile, p.recompute, regime, Candidates(p),
-              p.plan_memory_budget)
+  return RankOverT(report, lambda r: ProfileFor(r, p.plan_profile), ts,
+                   p.recompute, regime, Candidates(p), p.plan_memory_budget)
+
+
+def RankOverT(report: model_analysis.Report,
+              profile_at: Callable[[model_analysis.Report],
+                                   cost_model.Profile],
+              ts: Sequence[int], recompute: bool, regime: str,
+              which: Sequence[Tuple[str, int]],
+              memory_budget: Optional[float] = None) -> Plan:
+  """`Rank` at each T of `ts` (the report at that T, its costs from
+  `profile_at(report)`), the rows of every T ranked together."""
+  rows, profile = [], None
+  for tt in ts:
+    at_t = dataclasses.replace(report, num_micro_batches=tt)
+    profile = profile_at(at_t)
+    rows += Rank(at_t, profile, recompute, regime, which,
+                 memory_budget).rows
+  return _Ranked(rows, regime, profile)
 
 
 def ResolveAuto(p: Any, log: Callable[[str], None] = logging.info) -> Any:
@@ -257,28 +337,40 @@ def ResolveAuto(p: Any, log: Callable[[str], None] = logging.info) -> Any:
   Raises:
     ValueError: no candidate fits (with each one's reason).
   """
-  if p.schedule != AUTO:
+  if not IsAuto(p):
     return p
   plan = PlanFor(p)
   best = plan.best
+  what = ', '.join(f"{k}='auto'" for k in ('schedule', 'num_micro_batches')
+                   if p.Get(k) == AUTO)
   if best is None:
-    why = '; '.join(f'{r.name}: {r.refused}' for r in plan.rows)
-    raise ValueError(f"TensorPipeLayer {p.name!r}: schedule='auto' found no "
-                     f'schedule that fits ({why}); raise plan_memory_budget, '
-                     'use more partitions or name a schedule')
+    why = '; '.join(f'{r.name} T={r.num_micro_batches}: {r.refused}'
+                    for r in plan.rows)
+    raise ValueError(f'TensorPipeLayer {p.name!r}: {what} found no '
+                     f'setting that fits ({why}); raise plan_memory_budget, '
+                     'use more partitions or name a schedule and T')
   q = p.Copy()
   q.schedule, q.num_stages_per_device = best.name, best.num_stages_per_device
+  if p.num_micro_batches == AUTO:
+    q.num_micro_batches = best.num_micro_batches
   runner_up = next((r for r in plan.rows[1:] if not r.refused), None)
   how = ('measured costs of ' + p.plan_profile if plan.source == 'measured'
          else 'FLOP-based costs, no profile: set plan_profile to a '
          'tools/benchmark --profile file for measured costs')
-  log(f"TensorPipeLayer {p.name!r}: schedule='auto' -> {best.name!r} "
-      f'(num_stages_per_device={best.num_stages_per_device}), predicted '
+  log(f'TensorPipeLayer {p.name!r}: {what} -> {best.name!r} '
+      f'(num_stages_per_device={best.num_stages_per_device}, '
+      f'num_micro_batches={best.num_micro_batches}), predicted '
       f'{best.step_s * 1e3:.3g} ms/step'
-      + (f' (next: {runner_up.name} {runner_up.step_s * 1e3:.3g} ms)'
-         if runner_up else '')
+      + (f' (next: {runner_up.name} T={runner_up.num_micro_batches} '
+         f'{runner_up.step_s * 1e3:.3g} ms)' if runner_up else '')
       + f'; {plan.regime} regime, {how}')
   return q
+
+
+def IsAuto(p: Any) -> bool:
+  """Whether TensorPipeLayer Params `p` leave the schedule or T to the
+  planner."""
+  return p.schedule == AUTO or p.num_micro_batches == AUTO
 
 
 def ResolveAutoIn(params: Any,
@@ -289,9 +381,10 @@ def ResolveAutoIn(params: Any,
   from tensorpipe import distribute  # pylint: disable=g-import-not-at-top
   done = []
   for mp in distribute.PipelineParamsIn(params):
-    if mp.schedule == AUTO:
+    if IsAuto(mp):
       q = ResolveAuto(mp, log)
       mp.schedule, mp.num_stages_per_device = (q.schedule,
                                                q.num_stages_per_device)
+      mp.num_micro_batches = q.num_micro_batches  # a number when 'auto'
       done.append(mp.name)
   return done

@@ -39,6 +39,28 @@ class ProfileLayerTest(tf.test.TestCase):
     self.assertGreater(prof.num_cores, 0.0)
     self.assertLessEqual(prof.num_cores, cell_profile.NumCores())
 
+  def testOtherMicroBatchSizesArePointsOfTheCurve(self):
+    layers = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=8,
+                                          output_dim=8) for i in range(2)]
+    layer = pipeline.TensorPipeLayer.Params().Set(
+        name='pipe', layers=layers, num_partitions=1, num_micro_batches=4,
+        input_shapes=[[8, 8]]).Instantiate()
+    x = tf.ones([8, 8])
+    prof = cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False,
+                                     micro_batch_sizes=(8, 2, 1))
+    # The layer's own size (2 rows) is the profile; 1 and 8 rows are points
+    # with their own bytes (8 float32 per row).
+    self.assertEqual(prof.measured_rows, (1, 2, 8))
+    self.assertEqual([q.micro_batch_rows for q in prof.points], [1, 8])
+    self.assertEqual([q.input_bytes for q in prof.points], [32.0, 256.0])
+    self.assertEqual([q.layers[1].out_bytes for q in prof.points],
+                     [32.0, 256.0])
+    for size in (3, 0, 2.0):
+      with self.assertRaisesRegex(ValueError, f'{size!r} must be a positive '
+                                  'int dividing the mini-batch of 8'):
+        cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False,
+                                  micro_batch_sizes=(size,))
+
 
 if __name__ == '__main__':
   tf.test.main()

@@ -1,5 +1,6 @@
 """tensorpipe.cost_model: step predictions of hand-made profiles."""
 
+import dataclasses
 import os
 import tempfile
 import unittest
@@ -118,13 +119,38 @@ class ProfileTest(unittest.TestCase):
     self.assertEqual(prof.layers[0], LayerCost(2.0, 4.0, 2.0, 2.0, 16.0))
     self.assertEqual(prof.input_bytes, 16.0)
 
+  def testScaledFollowsTheMeasuredCurve(self):
+    # Measured at 4 rows (f=1, b=2, i=1, w=1, 8 bytes) and at 16 rows
+    # (f=2, b=4, i=2, w=2, 32 bytes): a 4x bigger micro-batch only twice
+    # the time (weight-bound). 10 rows lie halfway: every field halfway.
+    at16 = cost_model.Profile((LayerCost(2.0, 4.0, 2.0, 2.0, 32.0),) * 2,
+                              16, input_bytes=32.0)
+    prof = dataclasses.replace(_Profile(out_bytes=8.0), points=(at16,))
+    self.assertEqual(prof.measured_rows, (4, 16))
+    mid = prof.Scaled(10)
+    self.assertEqual(mid.layers[0], LayerCost(1.5, 3.0, 1.5, 1.5, 20.0))
+    self.assertEqual((mid.micro_batch_rows, mid.input_bytes, mid.points),
+                     (10, 20.0, ()))
+    # A measured size is taken as measured; the tick and cores stay.
+    self.assertEqual(prof.Scaled(16).layers, at16.layers)
+    self.assertEqual(prof.Scaled(16).num_cores, prof.num_cores)
+    # Outside, the nearest measured size scales with the rows.
+    self.assertEqual(prof.Scaled(32).layers[0],
+                     LayerCost(4.0, 8.0, 4.0, 4.0, 64.0))
+    self.assertEqual(prof.Scaled(2).layers[0],
+                     LayerCost(0.5, 1.0, 0.5, 0.5, 4.0))
+    bad = dataclasses.replace(prof, points=(_Profile(n=3),))
+    with self.assertRaisesRegex(ValueError, 'same 2 layers'):
+      bad.Scaled(8)
+
   def testFlopProfile(self):
     prof = cost_model.FlopProfile([2e12, 4e12], [10, 20], 4)
     self.assertEqual(prof.source, 'flops')
     self.assertEqual(prof.layers[1], LayerCost(4.0, 8.0, 4.0, 4.0, 20))
 
   def testSaveLoadRoundTrip(self):
-    prof = _Profile(tick=0.25, rate=1e-9)
+    prof = dataclasses.replace(_Profile(tick=0.25, rate=1e-9),
+                               points=(_Profile(n=2, fwd=3.0),))
     with tempfile.TemporaryDirectory() as d:
       path = os.path.join(d, 'profile.json')
       prof.Save(path)

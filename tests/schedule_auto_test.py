@@ -1,5 +1,6 @@
 """tensorpipe.schedule_auto: the planner behind schedule='auto'."""
 
+import dataclasses
 import os
 import tempfile
 
@@ -164,6 +165,75 @@ class ResolveTest(tf.test.TestCase):
     self.assertIn('model.num_stages_per_device : 1', root.ToText())
 
 
+def _CurveFile(test, cost_at_1, cost_at_8, low=1):
+  """A profile of the 4 FC layers measured at `low` (1) and 8 rows: per
+  layer t_F = c, t_B = 2c, t_I = t_W = c, with c given at each size."""
+  def At(rows, c):
+    return cost_model.Profile(
+        (cost_model.LayerCost(c, 2 * c, c, c),) * 4, rows, num_cores=2)
+  prof = dataclasses.replace(At(8, cost_at_8),
+                             points=(At(low, cost_at_1),))
+  path = os.path.join(test.get_temp_dir(), 'curve.json')
+  prof.Save(path)
+  return path
+
+
+class MicroBatchesAutoTest(tf.test.TestCase):
+
+  def testWeightBoundMicroBatchesPickOne(self):
+    # A micro-batch costs the same at 1 row as at 8 (bound by reading the
+    # weights): in a shared pool the work grows with T, so T=1 wins
+    # (T in 1, 2, 4, 8: the sizes between the measured 1 and 8 rows).
+    lines = []
+    q = schedule_auto.ResolveAuto(_Pipe(
+        num_micro_batches='auto', plan_regime='shared',
+        plan_profile=_CurveFile(self, 1.0, 1.0)), lines.append)
+    self.assertEqual(q.num_micro_batches, 1)
+    self.assertIn("schedule='auto', num_micro_batches='auto' -> ",
+                  lines[0])
+    self.assertIn('num_micro_batches=1)', lines[0])
+
+  def testCostsLinearInRowsOnSeparateExecutorsPickTheMostMicroBatches(self):
+    # Cost proportional to the rows: the step is (T + K - 1) x f(N / T), so
+    # the bubble shrinks with T: T=8. A named schedule is kept.
+    p = _Pipe(num_micro_batches='auto', schedule='1f1b',
+              plan_regime='separate',
+              plan_profile=_CurveFile(self, 1.0 / 8, 1.0))
+    plan = schedule_auto.PlanFor(p)
+    self.assertEqual([r.num_micro_batches for r in plan.rows], [8, 4, 2, 1])
+    self.assertEqual({r.name for r in plan.rows}, {'1f1b'})
+    self.assertIn('1f1b              1   8', plan.Text())
+    q = schedule_auto.ResolveAuto(p)
+    self.assertEqual((q.schedule, q.num_micro_batches), ('1f1b', 8))
+    layer = p.Instantiate()
+    self.assertEqual(layer.params.num_micro_batches, 8)
+    root = hyperparams.Params()
+    root.Define('model', p.Copy(), 'The model.')
+    schedule_auto.ResolveAutoIn(root, lambda _: None)
+    self.assertIn('model.num_micro_batches : 8', root.ToText())
+
+  def testWhatCannotBePlannedIsNamedWithTheFix(self):
+    with self.assertRaisesRegex(ValueError, 'needs measured costs at '
+                                'several micro-batch sizes'):
+      schedule_auto.ResolveAuto(_Pipe(num_micro_batches='auto'))
+    one = os.path.join(self.get_temp_dir(), 'one.json')
+    _Profile().Save(one)
+    with self.assertRaisesRegex(ValueError, r'has \[2\] rows only.*'
+                                '--profile_micro_batch_sizes'):
+      schedule_auto.ResolveAuto(_Pipe(num_micro_batches='auto',
+                                      plan_profile=one))
+    with self.assertRaisesRegex(ValueError, 'micro_batch_size=2 cannot be '
+                                'set too'):
+      schedule_auto.ResolveAuto(_Pipe(
+          num_micro_batches='auto', micro_batch_size=2,
+          plan_profile=_CurveFile(self, 1.0, 1.0)))
+    with self.assertRaisesRegex(ValueError, 'no T splits the mini-batch of '
+                                '11 into micro-batches of 2 to 8 rows'):
+      schedule_auto.ResolveAuto(_Pipe(
+          num_micro_batches='auto', input_shapes=[[11, 8]],
+          plan_profile=_CurveFile(self, 1.0, 1.0, low=2)))
+
+
 class _AutoExperiment(base_experiment.BaseExperiment):
   """Flatten and 3 FC layers on 8x8 synthetic images, schedule='auto'."""
 
@@ -240,7 +310,7 @@ class PlanToolTest(tf.test.TestCase):
                   text)
     self.assertEqual(self._Order(text), ['1f1b', 'gpipe', 'zb_h1',
                                          'interleaved_1f1b', 'zb_v'])
-    self.assertRegex(text, r'1  1f1b +1 +29 s +48 s +10 ')
+    self.assertRegex(text, r'1  1f1b +1 +4 +29 s +48 s +10 ')
 
   def testMemoryBudgetRefusesInTheTable(self):
     text = self._Run('--plan_memory_budget_mib=0.0001')

@@ -28,7 +28,8 @@ the first model (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
   bazel run //tools:benchmark -- --models=tiny --settings=plain,K2-T2-rc
   python -m tools.benchmark --report_from=benchmarks/results/grid/results.json
   python -m tools.benchmark --tick_cost --tick_cost_repos=/tmp/old_worktree
-  python -m tools.benchmark --profile --models=dense16 --profile_setting=K2-T8-rc
+  python -m tools.benchmark --profile --models=dense16 --profile_setting=K2-T8-rc \
+      --profile_micro_batch_sizes=4,8,16,32
   python -m tools.benchmark --plan_check --models=dense16,conv16
   python -m tools.benchmark --models=conv16 \
       --settings=K2-T32-1f1b-rc,K2-T32-1f1b-norc \
@@ -106,6 +107,10 @@ flags.DEFINE_boolean('profile', False, 'Run nothing else: the cost profile '
                      "schedule='auto'.")
 flags.DEFINE_string('profile_setting', 'K2-T8-rc', 'With --profile: the '
                     'setting (K, T, threads) profiled.')
+flags.DEFINE_list('profile_micro_batch_sizes', [], 'With --profile: also '
+                  'time the cells at these micro-batch sizes (rows), the '
+                  "curve num_micro_batches='auto' plans from, e.g. "
+                  '4,8,16,32.')
 flags.DEFINE_boolean('plan_check', False, 'Run nothing else: every schedule '
                      'of --models at K=2 with recompute, T in --plan_check_ts, '
                      'measured and predicted by the calibrated cost model in '
@@ -114,6 +119,10 @@ flags.DEFINE_boolean('plan_check', False, 'Run nothing else: every schedule '
                      'writes plan_check.json and plan_check.md under --out.')
 flags.DEFINE_list('plan_check_ts', ['4', '8'], 'With --plan_check: the T '
                   'values.')
+flags.DEFINE_boolean('plan_check_sweep_t', False, 'With --plan_check: per '
+                     'model, 1F1B at every T of --plan_check_ts in one '
+                     "process, and num_micro_batches='auto''s pick among "
+                     'them (the measured micro-batch curve).')
 flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
                      '(needed by the simulator predictions).')
 
@@ -245,13 +254,28 @@ def _Plan() -> None:
       settings_lib.ParseSetting(FLAGS.profile_setting)
     except ValueError as e:
       raise app.UsageError(f'--profile_setting: {e}') from None
-    res = plan_check.ProfileChild(FLAGS.models[0], FLAGS.profile_setting)
+    try:
+      sizes = [int(m) for m in FLAGS.profile_micro_batch_sizes]
+    except ValueError:
+      sizes = [0]
+    if any(m < 1 for m in sizes):
+      raise app.UsageError(
+          '--profile_micro_batch_sizes='
+          f'{",".join(FLAGS.profile_micro_batch_sizes)} must be positive '
+          'ints (rows per micro-batch), e.g. 4,8,16')
+    res = plan_check.ProfileChild(FLAGS.models[0], FLAGS.profile_setting,
+                                  micro_batch_sizes=sizes)
     path = os.path.join(out, 'profile.json')
     with open(path, 'w') as f:
       json.dump(res['profile'], f, indent=1)
     for k, st in enumerate(res['stages']):
       print(f'stage {k}: ' + ', '.join(f'{n} {v * 1e3:.2f} ms'
                                        for n, v in st.items()))
+    for q in res['profile']['points']:
+      print(f'at {q["micro_batch_rows"]} rows: forward '
+            f'{sum(c["forward"] for c in q["layers"]) * 1e3:.2f} ms, '
+            f'backward {sum(c["backward"] for c in q["layers"]) * 1e3:.2f} '
+            'ms (all layers)')
     print(f'tick {res["profile"]["tick_s"] * 1e3:.3f} ms, transfer '
           f'{res["profile"]["transfer_s_per_byte"] * 1e9:.3f} ns/B; '
           f'profiled in {res["seconds"]:.1f} s; wrote {path}')
@@ -262,7 +286,8 @@ def _Plan() -> None:
     raise app.UsageError(f'--plan_check_ts={",".join(FLAGS.plan_check_ts)} '
                          'must be integers, e.g. 4,8') from None
   results = plan_check.Run(FLAGS.models, ts, FLAGS.steps, 10,
-                           log=lambda line: print(line, flush=True))
+                           log=lambda line: print(line, flush=True),
+                           sweep=FLAGS.plan_check_sweep_t)
   text = plan_check.Table(results)
   with open(os.path.join(out, 'plan_check.json'), 'w') as f:
     json.dump(results, f, indent=1)

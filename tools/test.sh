@@ -9,8 +9,8 @@
 #       (b) pytest on 2 xdist workers, each taking whole files: every unit
 #           test (the files not named *_slow_test.py) and the end-to-end
 #           tier (tests/conftest.py E2E_TIER, marker "e2e"): the trainer
-#           binary on real Fashion-MNIST (train; SIGKILL, SIGTERM, a kill
-#           inside a checkpoint write, each resumed to identical weights;
+#           binary on real Fashion-MNIST (train; SIGKILL inside a
+#           checkpoint write, SIGTERM, each resumed to identical weights;
 #           K=1 vs K=4 losses), 2 workers (a lone worker's bounded start-up
 #           error; a worker killed mid-run and the relaunch) and the
 #           prepared real data sets. One TF import per worker instead of one

@@ -5,13 +5,13 @@ import unittest
 from tools.benchmark_lib import plan_check
 
 
-def _Row(schedule, v, measured, predicted, cpu, predicted_cpu):
-  return dict(setting='x', schedule=schedule, v=v, measured_s=measured,
+def _Row(schedule, v, measured, predicted, cpu, predicted_cpu, tt=4):
+  return dict(setting='x', schedule=schedule, v=v, T=tt, measured_s=measured,
               predicted_s=predicted, measured_cpu_s=cpu,
               predicted_cpu_s=predicted_cpu, separate_s=predicted)
 
 
-_RESULTS = [dict(model='dense16', T=4, pick=['1f1b', 1], load_average=1.0,
+_RESULTS = [dict(model='dense16', T=4, pick=['1f1b', 1, 4], load_average=1.0,
                  rows=[_Row('gpipe', 1, 0.100, 0.110, 0.2, 0.2),
                        _Row('1f1b', 1, 0.102, 0.100, 0.2, 0.18),
                        _Row('zb_v', 2, 0.125, 0.100, 0.25, 0.2)])]
@@ -34,8 +34,25 @@ class SummaryTest(unittest.TestCase):
     self.assertIn('| dense16 | 4 | zb_v v=2 | 125.0 / 100.0 | -20.0% | '
                   '250.0 / 200.0 | -20.0% | 1.225 | 1.000 | 100.0 |', text)
     self.assertIn('wall: median |error| 10.0%, worst 20.0%', text)
-    self.assertIn('- dense16 T=4 (load 1.0): pick 1f1b v=1, +2.0% (wall) / '
+    self.assertIn('- dense16 T=4 (load 1.0): pick 1f1b v=1 T=4, +2.0% (wall) / '
                   '+0.0% (CPU) over the fastest measured', text)
+
+
+class SweepTest(unittest.TestCase):
+
+  def testThePickedTIsComparedWithTheFastestT(self):
+    sweep = [dict(model='dense16', T='auto', pick=['1f1b', 1, 2],
+                  load_average=1.0,
+                  rows=[_Row('1f1b', 1, 0.120, 0.110, 0.2, 0.2, tt=1),
+                        _Row('1f1b', 1, 0.100, 0.100, 0.2, 0.2, tt=2),
+                        _Row('1f1b', 1, 0.105, 0.120, 0.2, 0.2, tt=4)])]
+    s = plan_check.Summary(sweep)
+    self.assertAlmostEqual(s['picks'][0]['over_best']['wall'], 0.0)
+    sweep[0]['pick'] = ['1f1b', 1, 4]
+    self.assertAlmostEqual(plan_check.Summary(sweep)['picks'][0][
+        'over_best']['wall'], 0.05)
+    self.assertIn('| dense16 | 4 | 1f1b v=1 | 105.0 / 120.0 |',
+                  plan_check.Table(sweep))
 
 
 if __name__ == '__main__':

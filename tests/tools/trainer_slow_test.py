@@ -1,9 +1,12 @@
 """End-to-end tests of the trainer binary (subprocesses; slow).
 
-- A run SIGKILLed in the middle and restarted reaches exactly the weights of
-  an uninterrupted run of the same number of steps; so does a run stopped by
-  SIGTERM (it saves the step it reached and exits 143 with one line), and
-  one killed inside a checkpoint write (between data file and index).
+- A run SIGKILLed inside a checkpoint write (between data file and index)
+  and restarted reaches exactly the weights of an uninterrupted run of the
+  same number of steps; so does a run stopped by SIGTERM (it saves the step
+  it reached and exits 143 with one line). SIGKILLs at random points (at
+  least 10: start-up, tracing, between steps, saves) are in
+  tests/tools/trainer_faults_slow_test.py (--slow), which replaced this
+  file's single kill between steps.
 - K=1 and K=4 (same T, same seed) give the same per-step losses.
 - Bad flags and override text fail with a clear message, no traceback.
 - The README's default experiment trains and evaluates on the real prepared
@@ -114,30 +117,6 @@ class TrainerSlowTest(unittest.TestCase):
     self.tmp = tempfile.mkdtemp(prefix='trainer_slow_',
                                 dir=os.environ.get('TEST_TMPDIR'))
     self.addCleanup(shutil.rmtree, self.tmp, True)
-
-  def testKilledAndRestartedRunEqualsUninterruptedRun(self):
-    self._FullRun()
-    killed = os.path.join(self.tmp, 'killed')
-    proc = subprocess.Popen(_TrainerCmd(killed), cwd=_REPO,
-                            stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    self.addCleanup(proc.wait, 60)
-    self.addCleanup(lambda: proc.poll() is None and proc.kill())
-    ckpt_dir = os.path.join(killed, 'checkpoints')
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-      if tf.train.latest_checkpoint(ckpt_dir) and int(
-          tf.train.latest_checkpoint(ckpt_dir).rsplit('-', 1)[1]) >= 8:
-        break
-      time.sleep(0.05)
-    self.assertIsNone(proc.poll(), 'the run ended before it could be killed')
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    step_at_kill = int(tf.train.latest_checkpoint(ckpt_dir).rsplit('-', 1)[1])
-    self.assertLess(step_at_kill, 24)
-    out = _Run(_TrainerCmd(killed))
-    self.assertIn(f'at step {step_at_kill}', out.stderr)  # it resumed
-    self._AssertWeightsEqualFullRun(killed)
 
   def testSigtermSavesTheStepReachedAndTheResumeEqualsUninterruptedRun(self):
     self._FullRun()

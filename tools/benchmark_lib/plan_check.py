@@ -19,7 +19,14 @@ error, both ratios to 1F1B, and per (model, T) whether the planner's pick
 is within 3% of the fastest measured schedule; then the median and worst
 |error| over all rows.
 
+With --plan_check_sweep_t one child per model times 1F1B (K=2,
+recompute) at every T of --plan_check_ts instead, profiles the cells at
+each of those micro-batch sizes (the curve), and checks the T that
+num_micro_batches='auto' picks against the fastest measured T.
+
   python -m tools.benchmark --plan_check --models=dense16,conv16
+  python -m tools.benchmark --plan_check --plan_check_sweep_t \
+      --plan_check_ts=1,2,4,8,16 --models=dense16,conv16
   python -m tools.benchmark --profile --models=dense16 --profile_setting=K2-T8-rc
 """
 
@@ -39,7 +46,8 @@ _CHILD = 'from tools.benchmark_lib import plan_check; plan_check.ChildMain()'
 
 
 def _Average(a: Any, b: Any) -> Any:
-  """The mean of two cost_model.Profiles, cell by cell."""
+  """The mean of two cost_model.Profiles, cell by cell (and point by
+  point)."""
   from tensorpipe import cost_model  # pylint: disable=g-import-not-at-top
   mean = lambda x, y: (x + y) / 2
   return cost_model.Profile(
@@ -49,15 +57,19 @@ def _Average(a: Any, b: Any) -> Any:
             for x, y in zip(a.layers, b.layers)),
       a.micro_batch_rows, mean(a.tick_s, b.tick_s),
       mean(a.transfer_s_per_byte, b.transfer_s_per_byte), a.input_bytes,
-      mean(a.num_cores, b.num_cores))
+      mean(a.num_cores, b.num_cores),
+      points=tuple(_Average(p, q) for p, q in zip(a.points, b.points)))
 
 
-def _Measure(model: str, tt: int, steps: int, reps: int) -> Dict[str, Any]:
-  """The child's work (module docstring); TF not yet started."""
+def _Measure(model: str, tt: int, steps: int, reps: int,
+             sweep: Sequence[int] = ()) -> Dict[str, Any]:
+  """The child's work (module docstring); TF not yet started. With
+  `sweep` (T values) it times 1F1B at each T instead, profiles the cells at
+  each micro-batch size, and the pick is num_micro_batches='auto''s."""
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from tensorpipe import cell_profile, cost_model, devices, model_analysis
-  from tensorpipe import schedule_auto, schedule_builders
+  from tensorpipe import schedule_auto, schedule_builders, schedule_plan
   from tools.benchmark_lib import runner, settings
   # pylint: enable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -65,10 +77,13 @@ def _Measure(model: str, tt: int, steps: int, reps: int) -> Dict[str, Any]:
   devices.SetNumLogicalCpuDevices(2)
   layer_ps, shape = runner.BuiltinLayers(model)
   x = tf.random.stateless_uniform(shape, seed=[1, 2])
-  names = [f'K2-T{tt}-{s}' for s in SUFFIXES]
+  names = ([f'K2-T{t}-1f1b-rc' for t in sweep] if sweep else
+           [f'K2-T{tt}-{s}' for s in SUFFIXES])
+  sizes = [shape[0] // t for t in sweep]
   parsed = {n: settings.ParseSetting(n) for n in names}
   layers = {n: runner.BuildLayer(parsed[n], layer_ps, shape) for n in names}
-  before = cell_profile.ProfileLayer(layers[names[0]], (x,), reps)
+  before = cell_profile.ProfileLayer(layers[names[0]], (x,), reps,
+                                     micro_batch_sizes=sizes)
   fns = {n: runner.StepFn(layers[n], x, 1e-3) for n in names}
   for fn in fns.values():
     for _ in range(2):
@@ -83,34 +98,41 @@ def _Measure(model: str, tt: int, steps: int, reps: int) -> Dict[str, Any]:
       times[n].append(_Now() - start)
       cpu[n].append(time.process_time() - start_cpu)
   profile = _Average(before, cell_profile.ProfileLayer(
-      layers[names[0]], (x,), reps))
+      layers[names[0]], (x,), reps, micro_batch_sizes=sizes))
   rows = []
   for n in names:
     s = parsed[n]
-    table = schedule_builders.Build(s.schedule, 2, tt,
+    table = schedule_builders.Build(s.schedule, 2, s.num_micro_batches,
                                     s.num_stages_per_device)
     cut = layers[n].partition_plan.boundaries
-    pred = cost_model.Predict(table, profile, cut, True, 'shared')
+    at_t = profile.Scaled(shape[0] // s.num_micro_batches)
+    pred = cost_model.Predict(table, at_t, cut, True, 'shared')
     rows.append(dict(
         setting=n, schedule=s.schedule, v=s.num_stages_per_device,
-        measured_s=statistics.median(times[n]),
+        T=s.num_micro_batches, measured_s=statistics.median(times[n]),
         measured_cpu_s=statistics.median(cpu[n]),
         predicted_s=pred.step_s,
-        predicted_cpu_s=pred.work_s + pred.ticks * profile.tick_s,
-        separate_s=cost_model.Predict(table, profile, cut, True,
+        predicted_cpu_s=pred.work_s + pred.ticks * at_t.tick_s,
+        separate_s=cost_model.Predict(table, at_t, cut, True,
                                       'separate').step_s))
   report = model_analysis.AnalyzeLayers(
       layer_ps, [shape], num_partitions=2, num_micro_batches=tt,
       exact_optimizer_state=False)
-  best = schedule_auto.Rank(report, profile, True, 'shared').best
-  return dict(model=model, T=tt, rows=rows, pick=[best.name,
-                                                  best.num_stages_per_device],
+  best = schedule_auto.RankOverT(
+      report, lambda r: profile.Scaled(r.batch_size // r.num_micro_batches),
+      list(sweep) or [tt], True, 'shared',
+      [('1f1b', 1)] if sweep else schedule_plan.ALL).best
+  return dict(model=model, T='auto' if sweep else tt, rows=rows,
+              pick=[best.name, best.num_stages_per_device,
+                    best.num_micro_batches],
               profile=profile.ToJson(), load_average=load)
 
 
-def _Profile(model: str, setting: str, reps: int) -> Dict[str, Any]:
+def _Profile(model: str, setting: str, reps: int,
+             micro_batch_sizes: Sequence[int] = ()) -> Dict[str, Any]:
   """--profile: the profile of one setting's layer, with the threads and
-  devices of the setting; per stage of its cut the summed cells."""
+  devices of the setting (and its cells at `micro_batch_sizes`); per stage
+  of its cut the summed cells."""
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from tensorpipe import cell_profile, devices
@@ -125,7 +147,8 @@ def _Profile(model: str, setting: str, reps: int) -> Dict[str, Any]:
   layer = runner.BuildLayer(s, layer_ps, shape)
   x = tf.random.stateless_uniform(shape, seed=[1, 2])
   start = _Now()
-  prof = cell_profile.ProfileLayer(layer, (x,), reps)
+  prof = cell_profile.ProfileLayer(layer, (x,), reps,
+                                   micro_batch_sizes=micro_batch_sizes)
   took = _Now() - start
   plan = layer.partition_plan
   cut = plan.boundaries if plan else [(0, len(prof.layers))]
@@ -147,21 +170,24 @@ def ChildMain() -> None:
 
 
 def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
-             timeout_s: float = 900) -> Dict[str, Any]:
+             timeout_s: float = 900, sweep: Sequence[int] = ()
+             ) -> Dict[str, Any]:
   """`_Measure` in a fresh process.
 
   Raises:
     RuntimeError: the child failed (with its stderr tail).
   """
   return _Spawn(dict(action='check', model=model, tt=tt, steps=steps,
-                     reps=reps), timeout_s)
+                     reps=reps, sweep=list(sweep)), timeout_s)
 
 
 def ProfileChild(model: str, setting: str, reps: int = 10,
-                 timeout_s: float = 900) -> Dict[str, Any]:
+                 timeout_s: float = 900,
+                 micro_batch_sizes: Sequence[int] = ()) -> Dict[str, Any]:
   """`_Profile` in a fresh process: {'profile', 'stages', 'seconds'}."""
   return _Spawn(dict(action='profile', model=model, setting=setting,
-                     reps=reps), timeout_s)
+                     reps=reps, micro_batch_sizes=list(micro_batch_sizes)),
+                timeout_s)
 
 
 def _Spawn(request: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
@@ -198,7 +224,7 @@ def Summary(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
   for res in results:
     over = {}
     for clock, name in (('', 'wall'), ('_cpu', 'cpu')):
-      by = {(r['schedule'], r['v']): r[f'measured{clock}_s']
+      by = {(r['schedule'], r['v'], r['T']): r[f'measured{clock}_s']
             for r in res['rows']}
       over[name] = by[tuple(res['pick'])] / min(by.values()) - 1
     picks.append(dict(model=res['model'], T=res['T'], pick=res['pick'],
@@ -214,11 +240,12 @@ def Table(results: Sequence[Dict[str, Any]]) -> str:
            'predicted / 1F1B | separate-regime ms |',
            '|---|---|---|---|---|---|---|---|---|---|']
   for res in results:
+    # The base: 1F1B (of a sweep over T, at its first T).
     base = {k: next(r[k] for r in res['rows'] if r['schedule'] == '1f1b')
             for k in ('measured_s', 'predicted_s')}
     for r in res['rows']:
       lines.append(
-          f'| {res["model"]} | {res["T"]} | {r["schedule"]} v={r["v"]} | '
+          f'| {res["model"]} | {r["T"]} | {r["schedule"]} v={r["v"]} | '
           f'{r["measured_s"] * 1e3:.1f} / {r["predicted_s"] * 1e3:.1f} | '
           f'{r["predicted_s"] / r["measured_s"] - 1:+.1%} | '
           f'{r["measured_cpu_s"] * 1e3:.1f} / '
@@ -233,7 +260,7 @@ def Table(results: Sequence[Dict[str, Any]]) -> str:
     lines.append(f'{name}: median |error| {s[name]["median_abs_error"]:.1%}'
                  f', worst {s[name]["worst_abs_error"]:.1%}')
   lines += [f'- {p["model"]} T={p["T"]} (load {res["load_average"]:.1f}): '
-            f'pick {p["pick"][0]} v={p["pick"][1]}, '
+            f'pick {p["pick"][0]} v={p["pick"][1]} T={p["pick"][2]}, '
             f'{p["over_best"]["wall"]:+.1%} (wall) / '
             f'{p["over_best"]["cpu"]:+.1%} (CPU) over the fastest measured'
             for p, res in zip(s['picks'], results)]
@@ -241,12 +268,13 @@ def Table(results: Sequence[Dict[str, Any]]) -> str:
 
 
 def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
-        log=print) -> List[Dict[str, Any]]:
-  """One child per (model, T), in turn."""
+        log=print, sweep: bool = False) -> List[Dict[str, Any]]:
+  """One child per (model, T), in turn; with `sweep` one per model over
+  every T of `ts`."""
   out = []
   for model in models:
-    for tt in ts:
-      res = RunChild(model, tt, steps, reps)
+    for tt in ts[:1] if sweep else ts:
+      res = RunChild(model, tt, steps, reps, sweep=ts if sweep else ())
       log(f'{model} T={tt}: ' + ', '.join(
           f'{r["schedule"]} {r["measured_s"] * 1e3:.1f} / '
           f'{r["predicted_s"] * 1e3:.1f} ms' for r in res['rows']))
