@@ -28,8 +28,8 @@ the first model (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
   bazel run //tools:benchmark -- --models=tiny --settings=plain,K2-T2-rc
   python -m tools.benchmark --report_from=benchmarks/results/grid/results.json
   python -m tools.benchmark --tick_cost --tick_cost_repos=/tmp/old_worktree
-  python -m tools.benchmark --profile --models=dense16 --profile_setting=K2-T8-rc \
-      --profile_micro_batch_sizes=4,8,16,32
+  python -m tools.benchmark --profile --models=dense16 \
+      --profile_setting=K2-T8-rc --profile_micro_batch_sizes=4,8,16,32
   python -m tools.benchmark --plan_check --models=dense16,conv16
   python -m tools.benchmark --models=conv16 \
       --settings=K2-T32-1f1b-rc,K2-T32-1f1b-norc \
