@@ -11,15 +11,21 @@ from tensorpipe.layers import linear
 test_utils.ConfigureTestDevices()
 
 
+def _Fc8Pipe(num_layers):
+  """(a TensorPipeLayer of FC 8 -> 8 layers, K=1, T=4; its batch of 8)."""
+  layers = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=8,
+                                        output_dim=8)
+            for i in range(num_layers)]
+  layer = pipeline.TensorPipeLayer.Params().Set(
+      name='pipe', layers=layers, num_partitions=1, num_micro_batches=4,
+      input_shapes=[[8, 8]]).Instantiate()
+  return layer, tf.ones([8, 8])
+
+
 class ProfileLayerTest(tf.test.TestCase):
 
   def testOneCostPerLayerWithSizesAndEqualLayersTimedOnce(self):
-    layers = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=8,
-                                          output_dim=8) for i in range(3)]
-    layer = pipeline.TensorPipeLayer.Params().Set(
-        name='pipe', layers=layers, num_partitions=1, num_micro_batches=4,
-        input_shapes=[[8, 8]]).Instantiate()
-    x = tf.ones([8, 8])
+    layer, x = _Fc8Pipe(3)
     prof = cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False)
     self.assertIsInstance(prof, cost_model.Profile)
     self.assertLen(prof.layers, 3)
@@ -40,12 +46,7 @@ class ProfileLayerTest(tf.test.TestCase):
     self.assertLessEqual(prof.num_cores, cell_profile.NumCores())
 
   def testOtherMicroBatchSizesArePointsOfTheCurve(self):
-    layers = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=8,
-                                          output_dim=8) for i in range(2)]
-    layer = pipeline.TensorPipeLayer.Params().Set(
-        name='pipe', layers=layers, num_partitions=1, num_micro_batches=4,
-        input_shapes=[[8, 8]]).Instantiate()
-    x = tf.ones([8, 8])
+    layer, x = _Fc8Pipe(2)
     prof = cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False,
                                      micro_batch_sizes=(8, 2, 1))
     # The layer's own size (2 rows) is the profile; 1 and 8 rows are points
