@@ -29,9 +29,10 @@ class KerasGraphSegment(base_layer.BaseLayer):
 
   FProp(theta, *inputs): the first segment takes the model's inputs
   (positional, in keras.Input order, or one dict keyed by their names),
-  every other one the previous
-  segment's NestedMap; the last returns the model's outputs (a tensor, or a
-  tuple), every other one a NestedMap of the tensors a later segment needs.
+  every other one the previous segment's NestedMap; the last returns the
+  model's outputs (a tensor, a tuple, or a NestedMap keyed by
+  `output_keys`), every other one a NestedMap of the tensors a later
+  segment needs.
   """
 
   ADDS_PATH_LEVEL = False

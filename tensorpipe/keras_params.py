@@ -134,10 +134,10 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
     model: a keras.Sequential, a functional keras.Model (or its
       get_config() dict; a keras_hub model, or one with dict inputs or
       outputs, is flattened first: keras_nested), a list of Keras 3 layers
-      (built or not), or a
-      function returning one of them, which is then built without
-      allocating weights (experiments: their Params are made before the
-      trainer sets up devices; the KerasLayers initialise their own weights).
+      (built or not), or a function returning one of them, which is then
+      built without allocating weights (experiments: their Params are made
+      before the trainer sets up devices; the KerasLayers initialise their
+      own weights).
     num_partitions: K, the devices. With v stages per device
       (num_stages_per_device, or the schedule's own: 2 for 'zb_v') the
       model is cut into K v stages, for every kind of model.
@@ -172,6 +172,8 @@ def PipelineParams(model: Union[KerasModelLike, Callable[[], Any]],
       try:
         built = model()
       except ValueError as e:
+        # Keras 3.15's refusal of a variable with a fixed value inside a
+        # StatelessScope (keras_params_dict_test fails if it changes).
         if 'stateless scope' not in str(e):
           raise
         raise ValueError(
