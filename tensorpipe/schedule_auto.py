@@ -251,8 +251,9 @@ def _Devices(p: Any, num: int) -> List[str]:
 def ProfileFor(report: model_analysis.Report,
                profile_path: Optional[str] = None) -> cost_model.Profile:
   """The plan's costs at the report's micro-batch size: the profile file
-  (scaled if measured at another size), or the layers' FLOPs with this
-  machine's CPU count as the cores."""
+  (interpolated between its measured sizes, scaled outside them:
+  `Profile.Scaled`), or the layers' FLOPs with this machine's CPU count as
+  the cores."""
   tt = report.num_micro_batches
   rows = report.batch_size // tt
   if profile_path:
