@@ -50,7 +50,7 @@ the same schedule.
 
 import dataclasses
 import os
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from absl import logging
 
@@ -249,15 +249,18 @@ def _Devices(p: Any, num: int) -> List[str]:
 
 
 def ProfileFor(report: model_analysis.Report,
-               profile_path: Optional[str] = None) -> cost_model.Profile:
-  """The plan's costs at the report's micro-batch size: the profile file
-  (interpolated between its measured sizes, scaled outside them:
-  `Profile.Scaled`), or the layers' FLOPs with this machine's CPU count as
-  the cores."""
+               profile: Union[str, cost_model.Profile, None] = None
+               ) -> cost_model.Profile:
+  """The plan's costs at the report's micro-batch size: the profile (a
+  loaded one, or the path of its file) interpolated between its measured
+  sizes and scaled outside them (`Profile.Scaled`), or without one the
+  layers' FLOPs with this machine's CPU count as the cores."""
   tt = report.num_micro_batches
   rows = report.batch_size // tt
-  if profile_path:
-    return cost_model.Profile.Load(profile_path).Scaled(rows)
+  if isinstance(profile, str) and profile:
+    profile = cost_model.Profile.Load(profile)
+  if isinstance(profile, cost_model.Profile):
+    return profile.Scaled(rows)
   a_bytes = model_analysis.DtypeBytes(report.activation_dtype)
   return cost_model.FlopProfile(
       [r.flops / tt for r in report.layers],
@@ -304,13 +307,14 @@ def PlanFor(p: Any) -> Plan:
           'nothing of what a smaller micro-batch costs per row): set '
           'plan_profile to a tools/benchmark --profile '
           '--profile_micro_batch_sizes=... file, or name num_micro_batches')
-    ts = MicroBatchChoices(report.batch_size,
-                           cost_model.Profile.Load(p.plan_profile))
+    measured = cost_model.Profile.Load(p.plan_profile)  # read once
+    ts = MicroBatchChoices(report.batch_size, measured)
   else:
+    measured = p.plan_profile
     ts = [microbatch.NumMicroBatches(report.batch_size, p.num_micro_batches,
                                      p.micro_batch_size)]
   regime = p.plan_regime or Regime(_Devices(p, p.num_partitions))
-  return RankOverT(report, lambda r: ProfileFor(r, p.plan_profile), ts,
+  return RankOverT(report, lambda r: ProfileFor(r, measured), ts,
                    p.recompute, regime, Candidates(p), p.plan_memory_budget)
 
 

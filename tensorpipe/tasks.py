@@ -325,15 +325,15 @@ class SequenceTask(BaseTask):
           "{model input name: batch key}, e.g. {'token_ids': 'ids', "
           "'padding_mask': '1-paddings'}")
 
-  def _BatchKeys(self) -> List[str]:
-    """The batch keys model_inputs reads."""
-    return [v[2:] if v.startswith('1-') else v
-            for v in (self.params.model_inputs or {}).values()]
+  def _Sources(self) -> Dict[str, Tuple[str, bool]]:
+    """model_inputs as {model input name: (batch key, as a 1-mask)}."""
+    return {name: (key[2:], True) if key.startswith('1-') else (key, False)
+            for name, key in (self.params.model_inputs or {}).items()}
 
   def CheckInputSpec(self, element_spec, batch_size: int, name: str) -> None:
     super().CheckInputSpec(element_spec, batch_size, name)
-    missing = [k for k in self._BatchKeys() if isinstance(element_spec, dict)
-               and k not in element_spec]
+    missing = [k for k, _ in self._Sources().values()
+               if isinstance(element_spec, dict) and k not in element_spec]
     if missing:
       raise ValueError(
           f'task.model_inputs={self.params.model_inputs!r} reads batch keys '
@@ -345,11 +345,9 @@ class SequenceTask(BaseTask):
     if self.params.model_inputs is None:
       return batch
     out = NestedMap()
-    for name, key in self.params.model_inputs.items():
-      if key.startswith('1-'):
-        out[name] = tf.cast(tf.equal(batch[key[2:]], 0), tf.int32)
-      else:
-        out[name] = batch[key]
+    for name, (key, mask) in self._Sources().items():
+      out[name] = (tf.cast(tf.equal(batch[key], 0), tf.int32) if mask
+                   else batch[key])
     return out
 
   @staticmethod

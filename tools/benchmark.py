@@ -257,8 +257,8 @@ def _Plan() -> None:
     try:
       sizes = [int(m) for m in FLAGS.profile_micro_batch_sizes]
     except ValueError:
-      sizes = [0]
-    if any(m < 1 for m in sizes):
+      sizes = None
+    if sizes is None or any(m < 1 for m in sizes):
       raise app.UsageError(
           '--profile_micro_batch_sizes='
           f'{",".join(FLAGS.profile_micro_batch_sizes)} must be positive '

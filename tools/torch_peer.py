@@ -33,7 +33,6 @@ Without one the tool exits with status 2 and that line.
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from absl import app
 from absl import flags
 
 from tensorpipe import schedule_builders
+from tools import launch
 from tools import paths
 from tools import torch_peer_worker as worker
 from tools.benchmark_lib import settings
@@ -103,13 +103,6 @@ def TorchVersion(python: str) -> Optional[str]:
   return lines[-1] if proc.returncode == 0 and lines else None
 
 
-def FreePort() -> int:
-  """A TCP port free on 127.0.0.1 now."""
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def RunTorch(python: str, request: Dict[str, Any], num_ranks: int,
              timeout_s: float) -> Dict[str, Any]:
   """Runs the ranks of torch_peer_worker; returns rank 0's result.
@@ -118,7 +111,7 @@ def RunTorch(python: str, request: Dict[str, Any], num_ranks: int,
     RuntimeError: a rank failed or ran past `timeout_s` (every rank still
       running is then killed by its PID), with the last error lines.
   """
-  request = dict(request, port=FreePort())
+  request = dict(request, port=launch.FreePorts(1)[0])
   env = dict(os.environ, OMP_NUM_THREADS='1', WORLD_SIZE=str(num_ranks),
              MASTER_ADDR='127.0.0.1', MASTER_PORT=str(request['port']),
              GLOO_SOCKET_IFNAME='lo')

@@ -119,7 +119,7 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
       layer_ps, [shape], num_partitions=2, num_micro_batches=tt,
       exact_optimizer_state=False)
   best = schedule_auto.RankOverT(
-      report, lambda r: profile.Scaled(r.batch_size // r.num_micro_batches),
+      report, lambda r: schedule_auto.ProfileFor(r, profile),
       list(sweep) or [tt], True, 'shared',
       [('1f1b', 1)] if sweep else schedule_plan.ALL).best
   return dict(model=model, T='auto' if sweep else tt, rows=rows,
