@@ -23,9 +23,9 @@
 #           TENSORPIPE_DATA_AUTOTUNE below).
 #   bash tools/test.sh --slow
 #       (a) and (b), then every other *_slow_test.py file, each in a pytest
-#       process of its own (also the big-model transparency checks, the
-#       experiments, the keras_hub fits and the benchmark binary; 2 to 3
-#       more hours on 2 cores).
+#       process of its own, two files at a time (TENSORPIPE_SLOW_JOBS; the
+#       big-model transparency checks, the experiments, the keras_hub fits,
+#       the benchmark binary and more; about 1.5 more hours on 2 cores).
 #   Under pytest every test fails after pytest.ini's timeout (pytest-timeout),
 #   naming itself, so no run can hang; a test file that collects no test
 #   fails (tests/conftest.py).
@@ -50,6 +50,12 @@ case "${1:-}" in
 esac
 if [ "$all" = 0 ] && [ "$#" -gt 0 ]; then
   echo "$usage" >&2
+  exit 2
+fi
+lanes="${TENSORPIPE_SLOW_JOBS:-2}"
+if ! [[ "$lanes" =~ ^[1-9][0-9]*$ ]]; then
+  echo "test: TENSORPIPE_SLOW_JOBS=$lanes must be a positive integer" \
+    "(how many slow files --slow runs at once, e.g. 1 or 2)" >&2
   exit 2
 fi
 
@@ -116,27 +122,66 @@ tier_result="$result"
 # file cannot leave servers, remote devices or threads behind for the next
 # (cross_host_slow_test then trainer_slow_test in one process hung), and a
 # test past pytest.ini's timeout ends only its own file's process. A file
-# that collects no test fails (pytest exit 5).
+# that collects no test fails (pytest exit 5). The files run on
+# TENSORPIPE_SLOW_JOBS lanes (default 2), longest first
+# (tests/conftest.py SLOW_FILE_S): most keep about one core busy (one
+# intra-op thread), so two lanes take about half the time on 2 cores. Each
+# file's output is printed whole when it ends, then its result line.
 slow_result="not run (--slow)"
 if [ "$every_slow" = 1 ]; then
-  mapfile -t slow_files < <(find tests -name '*_slow_test.py' \
-    -not -path '*/__pycache__/*' | sort)
-  e2e=" $("$PY" -c 'from tests import conftest; print(" ".join(conftest.E2E_TIER))') "
+  mapfile -t slow_files < <("$PY" -c '
+import glob
+from tests import conftest
+files = [f for f in glob.glob("tests/**/*_slow_test.py", recursive=True)
+         if f not in conftest.E2E_TIER]
+print("\n".join(conftest.SlowFilesLongestFirst(files)))')
+  logs="$(mktemp -d)"
+  trap 'kill $(jobs -rp) 2>/dev/null || true; rm -rf "$logs"' EXIT
   failed=()
   count=0
+  reported=0
+  # Prints each file that ended since the last call (its output, then its
+  # result line), in the order they ended; adds each failure to $failed.
+  report_ended() {
+    local done_file f rc took
+    for done_file in $(ls -tr "$logs"/*.rc 2>/dev/null); do
+      [ -e "$done_file.seen" ] && continue
+      touch "$done_file.seen"
+      read -r f rc took < "$done_file"
+      cat "${done_file%.rc}.log"
+      case "$rc" in
+        0) result="PASS" ;;
+        5) result="FAIL (no tests collected)" ;;
+        *) result="FAIL (pytest exit $rc)" ;;
+      esac
+      echo "test: $f: $result (${took}s)"
+      [[ "$result" == PASS* ]] || failed+=("$f: $result")
+      reported=$((reported + 1))
+    done
+  }
   for f in "${slow_files[@]}"; do
-    [[ "$e2e" == *" $f "* ]] && continue
+    while [ "$(jobs -rp | wc -l)" -ge "$lanes" ]; do
+      wait -n || true
+      report_ended
+    done
     count=$((count + 1))
-    echo "test: pytest -m slow $f"
-    start=$SECONDS
-    run_pytest -q -m slow "$f"
-    echo "test: $f: $result ($((SECONDS - start))s)"
-    [[ "$result" == PASS* ]] || failed+=("$f: $result")
+    echo "test: pytest -m slow $f (starts at ${SECONDS}s)"
+    (
+      start=$SECONDS
+      rc=0
+      "$PY" -m pytest -q -m slow "$f" > "$logs/$count.log" 2>&1 || rc=$?
+      echo "$f $rc $((SECONDS - start))" > "$logs/$count.tmp"
+      mv "$logs/$count.tmp" "$logs/$count.rc"
+    ) &
   done
+  wait
+  report_ended
   if [ "$count" -eq 0 ]; then
     slow_result="FAIL (no slow test files found)"
+  elif [ "$reported" -ne "$count" ]; then
+    slow_result="FAIL ($((count - reported)) of $count files left no result)"
   elif [ "${#failed[@]}" -eq 0 ]; then
-    slow_result="PASS ($count files)"
+    slow_result="PASS ($count files on $lanes lanes)"
   else
     list="$(printf '%s; ' "${failed[@]}")"
     slow_result="FAIL (${#failed[@]} of $count files: ${list%; })"
