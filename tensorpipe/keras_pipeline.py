@@ -116,6 +116,8 @@ class TensorPipeModel(keras.Model):
                sequence_length: Optional[int] = None,
                schedule: str = 'gpipe',
                num_stages_per_device: Optional[int] = None,
+               plan_regime: Optional[str] = None,
+               plan_memory_budget: Optional[int] = None,
                **kwargs):
     """Builds the pipeline.
 
@@ -142,6 +144,12 @@ class TensorPipeModel(keras.Model):
         inside the pipeline ('1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v',
         a registered name or a CSV table): the compiled loss is then
         computed per micro-batch on the last stage (keras_loss_inside).
+        'auto' (a Sequential or a list of layers): the planner's pick
+        from the layers' FLOPs (schedule_auto; logged), v = 2 included,
+        which the model then runs and get_config stores.
+      plan_regime, plan_memory_budget: schedule='auto' only (TensorPipeLayer
+        Params): 'shared' or 'separate' devices (None: from the devices),
+        and the most activation bytes per device.
       num_stages_per_device: v, stages per device (TensorPipeLayer's): the
         model is cut into num_partitions x v stages (partition_sizes: K v
         sizes; cut_after: K v - 1 names). None: the schedule's own (2 for
@@ -159,13 +167,35 @@ class TensorPipeModel(keras.Model):
                   devices=list(devices) if devices else None,
                   partition_method=partition_method, schedule=schedule,
                   num_stages_per_device=num_stages_per_device)
+    plan = dict(plan_regime=plan_regime,
+                plan_memory_budget=plan_memory_budget)
+    given = sorted(k for k, v in plan.items() if v is not None)
+    if schedule == 'auto' and keras_graph_params.IsGraph(layers):
+      raise ValueError(
+          "TensorPipeModel: schedule='auto' plans the cut of a Sequential "
+          'or a list of layers; a functional model is cut along its graph '
+          "first: name a schedule ('1f1b', 'zb_h1', ...: README, 'Which "
+          "schedule?')")
+    if given and schedule != 'auto':
+      raise ValueError(f'TensorPipeModel: {", ".join(given)} set with '
+                       f'schedule={schedule!r}; they steer the planner of '
+                       "schedule='auto' only: drop them or use 'auto'")
     front = keras_front.Make(
         layers, num_partitions, num_micro_batches, batch_size,
         copy_weights=copy_weights, input_shape=input_shape,
         partition_sizes=partition_sizes, cut_after=cut_after,
-        weight_order=weight_order, sequence_length=sequence_length, **common)
+        weight_order=weight_order, sequence_length=sequence_length,
+        **common, **{k: v for k, v in plan.items() if v is not None})
     self._front = front
     self._pipe = front.pipe
+    if schedule == 'auto':
+      # The layer resolved it (schedule_auto, from the segments' FLOPs):
+      # the train step takes the path of the schedule it runs, and
+      # get_config stores that schedule and v, so from_config rebuilds
+      # the same pipeline without planning again.
+      common['schedule'] = schedule = front.pipe.params.schedule
+      common['num_stages_per_device'] = (
+          front.pipe.params.num_stages_per_device)
     self._weight_order = front.weight_order
     self._tp_config = dict(
         layers=front.stored,
