@@ -23,6 +23,9 @@ setting, in one of two regimes:
             (`simulator.SimulateSchedule`, one core per device), each cell
             started one tick cost after its inputs.
 
+After the cells each device updates its weights (LayerCost.update: work
+in the shared regime, on the device's own time in the separate one).
+
 Cell costs per stage s (layers l in the stage, r_s = f_s with recompute,
 else 0), with x_s the bytes crossing to another device and rate the
 transfer time per byte:
@@ -60,7 +63,7 @@ from tensorpipe import simulator
 
 REGIMES = ('shared', 'separate')
 _CELL_FIELDS = ('forward', 'backward', 'input_grad', 'weight_grad',
-                'out_bytes')
+                'out_bytes', 'update')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,12 +78,15 @@ class LayerCost:
     weight_grad: t_W, the weight ops' weight gradients from the kept (x,
       dz).
     out_bytes: bytes of the layer's outputs for one micro-batch.
+    update: the update of its weights, once per step (an SGD step's
+      traffic, w - lr g: optimizers with state read and write more).
   """
   forward: float
   backward: float
   input_grad: float
   weight_grad: float
   out_bytes: float = 0.0
+  update: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,10 +216,11 @@ def FlopProfile(flops: Sequence[float], out_bytes: Sequence[float],
 class Prediction:
   """One table's predicted step (seconds)."""
   step_s: float
-  work_s: float          # sum of the cells' costs
+  work_s: float          # sum of the cells' costs and the update
   critical_s: float      # the table's dataflow with cells over all cores
   ticks: int             # the table's columns
   regime: str
+  update_s: float = 0.0  # the weights' update (in work_s)
 
 
 def _Sum(values: Sequence[float], start: int, end: int) -> float:
@@ -286,14 +293,21 @@ def Predict(table: schedules.Schedule, profile: Profile,
                      "'separate' (own executors)")
   f, b, w = StageCosts(table, profile, boundaries)
   ticks = len(table.grid[0]) if table.grid else 0
-  work = Work(table, f, b, w, recompute)
+  dev = table.StageDevice()
+  updates = [0.0] * table.num_devices
+  for s, (start, end) in enumerate(boundaries):
+    updates[dev[s]] += _Sum([c.update for c in profile.layers], start, end)
+  update = sum(updates)
+  work = Work(table, f, b, w, recompute) + update
   if regime == 'separate':
     res = simulator.SimulateSchedule(table, f, b, recompute, w,
                                      tick_overhead=profile.tick_s)
-    return Prediction(res.step_time, work, res.step_time, ticks, regime)
+    # Each device updates its own weights once its cells are done.
+    step = res.step_time + max(updates or [0.0])
+    return Prediction(step, work, step, ticks, regime, update)
   cores = max(0.05, profile.num_cores)
   spread = lambda xs: [x / cores for x in xs]
   crit = simulator.SimulateSchedule(table, spread(f), spread(b), recompute,
-                                    spread(w)).step_time
+                                    spread(w)).step_time + update / cores
   step = max(work / cores, crit) + ticks * profile.tick_s
-  return Prediction(step, work, crit, ticks, regime)
+  return Prediction(step, work, crit, ticks, regime, update)

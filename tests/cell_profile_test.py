@@ -45,6 +45,22 @@ class ProfileLayerTest(tf.test.TestCase):
     self.assertGreater(prof.num_cores, 0.0)
     self.assertLessEqual(prof.num_cores, cell_profile.NumCores())
 
+  def testTheUpdateIsSplitByWeightBytes(self):
+    # FC 8 -> 8 then 8 -> 16: weights (w, b) of 72 and 144 floats. The
+    # chained update is split in that proportion, 1 : 2.
+    layers = [linear.FCLayer.Params().Set(name='fc0', input_dim=8,
+                                          output_dim=8),
+              linear.FCLayer.Params().Set(name='fc1', input_dim=8,
+                                          output_dim=16)]
+    layer = pipeline.TensorPipeLayer.Params().Set(
+        name='pipe', layers=layers, num_partitions=1, num_micro_batches=4,
+        input_shapes=[[8, 8]]).Instantiate()
+    prof = cell_profile.ProfileLayer(layer, (tf.ones([8, 8]),), reps=2,
+                                     tick=False)
+    u0, u1 = prof.layers[0].update, prof.layers[1].update
+    self.assertGreaterEqual(u0, 0.0)
+    self.assertAlmostEqual(u1, 2 * u0, delta=1e-12 + 1e-9 * u1)
+
   def testOtherMicroBatchSizesArePointsOfTheCurve(self):
     layer, x = _Fc8Pipe(2)
     prof = cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False,

@@ -48,6 +48,31 @@ class PredictTest(unittest.TestCase):
                               recompute=True, regime='separate')
     self.assertAlmostEqual(pred.step_s, 12.6)
 
+  def testTheUpdateIsWorkInASharedPoolAndEachDevicesOwnTimeApart(self):
+    # testSharedGPipe... with updates of 1 (layer 0) and 3 (layer 1): work
+    # 16 + 4 = 20, over 2 cores 10; the critical path 6 + 4 / 2 = 8.
+    # Separate: the dataflow's 12 plus the slower device's update, 3.
+    table = schedule_builders.Build('gpipe', 2, 2)
+    prof = _Profile(tick=0.1)
+    prof = dataclasses.replace(prof, layers=(
+        dataclasses.replace(prof.layers[0], update=1.0),
+        dataclasses.replace(prof.layers[1], update=3.0)))
+    pred = cost_model.Predict(table, prof, [(0, 1), (1, 2)],
+                              recompute=True, regime='shared')
+    self.assertAlmostEqual(pred.update_s, 4.0)
+    self.assertAlmostEqual(pred.work_s, 20.0)
+    self.assertAlmostEqual(pred.critical_s, 8.0)
+    self.assertAlmostEqual(pred.step_s, 10.6)
+    pred = cost_model.Predict(table, dataclasses.replace(prof, tick_s=0.0),
+                              [(0, 1), (1, 2)], recompute=True,
+                              regime='separate')
+    self.assertAlmostEqual(pred.step_s, 15.0)
+    # Both layers on one device (K=1): one update of 4 after the cells.
+    one = schedule_builders.Build('gpipe', 1, 2)
+    pred = cost_model.Predict(one, dataclasses.replace(prof, tick_s=0.0),
+                              [(0, 2)], recompute=False, regime='separate')
+    self.assertAlmostEqual(pred.step_s, 2 * 2.0 + 2 * 4.0 + 4.0)
+
   def testWithoutRecomputeBackwardCellsDoNotRedoTheForward(self):
     table = schedule_builders.Build('gpipe', 2, 2)
     pred = cost_model.Predict(table, _Profile(), [(0, 1), (1, 2)],

@@ -30,6 +30,7 @@ num_micro_batches='auto' picks against the fastest measured T.
   python -m tools.benchmark --profile --models=dense16 --profile_setting=K2-T8-rc
 """
 
+import dataclasses
 import json
 import os
 import statistics
@@ -50,10 +51,10 @@ def _Average(a: Any, b: Any) -> Any:
   point)."""
   from tensorpipe import cost_model  # pylint: disable=g-import-not-at-top
   mean = lambda x, y: (x + y) / 2
+  fields = [f.name for f in dataclasses.fields(cost_model.LayerCost)]
   return cost_model.Profile(
-      tuple(cost_model.LayerCost(*[mean(getattr(x, f), getattr(y, f)) for f in
-                                   ('forward', 'backward', 'input_grad',
-                                    'weight_grad', 'out_bytes')])
+      tuple(cost_model.LayerCost(*[mean(getattr(x, f), getattr(y, f))
+                                   for f in fields])
             for x, y in zip(a.layers, b.layers)),
       a.micro_batch_rows, mean(a.tick_s, b.tick_s),
       mean(a.transfer_s_per_byte, b.transfer_s_per_byte), a.input_bytes,
