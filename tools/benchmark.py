@@ -119,6 +119,8 @@ flags.DEFINE_boolean('plan_check', False, 'Run nothing else: every schedule '
                      'writes plan_check.json and plan_check.md under --out.')
 flags.DEFINE_list('plan_check_ts', ['4', '8'], 'With --plan_check: the T '
                   'values.')
+flags.DEFINE_boolean('plan_check_norc', False, 'With --plan_check: time '
+                     'and predict every schedule without recompute too.')
 flags.DEFINE_boolean('plan_check_sweep_t', False, 'With --plan_check: per '
                      'model, 1F1B at every T of --plan_check_ts in one '
                      "process, and num_micro_batches='auto''s pick among "
@@ -263,8 +265,11 @@ def _Plan() -> None:
           '--profile_micro_batch_sizes='
           f'{",".join(FLAGS.profile_micro_batch_sizes)} must be positive '
           'ints (rows per micro-batch), e.g. 4,8,16')
-    res = plan_check.ProfileChild(FLAGS.models[0], FLAGS.profile_setting,
-                                  micro_batch_sizes=sizes)
+    try:
+      res = plan_check.ProfileChild(FLAGS.models[0], FLAGS.profile_setting,
+                                    micro_batch_sizes=sizes)
+    except RuntimeError as e:
+      sys.exit(f'benchmark: error: --profile: {e}')
     path = os.path.join(out, 'profile.json')
     with open(path, 'w') as f:
       json.dump(res['profile'], f, indent=1)
@@ -285,9 +290,14 @@ def _Plan() -> None:
   except ValueError:
     raise app.UsageError(f'--plan_check_ts={",".join(FLAGS.plan_check_ts)} '
                          'must be integers, e.g. 4,8') from None
-  results = plan_check.Run(FLAGS.models, ts, FLAGS.steps, 10,
-                           log=lambda line: print(line, flush=True),
-                           sweep=FLAGS.plan_check_sweep_t)
+  try:
+    results = plan_check.Run(
+        FLAGS.models, ts, FLAGS.steps, 10,
+        log=lambda line: print(line, flush=True),
+        sweep=FLAGS.plan_check_sweep_t,
+        recompute=(True, False) if FLAGS.plan_check_norc else (True,))
+  except RuntimeError as e:
+    sys.exit(f'benchmark: error: --plan_check: {e}')
   text = plan_check.Table(results)
   with open(os.path.join(out, 'plan_check.json'), 'w') as f:
     json.dump(results, f, indent=1)

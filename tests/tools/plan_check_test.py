@@ -38,6 +38,25 @@ class SummaryTest(unittest.TestCase):
                   '+0.0% (CPU) over the fastest measured', text)
 
 
+class RecomputeOffTest(unittest.TestCase):
+
+  def testRowsWithoutRecomputeAreMarkedAndNotPicked(self):
+    # The planner plans with recompute: the faster norc GPipe row is not
+    # the best the pick is measured against, and norc rows compare with
+    # norc 1F1B.
+    rows = [_Row('gpipe', 1, 0.100, 0.110, 0.2, 0.2),
+            _Row('1f1b', 1, 0.102, 0.100, 0.2, 0.18),
+            dict(_Row('gpipe', 1, 0.050, 0.050, 0.1, 0.1), recompute=False),
+            dict(_Row('1f1b', 1, 0.040, 0.050, 0.1, 0.1), recompute=False)]
+    res = [dict(_RESULTS[0], rows=rows)]
+    self.assertAlmostEqual(
+        plan_check.Summary(res)['picks'][0]['over_best']['wall'], 0.02)
+    text = plan_check.Table(res)
+    self.assertIn('| dense16 | 4 | gpipe v=1 norc | 50.0 / 50.0 | +0.0% | '
+                  '100.0 / 100.0 | +0.0% | 1.250 | 1.000 |', text)
+    self.assertIn('| dense16 | 4 | gpipe v=1 | 100.0 / 110.0 |', text)
+
+
 class SweepTest(unittest.TestCase):
 
   def testThePickedTIsComparedWithTheFastestT(self):

@@ -5,7 +5,8 @@ of --plan_check_ts, one child process (one intra-op thread, K = 2 inter-op
 threads, 2 logical CPU devices: the benchmark's pipelined settings) that
 
   1. builds the five schedules of `schedule_plan.ALL` at K=2 with recompute
-     (K2-T<t>-rc, -1f1b-rc, -i2-rc, -zbh1-rc, -zbv-rc),
+     (K2-T<t>-rc, -1f1b-rc, -i2-rc, -zbh1-rc, -zbv-rc) and, with
+     --plan_check_norc, without it too (-norc),
   2. profiles the model (`cell_profile.ProfileLayer`: per-layer cells, tick
      and transfer cost) before and after the timed steps, and averages,
   3. times the five training steps in turn, one step each per round
@@ -63,7 +64,8 @@ def _Average(a: Any, b: Any) -> Any:
 
 
 def _Measure(model: str, tt: int, steps: int, reps: int,
-             sweep: Sequence[int] = ()) -> Dict[str, Any]:
+             sweep: Sequence[int] = (),
+             recompute: Sequence[bool] = (True,)) -> Dict[str, Any]:
   """The child's work (module docstring); TF not yet started. With
   `sweep` (T values) it times 1F1B at each T instead, profiles the cells at
   each micro-batch size, and the pick is num_micro_batches='auto''s."""
@@ -79,7 +81,8 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   layer_ps, shape = runner.BuiltinLayers(model)
   x = tf.random.stateless_uniform(shape, seed=[1, 2])
   names = ([f'K2-T{t}-1f1b-rc' for t in sweep] if sweep else
-           [f'K2-T{tt}-{s}' for s in SUFFIXES])
+           [f'K2-T{tt}-{s[:-2]}{"rc" if rc else "norc"}'
+            for rc in recompute for s in SUFFIXES])
   sizes = [shape[0] // t for t in sweep]
   parsed = {n: settings.ParseSetting(n) for n in names}
   layers = {n: runner.BuildLayer(parsed[n], layer_ps, shape) for n in names}
@@ -107,14 +110,15 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
                                     s.num_stages_per_device)
     cut = layers[n].partition_plan.boundaries
     at_t = profile.Scaled(shape[0] // s.num_micro_batches)
-    pred = cost_model.Predict(table, at_t, cut, True, 'shared')
+    pred = cost_model.Predict(table, at_t, cut, s.recompute, 'shared')
     rows.append(dict(
         setting=n, schedule=s.schedule, v=s.num_stages_per_device,
-        T=s.num_micro_batches, measured_s=statistics.median(times[n]),
+        T=s.num_micro_batches, recompute=s.recompute,
+        measured_s=statistics.median(times[n]),
         measured_cpu_s=statistics.median(cpu[n]),
         predicted_s=pred.step_s,
         predicted_cpu_s=pred.work_s + pred.ticks * at_t.tick_s,
-        separate_s=cost_model.Predict(table, at_t, cut, True,
+        separate_s=cost_model.Predict(table, at_t, cut, s.recompute,
                                       'separate').step_s))
   report = model_analysis.AnalyzeLayers(
       layer_ps, [shape], num_partitions=2, num_micro_batches=tt,
@@ -171,15 +175,16 @@ def ChildMain() -> None:
 
 
 def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
-             timeout_s: float = 900, sweep: Sequence[int] = ()
-             ) -> Dict[str, Any]:
+             timeout_s: float = 1800, sweep: Sequence[int] = (),
+             recompute: Sequence[bool] = (True,)) -> Dict[str, Any]:
   """`_Measure` in a fresh process.
 
   Raises:
     RuntimeError: the child failed (with its stderr tail).
   """
   return _Spawn(dict(action='check', model=model, tt=tt, steps=steps,
-                     reps=reps, sweep=list(sweep)), timeout_s)
+                     reps=reps, sweep=list(sweep),
+                     recompute=list(recompute)), timeout_s)
 
 
 def ProfileChild(model: str, setting: str, reps: int = 10,
@@ -197,9 +202,13 @@ def _Spawn(request: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
   env = dict(os.environ)
   env['PYTHONPATH'] = paths.REPO_ROOT
   env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  proc = subprocess.run([sys.executable, '-c', _CHILD, json.dumps(request)],
-                        capture_output=True, text=True, timeout=timeout_s,
-                        env=env, cwd=paths.REPO_ROOT, check=False)
+  try:
+    proc = subprocess.run([sys.executable, '-c', _CHILD, json.dumps(request)],
+                          capture_output=True, text=True, timeout=timeout_s,
+                          env=env, cwd=paths.REPO_ROOT, check=False)
+  except subprocess.TimeoutExpired:
+    raise RuntimeError(f'{request} ran past {timeout_s:.0f} s (a loaded '
+                       'machine? fewer --steps or T values)') from None
   for line in proc.stdout.splitlines():
     if line.startswith(RESULT_PREFIX):
       return json.loads(line[len(RESULT_PREFIX):])
@@ -225,8 +234,9 @@ def Summary(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
   for res in results:
     over = {}
     for clock, name in (('', 'wall'), ('_cpu', 'cpu')):
+      # The planner plans with recompute: its pick against those rows.
       by = {(r['schedule'], r['v'], r['T']): r[f'measured{clock}_s']
-            for r in res['rows']}
+            for r in res['rows'] if r.get('recompute', True)}
       over[name] = by[tuple(res['pick'])] / min(by.values()) - 1
     picks.append(dict(model=res['model'], T=res['T'], pick=res['pick'],
                       over_best=over))
@@ -242,18 +252,22 @@ def Table(results: Sequence[Dict[str, Any]]) -> str:
            '|---|---|---|---|---|---|---|---|---|---|']
   for res in results:
     # The base: 1F1B (of a sweep over T, at its first T).
-    base = {k: next(r[k] for r in res['rows'] if r['schedule'] == '1f1b')
-            for k in ('measured_s', 'predicted_s')}
+    base = {(rc, k): next((r[k] for r in res['rows']
+                           if r['schedule'] == '1f1b' and
+                           r.get('recompute', True) == rc), float('nan'))
+            for rc in (True, False) for k in ('measured_s', 'predicted_s')}
     for r in res['rows']:
+      rc = r.get('recompute', True)
       lines.append(
-          f'| {res["model"]} | {r["T"]} | {r["schedule"]} v={r["v"]} | '
+          f'| {res["model"]} | {r["T"]} | {r["schedule"]} v={r["v"]}'
+          f'{"" if r.get("recompute", True) else " norc"} | '
           f'{r["measured_s"] * 1e3:.1f} / {r["predicted_s"] * 1e3:.1f} | '
           f'{r["predicted_s"] / r["measured_s"] - 1:+.1%} | '
           f'{r["measured_cpu_s"] * 1e3:.1f} / '
           f'{r["predicted_cpu_s"] * 1e3:.1f} | '
           f'{r["predicted_cpu_s"] / r["measured_cpu_s"] - 1:+.1%} | '
-          f'{r["measured_s"] / base["measured_s"]:.3f} | '
-          f'{r["predicted_s"] / base["predicted_s"]:.3f} | '
+          f'{r["measured_s"] / base[rc, "measured_s"]:.3f} | '
+          f'{r["predicted_s"] / base[rc, "predicted_s"]:.3f} | '
           f'{r["separate_s"] * 1e3:.1f} |')
   s = Summary(results)
   lines.append('')
@@ -269,13 +283,16 @@ def Table(results: Sequence[Dict[str, Any]]) -> str:
 
 
 def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
-        log=print, sweep: bool = False) -> List[Dict[str, Any]]:
-  """One child per (model, T), in turn; with `sweep` one per model over
-  every T of `ts`."""
+        log=print, sweep: bool = False,
+        recompute: Sequence[bool] = (True,)) -> List[Dict[str, Any]]:
+  """One child per (model, T), in turn, timing every schedule with each
+  `recompute` setting; with `sweep` one per model over every T of `ts`
+  (1F1B with recompute)."""
   out = []
   for model in models:
     for tt in ts[:1] if sweep else ts:
-      res = RunChild(model, tt, steps, reps, sweep=ts if sweep else ())
+      res = RunChild(model, tt, steps, reps, sweep=ts if sweep else (),
+                     recompute=recompute)
       log(f'{model} T={tt}: ' + ', '.join(
           f'{r["schedule"]} {r["measured_s"] * 1e3:.1f} / '
           f'{r["predicted_s"] * 1e3:.1f} ms' for r in res['rows']))
