@@ -167,25 +167,14 @@ class TensorPipeModel(keras.Model):
                   devices=list(devices) if devices else None,
                   partition_method=partition_method, schedule=schedule,
                   num_stages_per_device=num_stages_per_device)
-    plan = dict(plan_regime=plan_regime,
-                plan_memory_budget=plan_memory_budget)
-    given = sorted(k for k, v in plan.items() if v is not None)
-    if schedule == 'auto' and keras_graph_params.IsGraph(layers):
-      raise ValueError(
-          "TensorPipeModel: schedule='auto' plans the cut of a Sequential "
-          'or a list of layers; a functional model is cut along its graph '
-          "first: name a schedule ('1f1b', 'zb_h1', ...: README, 'Which "
-          "schedule?')")
-    if given and schedule != 'auto':
-      raise ValueError(f'TensorPipeModel: {", ".join(given)} set with '
-                       f'schedule={schedule!r}; they steer the planner of '
-                       "schedule='auto' only: drop them or use 'auto'")
+    plan = keras_front.PlanSettings(layers, schedule, plan_regime=plan_regime,
+                                    plan_memory_budget=plan_memory_budget)
     front = keras_front.Make(
         layers, num_partitions, num_micro_batches, batch_size,
         copy_weights=copy_weights, input_shape=input_shape,
         partition_sizes=partition_sizes, cut_after=cut_after,
         weight_order=weight_order, sequence_length=sequence_length,
-        **common, **{k: v for k, v in plan.items() if v is not None})
+        **common, **plan)
     self._front = front
     self._pipe = front.pipe
     if schedule == 'auto':
