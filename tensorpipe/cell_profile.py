@@ -221,20 +221,22 @@ def _ChainScales(chains: Sequence[_ChainArgs], reps: int, inner: int = 2
   weights took 2.6x as long with 16 layers' weights in turn as with one
   layer's). Returns ({'F', 'B', 'I', 'W': chained seconds}, update s).
   """
+  def KindArgs(c, kind):
+    return {'null': c.x, 'F': c.x, 'FB': c.x + c.dy, 'FI': c.x + c.dy,
+            'nullW': c.xs_dzs, 'W': c.xs_dzs, 'nullU': c.weights * 2,
+            'U': c.weights * 2}[kind]
+
   def Run(kind):
     def Fn(args):
       outs, i = [], 0
       for c in chains:
-        n = {'null': len(c.x), 'F': len(c.x), 'FB': len(c.x) + len(c.dy),
-             'FI': len(c.x) + len(c.dy), 'nullW': len(c.xs_dzs),
-             'W': len(c.xs_dzs), 'nullU': 2 * len(c.weights),
-             'U': 2 * len(c.weights)}[kind]
+        n = len(KindArgs(c, kind))
         mine = list(args[i:i + n])
         i += n
         with tf.device(c.device):
           if kind.startswith('null'):
             outs.append(mine)
-          elif kind in ('U',):
+          elif kind == 'U':
             outs.append(_Update(mine))
           elif kind == 'W':
             outs.append(c.cells[3](mine) if c.xs_dzs else [])
@@ -243,15 +245,9 @@ def _ChainScales(chains: Sequence[_ChainArgs], reps: int, inner: int = 2
       return outs
     return Fn
 
-  def Args(kind):
-    out = []
-    for c in chains:
-      out += {'null': c.x, 'F': c.x, 'FB': c.x + c.dy, 'FI': c.x + c.dy,
-              'nullW': c.xs_dzs, 'W': c.xs_dzs,
-              'nullU': c.weights * 2, 'U': c.weights * 2}[kind]
-    return out
   kinds = ('null', 'F', 'FB', 'FI', 'nullW', 'W', 'nullU', 'U')
-  fns = {k: _Looped(Run(k), Args(k), inner) for k in kinds}
+  fns = {k: _Looped(Run(k), [a for c in chains for a in KindArgs(c, k)],
+                     inner) for k in kinds}
   t = {k: v / inner for k, v in _Timed(fns, reps).items()}
   return ({'F': max(0.0, t['F'] - t['null']),
            'B': max(0.0, t['FB'] - t['F']),

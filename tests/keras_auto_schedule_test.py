@@ -22,26 +22,25 @@ T = 2
 N = 8
 
 
+def _Dense(units, seed, name, **kw):
+  return keras.layers.Dense(
+      units, dtype='float64', name=name,
+      kernel_initializer=keras.initializers.GlorotUniform(seed), **kw)
+
+
 def _Sequential():
   return keras.Sequential(
       [keras.Input((6,), dtype='float64')] +
-      [keras.layers.Dense(8, activation='tanh', dtype='float64',
-                          kernel_initializer=keras.initializers.GlorotUniform(i),
-                          name=f'd{i}') for i in range(7)] +
-      [keras.layers.Dense(3, dtype='float64', name='logits',
-                          kernel_initializer=keras.initializers.GlorotUniform(9))])
+      [_Dense(8, i, f'd{i}', activation='tanh') for i in range(7)] +
+      [_Dense(3, 9, 'logits')])
 
 
 def _Functional():
   inp = keras.Input((6,), dtype='float64')
   h = inp
   for i in range(4):
-    h = keras.layers.Dense(8, activation='tanh', dtype='float64',
-                           kernel_initializer=keras.initializers.GlorotUniform(i),
-                           name=f'f{i}')(h)
-  out = keras.layers.Dense(3, dtype='float64', name='out',
-                           kernel_initializer=keras.initializers.GlorotUniform(9))(h)
-  return keras.Model(inp, out, name='func')
+    h = _Dense(8, i, f'f{i}', activation='tanh')(h)
+  return keras.Model(inp, _Dense(3, 9, 'out')(h), name='func')
 
 
 def _Data():
