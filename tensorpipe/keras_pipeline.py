@@ -178,7 +178,7 @@ class TensorPipeModel(keras.Model):
     self._front = front
     self._pipe = front.pipe
     if schedule == 'auto':
-      # The layer resolved it (schedule_auto, from the segments' FLOPs):
+      # The layer resolved it (schedule_auto, from the layers' FLOPs):
       # the train step takes the path of the schedule it runs, and
       # get_config stores that schedule and v, so from_config rebuilds
       # the same pipeline without planning again.
