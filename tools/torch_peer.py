@@ -258,10 +258,7 @@ def _Run(argv):
     print(f'{FLAGS.torch_python} cannot import torch (not a TensorPipe '
           f'dependency); get it with: {INSTALL_HINT}', file=sys.stderr)
     sys.exit(2)
-  for m in FLAGS.models:
-    if m not in settings.BUILTIN_MODELS:
-      raise app.UsageError(f'--models: {m!r} is not a built-in model; use '
-                           f'{sorted(settings.BUILTIN_MODELS)}')
+  CheckModels(FLAGS.models)
   for s in FLAGS.schedules:
     if s not in worker.TORCH_SCHEDULES:
       raise app.UsageError(f'--schedules: {s!r} has no torch peer; use '
@@ -322,6 +319,18 @@ def _Write(out: str, version: str, load: float, started: float,
                    wall_time_s=time.time() - started, num_cells=num_cells,
                    rows=rows), f, indent=1)
   return header, text, summary
+
+
+def CheckModels(models: Sequence[str]) -> None:
+  """Raises app.UsageError for a model the torch peer cannot build."""
+  for m in models:
+    if m not in settings.BUILTIN_MODELS:
+      raise app.UsageError(f'--models: {m!r} is not a built-in model; use '
+                           f'{sorted(settings.BUILTIN_MODELS)}')
+    if settings.BUILTIN_MODELS[m].layer not in ('fc', 'conv3x3'):
+      raise app.UsageError(f'--models: {m!r} has no torch twin (the peer '
+                           'builds FC and conv models only); use dense16 or '
+                           'conv16')
 
 
 def main():

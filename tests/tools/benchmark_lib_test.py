@@ -8,7 +8,9 @@ import unittest
 import numpy as np
 import tensorflow as tf
 
+from tensorpipe import test_utils
 from tensorpipe import timeline
+from tensorpipe.layers import transformer
 from tools.benchmark_lib import analysis
 from tools.benchmark_lib import plots
 from tools.benchmark_lib import report
@@ -17,6 +19,8 @@ from tools.benchmark_lib import runner
 from tools.benchmark_lib import settings
 from tools.benchmark_lib import spawn
 from tools.benchmark_lib import targets
+
+test_utils.ConfigureTestDevices()
 
 
 def _Result(model, setting, step, peak=100 * 2**20, costs=None, paired=None,
@@ -80,6 +84,23 @@ class SettingsTest(unittest.TestCase):
     layers, shape = runner.ModelLayers('consistency.Consistency4x8')
     self.assertEqual(len(layers), 18)   # 16 convs, flatten, logits
     self.assertEqual(shape, [16, 8, 8, 1])
+
+
+class BuiltinTransformerTest(tf.test.TestCase):
+
+  def testPipelineEqualsTheOracle(self):
+    layer_ps, shape = runner.ModelLayers('xfmr8')
+    self.assertEqual(shape, [32, 32, 128])
+    self.assertEqual([p.cls for p in layer_ps],
+                     [runner.SequenceIn] +
+                     [transformer.TransformerEncoderLayer] * 8 +
+                     [runner.SequenceOut])
+    # Two of its encoder layers, cut between them (a NestedMap crosses the
+    # cut), on a smaller batch and sequence than the benchmark's.
+    x = tf.random.stateless_normal([4, 6, 128], seed=[5, 6])
+    test_utils.AssertPipelineMatchesOracle(
+        self, layer_ps[:3] + layer_ps[-1:], 2, 2, [x],
+        lambda y: tf.reduce_sum(y * y))
 
 
 class ReportTest(unittest.TestCase):

@@ -3,6 +3,8 @@
 import sys
 import unittest
 
+from absl import app
+
 from tests.tools import tool_testlib
 from tools import torch_peer
 from tools import torch_peer_worker as worker
@@ -26,6 +28,13 @@ class MissingTorchTest(unittest.TestCase):
 
 
 class HelpersTest(unittest.TestCase):
+
+  def testModelsWithoutATorchTwinAreRefused(self):
+    torch_peer.CheckModels(['dense16', 'conv16'])
+    with self.assertRaisesRegex(app.UsageError, "'xfmr8' has no torch twin"):
+      torch_peer.CheckModels(['dense16', 'xfmr8'])
+    with self.assertRaisesRegex(app.UsageError, "'nope' is not a built-in"):
+      torch_peer.CheckModels(['nope'])
 
   def testStageBounds(self):
     self.assertEqual(worker.StageBounds(16, 2), [(0, 8), (8, 16)])

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tensorpipe import base_layer
 from tensorpipe import devices
 from tensorpipe import hyperparams
 from tensorpipe import microbatch
@@ -40,11 +41,42 @@ from tensorpipe import timeline
 from tensorpipe.layers import composite
 from tensorpipe.layers import conv
 from tensorpipe.layers import linear
+from tensorpipe.layers import transformer
+from tensorpipe.nested_map import NestedMap
 from tools.benchmark_lib import plots
 from tools.benchmark_lib import results as results_lib
 from tools.benchmark_lib import settings
 
 # -- models ------------------------------------------------------------------
+
+
+class SequenceIn(base_layer.BaseLayer):
+  """xfmr models' first layer: float vectors [N, S, D] -> the NestedMap an
+  encoder layer reads (src_vecs, src_paddings of zeros: no padding)."""
+
+  def FProp(self, theta, x: tf.Tensor) -> NestedMap:
+    del theta  # no weights
+    return NestedMap(src_vecs=x,
+                     src_paddings=tf.zeros(tf.shape(x)[:2], x.dtype))
+
+  @classmethod
+  def FPropMeta(cls, p, x_shape):
+    shape = base_layer.ToShape(x_shape)
+    return base_layer.FPropMetaResult(
+        0, NestedMap(src_vecs=shape, src_paddings=shape[:2]), 0)
+
+
+class SequenceOut(base_layer.BaseLayer):
+  """xfmr models' last layer: the encoder's NestedMap -> src_vecs."""
+
+  def FProp(self, theta, nm: NestedMap) -> tf.Tensor:
+    del theta  # no weights
+    return nm.src_vecs
+
+  @classmethod
+  def FPropMeta(cls, p, nm_shapes):
+    return base_layer.FPropMetaResult(
+        0, base_layer.ToShape(nm_shapes.src_vecs), 0)
 
 
 def BuiltinLayers(name: str) -> Tuple[List[Any], List[int]]:
@@ -63,6 +95,13 @@ def BuiltinLayers(name: str) -> Tuple[List[Any], List[int]]:
         name=f'conv{i}', filter_shape=(3, 3, spec.dim, spec.dim),
         filter_stride=(1, 1), bias=False, activation='RELU')
               for i in range(spec.num_layers)]
+  elif spec.layer == 'xfmr':
+    layers = ([SequenceIn.Params().Set(name='seq_in')] +
+              [transformer.TransformerEncoderLayer.Params().Set(
+                  name=f'enc{i}', model_dim=spec.dim, hidden_dim=4 * spec.dim,
+                  num_heads=spec.dim // 32, head_dim=32)
+               for i in range(spec.num_layers)] +
+              [SequenceOut.Params().Set(name='seq_out')])
   else:
     layers = [linear.FCLayer.Params().Set(
         name=f'fc{i}', input_dim=spec.dim, output_dim=spec.dim,

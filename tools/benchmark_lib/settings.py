@@ -54,16 +54,20 @@ from tensorpipe import schedules
 
 @dataclasses.dataclass(frozen=True)
 class BuiltinModel:
-  """A built-in micro-benchmark: `num_layers` equal layers with ReLU.
+  """A built-in micro-benchmark: `num_layers` equal layers.
 
   Attributes:
     description: one line for the flag help and the report.
-    layer: 'fc' (relu(x @ W + b), W [dim, dim]) or 'conv3x3' (relu(conv
-      3x3), dim -> dim channels, no bias).
+    layer: 'fc' (relu(x @ W + b), W [dim, dim]), 'conv3x3' (relu(conv
+      3x3), dim -> dim channels, no bias) or 'xfmr' (a Transformer encoder
+      layer: self-attention with `dim // 32` heads of 32, then a
+      feed-forward block of width 4 * dim, post layer norm).
     num_layers: number of layers.
-    dim: FC width or conv channels.
+    dim: FC width, conv channels or the Transformer's model dim.
     batch: mini-batch size N.
     image_size: conv only: the input is [N, image_size, image_size, dim].
+    seq_len: xfmr only: the input is [N, seq_len, dim] (float vectors: the
+      benchmark times the layers, not an embedding).
   """
   description: str
   layer: str
@@ -71,12 +75,16 @@ class BuiltinModel:
   dim: int
   batch: int
   image_size: int = 0
+  seq_len: int = 0
 
   @property
   def input_shape(self) -> List[int]:
-    """Shape of the model's one input ([N, dim] or [N, H, W, dim])."""
+    """Shape of the model's one input ([N, dim], [N, H, W, dim] or
+    [N, S, dim])."""
     if self.layer == 'conv3x3':
       return [self.batch, self.image_size, self.image_size, self.dim]
+    if self.layer == 'xfmr':
+      return [self.batch, self.seq_len, self.dim]
     return [self.batch, self.dim]
 
 
@@ -96,6 +104,9 @@ BUILTIN_MODELS: Dict[str, BuiltinModel] = {
     'dense32mem': BuiltinModel(
         '32 layers relu(x @ W + b), W 256x256, batch 4096, float32: '
         'activation-dominated, for the memory target', 'fc', 32, 256, 4096),
+    'xfmr8': BuiltinModel(
+        '8 Transformer encoder layers, model dim 128, 4 heads, FF 512, '
+        'input [32, 32, 128] float32', 'xfmr', 8, 128, 32, seq_len=32),
     'tiny': BuiltinModel('4 layers relu(x @ W + b), W 8x8, batch 8 (smoke '
                          'tests)', 'fc', 4, 8, 8),
 }
