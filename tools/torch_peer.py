@@ -322,15 +322,18 @@ def _Write(out: str, version: str, load: float, started: float,
 
 
 def CheckModels(models: Sequence[str]) -> None:
-  """Raises app.UsageError for a model the torch peer cannot build."""
+  """Raises app.UsageError for a model the torch peer cannot build (the
+  worker builds FC and conv3x3 layers only), naming those it can."""
+  twins = sorted(m for m, spec in settings.BUILTIN_MODELS.items()
+                 if spec.layer in ('fc', 'conv3x3'))
   for m in models:
     if m not in settings.BUILTIN_MODELS:
       raise app.UsageError(f'--models: {m!r} is not a built-in model; use '
-                           f'{sorted(settings.BUILTIN_MODELS)}')
-    if settings.BUILTIN_MODELS[m].layer not in ('fc', 'conv3x3'):
+                           f'one of {twins}')
+    if m not in twins:
       raise app.UsageError(f'--models: {m!r} has no torch twin (the peer '
-                           'builds FC and conv models only); use dense16 or '
-                           'conv16')
+                           f'builds FC and conv models only); use one of '
+                           f'{twins}')
 
 
 def main():
