@@ -31,6 +31,8 @@ the first model (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
   python -m tools.benchmark --profile --models=dense16 \
       --profile_setting=K2-T8-rc --profile_micro_batch_sizes=4,8,16,32
   python -m tools.benchmark --plan_check --models=dense16,conv16
+  python -m tools.benchmark --step_profile --models=dense4w256,dense32w256 \
+      --settings=K2-T8-1f1b-rc,K2-T8-zbh1-rc,K2-T8-i2-rc,K2-T8-zbv-rc
   python -m tools.benchmark --models=conv16 \
       --settings=K2-T32-1f1b-rc,K2-T32-1f1b-norc \
       --memory_settings=K2-T32-rc,K2-T32-1f1b-rc --timeline=
@@ -53,6 +55,7 @@ from tools.benchmark_lib import report as report_lib
 from tools.benchmark_lib import results as results_lib
 from tools.benchmark_lib import settings as settings_lib
 from tools.benchmark_lib import spawn
+from tools.benchmark_lib import step_profile
 from tools.benchmark_lib import targets
 from tools.benchmark_lib import tick_cost
 
@@ -125,6 +128,15 @@ flags.DEFINE_boolean('plan_check_sweep_t', False, 'With --plan_check: per '
                      'model, 1F1B at every T of --plan_check_ts in one '
                      "process, and num_micro_batches='auto''s pick among "
                      'them (the measured micro-batch curve).')
+flags.DEFINE_boolean('step_profile', False, 'Run nothing else: each of '
+                     '--settings of each of --models timed (--steps), then '
+                     '--step_profile_steps more steps under TF\'s profiler: '
+                     'per step the time with no kernel running on any '
+                     'thread and each thread\'s busy time, per tick of the '
+                     'table (benchmark_lib/step_profile.py); writes '
+                     'step_profile.json and step_profile.md under --out.')
+flags.DEFINE_integer('step_profile_steps', 5, 'With --step_profile: '
+                     'profiled steps per setting (median).', lower_bound=1)
 flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
                      '(needed by the simulator predictions).')
 
@@ -156,6 +168,9 @@ def _Run(argv):
     return
   if FLAGS.profile or FLAGS.plan_check:
     _Plan()
+    return
+  if FLAGS.step_profile:
+    _StepProfile()
     return
   settings = FLAGS.settings or settings_lib.GridSettings()
   for s in settings + FLAGS.memory_settings + FLAGS.timeline:
@@ -246,6 +261,45 @@ def _TickCost() -> None:
   print(tick_cost.Table(results))
   print(f'wrote {os.path.join(out, "tick_cost.json")} in '
         f'{time.time() - started:.0f} s')
+
+
+def _StepProfile() -> None:
+  """--step_profile: per setting, the step's time with no kernel running."""
+  names = FLAGS.settings or []
+  if not names:
+    raise app.UsageError('--step_profile needs --settings, e.g. '
+                         '--settings=K2-T8-1f1b-rc,K2-T8-zbv-rc')
+  try:
+    parsed = [settings_lib.ParseSetting(s) for s in names]
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  out = _OutDir()
+  rows = []
+  for model in FLAGS.models:
+    for setting in parsed:
+      try:
+        r = spawn.RunSettingSubprocess(
+            model, setting.name, steps=FLAGS.steps, warmup=FLAGS.warmup,
+            partition_costs=False,
+            step_profile_steps=FLAGS.step_profile_steps)
+      except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f'SKIPPED {model} {setting.name}: {spawn.FailureReason(e)}',
+              file=sys.stderr, flush=True)
+        continue
+      row = dict(model=model, setting=setting.name,
+                 ticks=step_profile.Ticks(setting),
+                 step_time_s=r.step_time_s, profile=r.step_profile)
+      print(f'{model} {setting.name}: {r.step_time_s * 1e3:.1f} ms/step, '
+            f'{r.step_profile.no_kernel_s * 1e3:.2f} ms with no kernel '
+            f'running ({row["ticks"]} ticks)', flush=True)
+      rows.append(row)
+  text = step_profile.Table(rows)
+  with open(os.path.join(out, 'step_profile.json'), 'w') as f:
+    json.dump([dict(r, profile=r['profile'].ToJson()) for r in rows], f,
+              indent=1)
+  with open(os.path.join(out, 'step_profile.md'), 'w') as f:
+    f.write(text + '\n')
+  print(text)
 
 
 def _Plan() -> None:

@@ -16,6 +16,8 @@
   plan_check --profile and --plan_check: a model's cost profile, and every
             schedule measured against the calibrated cost model's
             prediction and the planner's pick.
+  step_profile --step_profile: a step's time with no kernel running and
+            each thread's busy time, from TF's profiler.
 
 Importing the package imports none of them (in particular no TensorFlow).
 """

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from tensorpipe import simulator
 from tools.benchmark_lib import settings
+from tools.benchmark_lib import step_profile as step_profile_lib
 
 PHASES = ('forward', 'recompute', 'backward')
 # The child prints its result as one line: this prefix, then the JSON.
@@ -238,6 +239,7 @@ class Result:
     partition_costs_s: each partition timed alone on one micro-batch.
     stage_costs_s: the cells recorded inside the running pipeline.
     recorded_step_time_s: median wall time of the recorded steps.
+    step_profile: the median profiled step (step_profile.StepProfile).
   """
   model: str
   setting: settings.Setting
@@ -256,6 +258,7 @@ class Result:
   recorded_step_time_s: Optional[float] = None
   speedup: Optional[Speedup] = None
   prediction: Optional[Prediction] = None
+  step_profile: Optional[step_profile_lib.StepProfile] = None
 
   @property
   def num_partitions(self) -> int:
@@ -301,6 +304,8 @@ class Result:
         out[key] = value.ToJson()
     if self.recorded_step_time_s is not None:
       out['recorded_step_time_s'] = self.recorded_step_time_s
+    if self.step_profile is not None:
+      out['step_profile'] = self.step_profile.ToJson()
     if self.speedup is not None:
       out.update(speedup_vs=self.speedup.vs, speedup=self.speedup.value,
                  speedup_paired=self.speedup.paired)
@@ -333,7 +338,9 @@ class Result:
         partition_costs_s=Opt('partition_costs_s', PhaseCosts.FromJson),
         stage_costs_s=Opt('stage_costs_s', StageCosts.FromJson),
         recorded_step_time_s=d.get('recorded_step_time_s'),
-        speedup=speedup, prediction=Prediction.FromJson(d))
+        speedup=speedup, prediction=Prediction.FromJson(d),
+        step_profile=Opt('step_profile',
+                         step_profile_lib.StepProfile.FromJson))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ import os
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -46,6 +47,7 @@ from tensorpipe.nested_map import NestedMap
 from tools.benchmark_lib import plots
 from tools.benchmark_lib import results as results_lib
 from tools.benchmark_lib import settings
+from tools.benchmark_lib import step_profile
 
 # -- models ------------------------------------------------------------------
 
@@ -350,13 +352,18 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
                warmup: int = 2, partition_costs: bool = True,
                timeline_dir: Optional[str] = None,
                learning_rate: float = 1e-3,
-               pair_with: Optional[Sequence[str]] = None
+               pair_with: Optional[Sequence[str]] = None,
+               step_profile_steps: int = 0
                ) -> results_lib.Result:
   """Runs one setting in this process (TensorFlow must not have run yet).
 
   Memory is measured on the setting alone, over its warm-up steps, before
   the `pair_with` baselines are built; then the setting and its baselines
   are timed in turn, one step each per round, for `steps` rounds.
+
+  With `step_profile_steps`, that many more steps run under TF's profiler
+  after the timed rounds (`step_profile`: the median step's time with no
+  kernel running and each thread's busy time).
 
   Returns:
     The result: step times, memory (peak RSS above idle and TF's allocator),
@@ -462,6 +469,10 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
     result.timeline = _WriteTimeline(
         recorder, raw, setting, model, timeline_dir,
         layer.devices if setting.kind == 'pipe' else ['/CPU:0'])
+  if step_profile_steps:
+    with tempfile.TemporaryDirectory() as logdir:
+      result.step_profile = step_profile.Median(step_profile.Run(
+          lambda: Run(step_fn), step_profile_steps, logdir))
   if partition_costs and setting.kind == 'pipe':
     result.partition_costs_s = PartitionCosts(
         layer, x, setting.num_micro_batches, reps=max(3, steps // 2))

@@ -107,6 +107,13 @@ BUILTIN_MODELS: Dict[str, BuiltinModel] = {
     'xfmr8': BuiltinModel(
         '8 Transformer encoder layers, model dim 128, 4 heads, FF 512, '
         'input [32, 32, 128] float32', 'xfmr', 8, 128, 32, seq_len=32),
+    'dense4w256': BuiltinModel(
+        '4 layers relu(x @ W + b), W 256x256, batch 64, float32: 2 layers '
+        'per device at K=2 (the engine overhead check)', 'fc', 4, 256, 64),
+    'dense32w256': BuiltinModel(
+        '32 layers relu(x @ W + b), W 256x256, batch 64, float32: 16 '
+        'layers per device at K=2 (the engine overhead check)', 'fc', 32,
+        256, 64),
     'tiny': BuiltinModel('4 layers relu(x @ W + b), W 8x8, batch 8 (smoke '
                          'tests)', 'fc', 4, 8, 8),
 }
