@@ -33,6 +33,8 @@ the first model (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
   python -m tools.benchmark --plan_check --models=dense16,conv16
   python -m tools.benchmark --step_profile --models=dense4w256,dense32w256 \
       --settings=K2-T8-1f1b-rc,K2-T8-zbh1-rc,K2-T8-i2-rc,K2-T8-zbv-rc
+  python -m tools.benchmark --remote_check --models=dense16,conv16 \
+      --settings=K2-T8-1f1b-rc,K2-T8-zbh1-rc
   python -m tools.benchmark --models=conv16 \
       --settings=K2-T32-1f1b-rc,K2-T32-1f1b-norc \
       --memory_settings=K2-T32-rc,K2-T32-1f1b-rc --timeline=
@@ -51,6 +53,7 @@ from tools import paths
 from tools.benchmark_lib import analysis
 from tools.benchmark_lib import plan_check
 from tools.benchmark_lib import plots
+from tools.benchmark_lib import remote
 from tools.benchmark_lib import report as report_lib
 from tools.benchmark_lib import results as results_lib
 from tools.benchmark_lib import settings as settings_lib
@@ -137,6 +140,15 @@ flags.DEFINE_boolean('step_profile', False, 'Run nothing else: each of '
                      'step_profile.json and step_profile.md under --out.')
 flags.DEFINE_integer('step_profile_steps', 5, 'With --step_profile: '
                      'profiled steps per setting (median).', lower_bound=1)
+flags.DEFINE_boolean('remote_check', False, 'Run nothing else: each of '
+                     '--settings (pipelined, built-in --models) timed in '
+                     'one process and with its K stages in K TF servers on '
+                     '127.0.0.1 (the multi-host path), and the transfer '
+                     'floor of its boundary tensor between two servers '
+                     '(benchmark_lib/remote.py), and the calibrated cost '
+                     'model\'s step with separate executors (from a '
+                     '--profile of the setting); writes remote_check.json '
+                     'and remote_check.md under --out.')
 flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
                      '(needed by the simulator predictions).')
 
@@ -171,6 +183,9 @@ def _Run(argv):
     return
   if FLAGS.step_profile:
     _StepProfile()
+    return
+  if FLAGS.remote_check:
+    _RemoteCheck()
     return
   settings = FLAGS.settings or settings_lib.GridSettings()
   for s in settings + FLAGS.memory_settings + FLAGS.timeline:
@@ -298,6 +313,66 @@ def _StepProfile() -> None:
     json.dump([dict(r, profile=r['profile'].ToJson()) for r in rows], f,
               indent=1)
   with open(os.path.join(out, 'step_profile.md'), 'w') as f:
+    f.write(text + '\n')
+  print(text)
+
+
+def _RemoteCheck() -> None:
+  """--remote_check: stages in other processes against one process."""
+  try:
+    parsed = [settings_lib.ParseSetting(s) for s in FLAGS.settings or []]
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  bad = [s.name for s in parsed if s.kind != 'pipe'
+         or s.num_partitions < 2]
+  if not parsed or bad:
+    raise app.UsageError(f'--remote_check needs pipelined settings with '
+                         f'K >= 2 in --settings (got {bad or "none"}), e.g. '
+                         '--settings=K2-T8-1f1b-rc')
+  unknown = [m for m in FLAGS.models if m not in settings_lib.BUILTIN_MODELS]
+  if unknown:
+    raise app.UsageError(f'--remote_check runs built-in models only, not '
+                         f'{unknown}')
+  out = _OutDir()
+  rows = []
+  for model in FLAGS.models:
+    for setting in parsed:
+      kwargs = dict(steps=FLAGS.steps, warmup=FLAGS.warmup,
+                    partition_costs=False)
+      shape = remote.BoundaryShape(
+          settings_lib.BUILTIN_MODELS[model].input_shape,
+          setting.num_micro_batches)
+      try:
+        local = spawn.RunSettingSubprocess(model, setting.name, **kwargs)
+        procs, addresses = remote.StartServers(setting.num_partitions)
+        try:
+          far = spawn.RunSettingSubprocess(model, setting.name,
+                                           remote_workers=addresses,
+                                           **kwargs)
+          [floor] = remote.TransferFloorSubprocess(addresses[:2], [shape])
+        finally:
+          remote.StopServers(procs)
+        prof = plan_check.ProfileChild(model, setting.name)
+      except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f'SKIPPED {model} {setting.name}: {spawn.FailureReason(e)}',
+              file=sys.stderr, flush=True)
+        continue
+      row = dict(model=model, setting=setting.name, shape=shape,
+                 local_step_s=local.step_time_s,
+                 remote_step_s=far.step_time_s,
+                 crossings=remote.Crossings(setting),
+                 remote_s=floor['remote_s'], local_s=floor['local_s'],
+                 predicted_separate_s=remote.SeparatePrediction(
+                     setting, prof['profile'], prof['cut']))
+      print(f'{model} {setting.name}: {local.step_time_s * 1e3:.1f} ms in '
+            f'one process, {far.step_time_s * 1e3:.1f} ms in '
+            f'{setting.num_partitions} servers; a transfer '
+            f'{floor["remote_s"] * 1e6:.0f} µs between servers', flush=True)
+      rows.append(row)
+  text = remote.Table(rows)
+  with open(os.path.join(out, 'remote_check.json'), 'w') as f:
+    json.dump(rows, f, indent=1)
+  with open(os.path.join(out, 'remote_check.md'), 'w') as f:
     f.write(text + '\n')
   print(text)
 

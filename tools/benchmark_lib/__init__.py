@@ -18,6 +18,8 @@
             prediction and the planner's pick.
   step_profile --step_profile: a step's time with no kernel running and
             each thread's busy time, from TF's profiler.
+  remote    --remote_check: stages in TF servers of their own (the
+            multi-host path) against one process, and the transfer floor.
 
 Importing the package imports none of them (in particular no TensorFlow).
 """

@@ -160,7 +160,8 @@ def _Profile(model: str, setting: str, reps: int,
   stages = [{f: sum(getattr(c, f) for c in prof.layers[a:b]) for f in
              ('forward', 'backward', 'input_grad', 'weight_grad')}
             for a, b in cut]
-  return dict(profile=prof.ToJson(), stages=stages, seconds=took)
+  return dict(profile=prof.ToJson(), stages=stages, seconds=took,
+              cut=[list(c) for c in cut])
 
 
 def _Now() -> float:
@@ -190,7 +191,8 @@ def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
 def ProfileChild(model: str, setting: str, reps: int = 10,
                  timeout_s: float = 900,
                  micro_batch_sizes: Sequence[int] = ()) -> Dict[str, Any]:
-  """`_Profile` in a fresh process: {'profile', 'stages', 'seconds'}."""
+  """`_Profile` in a fresh process: {'profile', 'stages', 'seconds', 'cut'
+  (the layer's stage boundaries)}."""
   return _Spawn(dict(action='profile', model=model, setting=setting,
                      reps=reps, micro_batch_sizes=list(micro_batch_sizes)),
                 timeout_s)

@@ -172,8 +172,10 @@ class UnrolledMicroBatches:
 
 
 def BuildLayer(setting: settings.Setting, layer_ps: Sequence[Any],
-               input_shape: Sequence[int]) -> Any:
-  """The layer under test for a setting (plain, plain-T<t> or a pipeline)."""
+               input_shape: Sequence[int],
+               stage_devices: Optional[Sequence[str]] = None) -> Any:
+  """The layer under test for a setting (plain, plain-T<t> or a pipeline;
+  its partitions on `stage_devices` if given)."""
   if setting.kind == 'plain':
     seq = composite.SequentialLayer.Params().Set(
         name='Sequential', sub=list(layer_ps)).Instantiate()
@@ -190,6 +192,8 @@ def BuildLayer(setting: settings.Setting, layer_ps: Sequence[Any],
       num_stages_per_device=setting.num_stages_per_device)
   if setting.unroll_ticks is not None:
     p.unroll_ticks = setting.unroll_ticks
+  if stage_devices:
+    p.devices = list(stage_devices)
   return p.Instantiate()
 
 
@@ -318,8 +322,14 @@ def StepFn(layer: Any, x: tf.Tensor, learning_rate: float):
       with tf.GradientTape() as tape:
         loss = _MeanLoss(layer, x)
     grads = tape.gradient(loss, variables)
-    updates = [v.assign_sub(learning_rate * g)
-               for v, g in zip(variables, grads)]
+    updates = []
+    for v, g in zip(variables, grads):
+      # On the variable's device, as tensorpipe/optimizers.py updates:
+      # placed by default, the product would run on the client's CPU:0,
+      # and with stages in other processes every gradient would cross to
+      # it and back each step (dense16: 64 MB each way).
+      with tf.device(v.device):
+        updates.append(v.assign_sub(learning_rate * g))
     if rec:
       rec.Mark('step_end', updates)
       return loss, rec.Tensors()
@@ -353,13 +363,19 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
                timeline_dir: Optional[str] = None,
                learning_rate: float = 1e-3,
                pair_with: Optional[Sequence[str]] = None,
-               step_profile_steps: int = 0
+               step_profile_steps: int = 0,
+               remote_workers: Optional[Sequence[str]] = None
                ) -> results_lib.Result:
   """Runs one setting in this process (TensorFlow must not have run yet).
 
   Memory is measured on the setting alone, over its warm-up steps, before
   the `pair_with` baselines are built; then the setting and its baselines
   are timed in turn, one step each per round, for `steps` rounds.
+
+  With `remote_workers` ('host:port' of running TF servers, one per
+  partition: `remote.StartServers`) the pipeline's partitions run on the
+  servers (`distribute.ConnectRemoteStages`), this process being the
+  client.
 
   With `step_profile_steps`, that many more steps run under TF's profiler
   after the timed rounds (`step_profile`: the median step's time with no
@@ -375,12 +391,21 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   intra, inter = setting.threads
   tf.config.threading.set_intra_op_parallelism_threads(intra)
   tf.config.threading.set_inter_op_parallelism_threads(inter)
-  devices.SetNumLogicalCpuDevices(
-      max([1, setting.num_partitions] + [p.num_partitions for p in pairs]))
+  stage_devices = None
+  if remote_workers:
+    if setting.kind != 'pipe' or pairs:
+      raise ValueError('remote_workers runs one pipelined setting, without '
+                       f'baselines; got {setting.name!r} paired with '
+                       f'{[p.name for p in pairs]}')
+    from tensorpipe import distribute  # pylint: disable=g-import-not-at-top
+    stage_devices = distribute.ConnectRemoteStages(list(remote_workers))
+  else:
+    devices.SetNumLogicalCpuDevices(
+        max([1, setting.num_partitions] + [p.num_partitions for p in pairs]))
 
   layer_ps, input_shape = ModelLayers(model)
   x = tf.random.stateless_uniform(input_shape, seed=[1, 2])
-  layer = BuildLayer(setting, layer_ps, input_shape)
+  layer = BuildLayer(setting, layer_ps, input_shape, stage_devices)
 
   t0 = time.perf_counter()
   recorder = None

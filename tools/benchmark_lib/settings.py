@@ -204,6 +204,17 @@ def ParseSetting(name: str) -> Setting:
                    '(e.g. K8-T32-rc-u1)')
 
 
+def ScheduleTable(setting: Setting):
+  """The schedules.Schedule a pipelined setting runs (GPipe's: its forward
+  then its backward ticks)."""
+  from tensorpipe import schedule_builders  # pylint: disable=g-import-not-at-top
+  kk, t, v = (setting.num_partitions, setting.num_micro_batches,
+              setting.num_stages_per_device)
+  if v > 1:
+    return schedule_builders.Build(setting.schedule, kk, t, v)
+  return schedule_builders.Build(setting.schedule, kk, t)
+
+
 def GridSettings(ks: Sequence[int] = (1, 2, 4),
                  ts: Sequence[int] = (1, 4, 8)) -> List[str]:
   """plain, plain-T, naive-K(-serial) for K > 1, every (K, T) x recompute."""

@@ -34,6 +34,8 @@ import shutil
 import statistics
 from typing import Callable, Dict, List, Sequence, Tuple
 
+from tools.benchmark_lib import settings
+
 STEP_EVENT = 'step'
 
 Interval = Tuple[int, int]  # [start, end) in picoseconds
@@ -173,14 +175,9 @@ def Run(step: Callable[[], object], steps: int, logdir: str
 def Ticks(setting) -> int:
   """Clock ticks of a benchmark setting's table per step (0: no pipeline).
   GPipe's table counts its forward and its backward ticks."""
-  from tensorpipe import schedule_builders  # pylint: disable=g-import-not-at-top
   if setting.kind != 'pipe':
     return 0
-  kk, t = setting.num_partitions, setting.num_micro_batches
-  if setting.num_stages_per_device > 1:
-    return schedule_builders.Build(setting.schedule, kk, t,
-                                   setting.num_stages_per_device).num_ticks
-  return schedule_builders.Build(setting.schedule, kk, t).num_ticks
+  return settings.ScheduleTable(setting).num_ticks
 
 
 def Table(rows: Sequence[Dict[str, object]]) -> str:

@@ -1,0 +1,86 @@
+"""Tests for tools/benchmark_lib/remote: crossings, shapes and the table
+(pure). Servers, the transfer floor and a remote step run in
+remote_slow_test.py."""
+
+import subprocess
+import sys
+import unittest
+
+from tools import paths
+from tools.benchmark_lib import remote
+from tools.benchmark_lib import settings
+
+
+def _Setting(name):
+  return settings.ParseSetting(name)
+
+
+class CrossingsTest(unittest.TestCase):
+
+  def testEachDeviceBoundaryCarriesAnActivationAndAGradientPerMicroBatch(
+      self):
+    # K=2, one stage per device: one boundary, 2 crossings per micro-batch.
+    self.assertEqual(remote.Crossings(_Setting('K2-T8-1f1b-rc')), 16)
+    self.assertEqual(remote.Crossings(_Setting('K2-T8-rc')), 16)
+    self.assertEqual(remote.Crossings(_Setting('K4-T8-zbh1-rc')), 48)
+    # Interleaved, v=2 on K=2: stages 0 1 2 3 on devices 0 1 0 1: every
+    # one of the 3 boundaries crosses.
+    self.assertEqual(remote.Crossings(_Setting('K2-T4-i2-rc')), 24)
+    # ZB-V on K=2: stages 0 1 2 3 on devices 0 1 1 0: stages 1 and 2 share
+    # a device, so 2 of the 3 boundaries cross.
+    self.assertEqual(remote.Crossings(_Setting('K2-T4-zbv-rc')), 16)
+
+  def testBoundaryShapeIsAMicroBatchOfTheInput(self):
+    self.assertEqual(remote.BoundaryShape([64, 1024], 8), [8, 1024])
+    self.assertEqual(remote.BoundaryShape([64, 32, 32, 16], 4),
+                     [16, 32, 32, 16])
+    with self.assertRaisesRegex(ValueError, 'batch 64 .* T=5'):
+      remote.BoundaryShape([64, 1024], 5)
+
+
+class TableTest(unittest.TestCase):
+
+  def testRatioFloorAndExtra(self):
+    row = dict(model='dense16', setting='K2-T8-1f1b-rc', shape=[8, 1024],
+               local_step_s=0.100, remote_step_s=0.180, crossings=16,
+               remote_s=250e-6, local_s=5e-6)
+    zb = dict(row, setting='K2-T8-zbh1-rc', remote_step_s=0.171,
+              predicted_separate_s=0.095)
+    lines = remote.Table([dict(row, predicted_separate_s=0.100), zb,
+                          dict(zb, model='conv16')]).splitlines()[2:]
+    # 16 crossings x 250 us = 4 ms of floor; 80 ms more than in process.
+    self.assertEqual(
+        lines[0], '| dense16 | K2-T8-1f1b-rc | 100.0 | 180.0 | 1.80 | '
+        '100.0 | 1.000 / 1.000 | 8x1024 | 250 / 5 | 16 | 4.0 | 80.0 |')
+    # ZB-H1 over the same model's 1F1B: 171 / 180, predicted 95 / 100.
+    self.assertIn('| 95.0 | 0.950 / 0.950 | 8x1024 |', lines[1])
+    # No 1F1B row of conv16: nothing to compare with.
+    self.assertIn('| 95.0 |  | 8x1024 |', lines[2])
+
+
+class FlagsTest(unittest.TestCase):
+
+  def _Run(self, *flags):
+    return subprocess.run(
+        [sys.executable, '-m', 'tools.benchmark', '--remote_check', *flags],
+        capture_output=True, text=True, timeout=120, cwd=paths.REPO_ROOT,
+        check=False)
+
+  def testSettingsWithoutAPipelineAreRefusedBeforeAnythingStarts(self):
+    for settings_flag, named in (('--settings=plain', "['plain']"),
+                                 ('--settings=K1-T8-rc', "['K1-T8-rc']")):
+      proc = self._Run('--models=tiny', settings_flag)
+      self.assertEqual(proc.returncode, 1, proc.stderr)
+      self.assertIn(f'K >= 2 in --settings (got {named})', proc.stderr)
+      self.assertNotIn('Traceback', proc.stderr)
+
+  def testRegistryModelsAreRefused(self):
+    proc = self._Run('--models=image.fashion_mnist.ResNet4x8',
+                     '--settings=K2-T8-rc')
+    self.assertEqual(proc.returncode, 1, proc.stderr)
+    self.assertIn("built-in models only, not ['image.fashion_mnist.ResNet4x8"
+                  "']", proc.stderr)
+
+
+if __name__ == '__main__':
+  unittest.main()

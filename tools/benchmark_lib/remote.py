@@ -1,0 +1,254 @@
+"""Stages in other processes: the step and the transfer floor
+(tools/benchmark --remote_check).
+
+With `distribute.ConnectRemoteStages` a pipeline's K stages run in K TF
+servers (`tf.distribute.Server`, one process each: the multi-host path)
+driven by one client process; every boundary activation and gradient then
+crosses TF's gRPC runtime. This module measures what that costs:
+
+* `StartServers` / `StopServers`: K servers on 127.0.0.1, each with one
+  intra-op and one inter-op thread (as the in-process settings give each
+  device one core), every process ended by its process group.
+* `TransferFloor` (run in a fresh client process): the time of one
+  transfer of a tensor of a given shape from server 0 to server 1 and back,
+  as a tf.while_loop of round trips inside one tf.function (no client
+  round trip per transfer), against the same loop between two logical
+  devices of one process. That is the floor under each boundary crossing
+  of a pipelined step.
+* The pipelined step itself runs through `runner.RunSetting(...,
+  remote_workers=...)`: the same model and setting, its stages on the
+  servers.
+
+A step of K=2, T micro-batches crosses the boundary 2T times (T forward
+activations, T gradients); the floor times that is what the transfers cost
+at least.
+
+Usage (parent):
+  procs, addresses = remote.StartServers(2)
+  try:
+    r = spawn.RunSettingSubprocess('dense16', 'K2-T8-1f1b-rc',
+                                   remote_workers=addresses, ...)
+    floor = remote.TransferFloorSubprocess(addresses, [[8, 1024]])
+  finally:
+    remote.StopServers(procs)
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Sequence, Tuple
+
+from tools import launch
+from tools import paths
+from tools.benchmark_lib import settings
+
+_SERVER = '''
+import sys
+import tensorflow as tf
+workers = sys.argv[1].split(",")
+config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                  inter_op_parallelism_threads=int(sys.argv[3]))
+server = tf.distribute.Server(
+    tf.train.ClusterSpec({"worker": workers}), job_name="worker",
+    task_index=int(sys.argv[2]), config=config, start=True)
+print("ready", flush=True)
+server.join()
+'''
+_START_TIMEOUT_S = 120
+FLOOR_PREFIX = 'TRANSFER_FLOOR '
+_CHILD = ('from tools.benchmark_lib import remote; '
+          'remote.TransferFloorMain()')
+
+
+def StartServers(num: int, inter_op_threads: int = 1
+                 ) -> Tuple[List[subprocess.Popen], List[str]]:
+  """Starts `num` TF servers on 127.0.0.1, each with one intra-op thread and
+  `inter_op_threads`; (processes, 'host:port' each).
+
+  Raises:
+    RuntimeError: a server did not print 'ready' within 120 s (all are
+      stopped first).
+  """
+  addresses = [f'127.0.0.1:{p}' for p in launch.FreePorts(num)]
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
+  procs = []
+  for i in range(num):
+    procs.append(subprocess.Popen(
+        [sys.executable, '-c', _SERVER, ','.join(addresses), str(i),
+         str(inter_op_threads)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+        start_new_session=True))
+  deadline = time.time() + _START_TIMEOUT_S
+  for proc in procs:
+    line = proc.stdout.readline().decode()
+    if 'ready' not in line or time.time() > deadline:
+      StopServers(procs)
+      raise RuntimeError(f'a TF server on {addresses} did not start: '
+                         f'{line!r}')
+  return procs, addresses
+
+
+def StopServers(procs: Sequence[subprocess.Popen]) -> None:
+  """Kills each server's process group and waits for it."""
+  for proc in procs:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def _RoundTrips(devices: Sequence[str], shape: Sequence[int], reps: int,
+                rounds: int) -> float:
+  """Median seconds of one transfer devices[0] -> devices[1] (half a
+  round trip), from `reps` round trips in a tf.while_loop, over `rounds`."""
+  import statistics  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  with tf.device(devices[0]):
+    x0 = tf.ones(shape)
+
+  @tf.function(autograph=False)
+  def Loop(x):
+    def Body(i, x):
+      with tf.device(devices[1]):
+        y = x * 1.0
+      with tf.device(devices[0]):
+        z = y * 1.0
+      return i + 1, z
+    return tf.while_loop(lambda i, x: i < reps, Body,
+                         (tf.constant(0), x), parallel_iterations=1)[1]
+
+  def Time(n):
+    start = time.perf_counter()
+    Loop(x0).numpy()
+    return time.perf_counter() - start
+  Time(0)
+  times = [Time(0) for _ in range(rounds)]
+  return statistics.median(times) / (2 * reps)
+
+
+def TransferFloor(addresses: Sequence[str], shapes: Sequence[Sequence[int]],
+                  reps: int = 200, rounds: int = 5) -> List[Dict[str, Any]]:
+  """Per shape (float32), seconds per transfer between two servers and
+  between two logical devices of this process. Call in a fresh process
+  (it connects to the servers and sets up 2 logical CPU devices)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorpipe import devices as devices_lib  # pylint: disable=g-import-not-at-top
+  from tensorpipe import distribute  # pylint: disable=g-import-not-at-top
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_inter_op_parallelism_threads(2)
+  devices_lib.SetNumLogicalCpuDevices(2)
+  remote_devices = distribute.ConnectRemoteStages(list(addresses))
+  local = ['/job:localhost/replica:0/task:0/device:CPU:0',
+           '/job:localhost/replica:0/task:0/device:CPU:1']
+  out = []
+  for shape in shapes:
+    nbytes = 4
+    for n in shape:
+      nbytes *= n
+    out.append(dict(
+        shape=list(shape), bytes=nbytes,
+        remote_s=_RoundTrips(remote_devices, shape, reps, rounds),
+        local_s=_RoundTrips(local, shape, reps, rounds)))
+  return out
+
+
+def TransferFloorMain() -> None:
+  """Child entry point: argv[1] is JSON {addresses, shapes}."""
+  request = json.loads(sys.argv[1])
+  rows = TransferFloor(request['addresses'], request['shapes'])
+  print(FLOOR_PREFIX + json.dumps(rows), flush=True)
+
+
+def TransferFloorSubprocess(addresses: Sequence[str],
+                            shapes: Sequence[Sequence[int]],
+                            timeout_s: float = 600) -> List[Dict[str, Any]]:
+  """`TransferFloor` in a fresh client process.
+
+  Raises:
+    RuntimeError: the child failed (its stderr tail in the message).
+  """
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
+  env['PYTHONPATH'] = paths.REPO_ROOT + (
+      os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
+  proc = subprocess.run(
+      [sys.executable, '-c', _CHILD,
+       json.dumps({'addresses': list(addresses),
+                   'shapes': [list(s) for s in shapes]})],
+      capture_output=True, text=True, timeout=timeout_s, env=env,
+      cwd=paths.REPO_ROOT, check=False)
+  for line in proc.stdout.splitlines():
+    if line.startswith(FLOOR_PREFIX):
+      return json.loads(line[len(FLOOR_PREFIX):])
+  raise RuntimeError(f'the transfer floor child failed (exit '
+                     f'{proc.returncode}):\n{proc.stderr[-3000:]}')
+
+
+def BoundaryShape(model_shape: Sequence[int], num_micro_batches: int
+                  ) -> List[int]:
+  """A micro-batch's boundary activation of a built-in model whose layers
+  keep the input's shape (fc, conv3x3, xfmr): the input with N / T rows."""
+  if model_shape[0] % num_micro_batches:
+    raise ValueError(f'batch {model_shape[0]} is not divisible by '
+                     f'T={num_micro_batches}')
+  return [model_shape[0] // num_micro_batches] + list(model_shape[1:])
+
+
+def _Key(row: Dict[str, Any]) -> Tuple[str, str, str]:
+  """(model, 'K<k>', 'T<t>') of a row."""
+  k, t = row['setting'].split('-')[:2]
+  return row['model'], k, t
+
+
+def Table(rows: Sequence[Dict[str, Any]]) -> str:
+  """Markdown table of --remote_check rows; 'over 1F1B' compares each
+  setting's two-process step (and its 'separate' prediction) with that of
+  the 1F1B setting of the same model, K and T in the rows, if any."""
+  out = ['| model | setting | in process ms | two processes ms | ratio | '
+         'predicted (separate) ms | over 1F1B measured / predicted | '
+         'boundary | transfer µs (servers / in process) | crossings | '
+         'floor ms | extra ms |',
+         '|---|---|---|---|---|---|---|---|---|---|---|---|']
+  ones = {_Key(r): r for r in rows if '-1f1b-' in r['setting']}
+  for r in rows:
+    pred = r.get('predicted_separate_s')
+    base = ones.get(_Key(r))
+    over = ''
+    if base is not None:
+      over = f'{r["remote_step_s"] / base["remote_step_s"]:.3f}'
+      if pred and base.get('predicted_separate_s'):
+        over += f' / {pred / base["predicted_separate_s"]:.3f}'
+    cells = [
+        r['model'], r['setting'], f'{r["local_step_s"] * 1e3:.1f}',
+        f'{r["remote_step_s"] * 1e3:.1f}',
+        f'{r["remote_step_s"] / r["local_step_s"]:.2f}',
+        f'{pred * 1e3:.1f}' if pred else '', over,
+        'x'.join(str(n) for n in r['shape']),
+        f'{r["remote_s"] * 1e6:.0f} / {r["local_s"] * 1e6:.0f}',
+        str(r['crossings']),
+        f'{r["crossings"] * r["remote_s"] * 1e3:.1f}',
+        f'{(r["remote_step_s"] - r["local_step_s"]) * 1e3:.1f}']
+    out.append('| ' + ' | '.join(cells) + ' |')
+  return '\n'.join(out)
+
+def Crossings(setting) -> int:
+  """Boundary crossings between devices per step of a pipelined setting:
+  per micro-batch, one activation and one gradient over each stage
+  boundary whose two stages sit on different devices."""
+  place = settings.ScheduleTable(setting).StageDevice()
+  cuts = sum(1 for s in range(len(place) - 1) if place[s] != place[s + 1])
+  return 2 * cuts * setting.num_micro_batches
+
+
+def SeparatePrediction(setting, profile_json: Dict[str, Any],
+                       cut: Sequence[Sequence[int]]) -> float:
+  """The calibrated cost model's step of `setting` with each device its
+  own executor (`cost_model.Predict(..., 'separate')`: the table's
+  dataflow with its bubbles; no transfer cost), from a profile of the
+  setting's layer (`plan_check.ProfileChild`) cut at `cut`."""
+  from tensorpipe import cost_model  # pylint: disable=g-import-not-at-top
+  profile = cost_model.Profile.FromJson(profile_json)
+  return cost_model.Predict(settings.ScheduleTable(setting), profile,
+                            [tuple(c) for c in cut], setting.recompute,
+                            'separate').step_s
