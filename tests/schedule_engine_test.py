@@ -316,6 +316,36 @@ def _DensePipe(schedule, k=2, t=2):
       schedule=schedule).Instantiate()
 
 
+class LoopDeviceTest(tf.test.TestCase):
+
+  def testEveryLoopIsControlledFromThePipelinesFirstDevice(self):
+    """schedule_engine.LOOP_DEVICE: with the devices given in reverse, the
+    loops of 1F1B (switching and steady) and of GPipe's explicit recompute
+    sit on '/CPU:1', not on the caller's default device."""
+    x = tf.random.stateless_normal([BATCH, 8, 8, 2], seed=[1, 2])
+    for schedule in ('1f1b', 'gpipe'):
+      pipe = pipeline.TensorPipeLayer.Params().Set(
+          name='TensorPipe', layers=test_utils.ConvTestModel(),
+          num_partitions=2, num_micro_batches=4,
+          input_shapes=[[BATCH, 8, 8, 2]], schedule=schedule,
+          devices=['/CPU:1', '/CPU:0'], random_seed=3).Instantiate()
+      step = (_EngineStep(pipe) if schedule == '1f1b' else
+              _GPipeStep(pipe))
+      graph = step.get_concrete_function(x).graph
+      loops = []
+      todo = [graph]
+      while todo:
+        g = todo.pop()
+        loops += [op for op in g.get_operations()
+                  if op.type in ('While', 'StatelessWhile')]
+        todo += [f.graph for f in getattr(g, '_functions', {}).values()
+                 if getattr(f, 'graph', None) is not None]
+      self.assertGreaterEqual(len(loops), 2, schedule)
+      for op in loops:
+        self.assertEqual(tf.DeviceSpec.from_string(op.device).device_index,
+                         1, f'{schedule}: {op.name} on {op.device!r}')
+
+
 class SplitBackwardGraphTest(tf.test.TestCase):
 
   def _MatMulsPerCell(self, schedule):

@@ -333,15 +333,23 @@ def _RemoteCheck() -> None:
   if unknown:
     raise app.UsageError(f'--remote_check runs built-in models only, not '
                          f'{unknown}')
+  shapes = {}
+  for model in FLAGS.models:
+    for setting in parsed:
+      try:
+        shapes[model, setting.name] = remote.BoundaryShape(
+            settings_lib.BUILTIN_MODELS[model].input_shape,
+            setting.num_micro_batches)
+      except ValueError as e:
+        raise app.UsageError(f'--remote_check: {model} {setting.name}: {e}; '
+                             'use a T that divides the batch') from None
   out = _OutDir()
   rows = []
   for model in FLAGS.models:
     for setting in parsed:
       kwargs = dict(steps=FLAGS.steps, warmup=FLAGS.warmup,
                     partition_costs=False)
-      shape = remote.BoundaryShape(
-          settings_lib.BUILTIN_MODELS[model].input_shape,
-          setting.num_micro_batches)
+      shape = shapes[model, setting.name]
       try:
         local = spawn.RunSettingSubprocess(model, setting.name, **kwargs)
         procs, addresses = remote.StartServers(setting.num_partitions)

@@ -1,17 +1,25 @@
 """tools/benchmark_lib/remote with real TF servers on 127.0.0.1: the
-transfer floor child, a pipelined setting with its stages on the servers,
-and the servers ended by their process groups."""
+transfer floor child, a pipelined setting with its stages on the servers
+(they do its work), and the servers ended on every path."""
 
 import math
+import os
 import unittest
+from unittest import mock
 
 from tools.benchmark_lib import remote
 from tools.benchmark_lib import spawn
 
 
+def _CpuSeconds(pid: int) -> float:
+  with open(f'/proc/{pid}/stat') as f:
+    fields = f.read().rsplit(')', 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
 class RemoteCheckTest(unittest.TestCase):
 
-  def testFloorAndRemoteStepThenTheServersAreGone(self):
+  def testFloorAndARemoteStepRunOnTheServers(self):
     procs, addresses = remote.StartServers(2)
     try:
       self.assertEqual(len(addresses), 2)
@@ -21,11 +29,15 @@ class RemoteCheckTest(unittest.TestCase):
       self.assertEqual(row['bytes'], 64)
       for key in ('remote_s', 'local_s'):
         self.assertTrue(math.isfinite(row[key]) and row[key] > 0, row)
-      r = spawn.RunSettingSubprocess('tiny', 'K2-T2-1f1b-rc', steps=2,
+      before = [_CpuSeconds(p.pid) for p in procs]
+      r = spawn.RunSettingSubprocess('dense4w256', 'K2-T4-1f1b-rc', steps=3,
                                      warmup=1, partition_costs=False,
                                      remote_workers=addresses)
-      self.assertEqual(len(r.step_times_s), 2)
-      self.assertTrue(all(t > 0 for t in r.step_times_s))
+      self.assertEqual(len(r.step_times_s), 3)
+      # Both servers ran kernels of the step (tracing alone is the
+      # client's): each used CPU while the client ran its steps.
+      used = [_CpuSeconds(p.pid) - b for p, b in zip(procs, before)]
+      self.assertTrue(all(u > 0 for u in used), used)
       # A setting the remote mode cannot run is refused by the child with
       # the reason, not run locally.
       with self.assertRaisesRegex(RuntimeError, 'remote_workers runs one '
@@ -35,7 +47,27 @@ class RemoteCheckTest(unittest.TestCase):
                                    remote_workers=addresses)
     finally:
       remote.StopServers(procs)
-    self.assertTrue(all(p.poll() is not None for p in procs))
+    for p in procs:
+      self.assertEqual(p.returncode, -9)  # killed, not still running
+
+  def testAServerThatDoesNotStartIsReportedAndNoneIsLeft(self):
+    started = []
+    real_popen = remote.subprocess.Popen
+
+    def Popen(args, **kwargs):
+      proc = real_popen(args, **kwargs)
+      started.append(proc)
+      return proc
+    broken = ('import sys; sys.stderr.write("no port for me\\n"); '
+              'sys.exit(3)')
+    with mock.patch.object(remote, '_SERVER', broken), \
+         mock.patch.object(remote.subprocess, 'Popen', Popen):
+      with self.assertRaisesRegex(RuntimeError,
+                                  '(?s)TF server 0 .* did not start.*'
+                                  'no port for me'):
+        remote.StartServers(2, timeout_s=60)
+    self.assertEqual(len(started), 2)
+    self.assertTrue(all(p.returncode is not None for p in started))
 
 
 if __name__ == '__main__':

@@ -80,6 +80,14 @@ class FlagsTest(unittest.TestCase):
     self.assertEqual(proc.returncode, 1, proc.stderr)
     self.assertIn("built-in models only, not ['image.fashion_mnist.ResNet4x8"
                   "']", proc.stderr)
+    self.assertNotIn('Traceback', proc.stderr)
+
+  def testATThatDoesNotSplitTheBatchIsRefused(self):
+    proc = self._Run('--models=tiny', '--settings=K2-T3-1f1b-rc')
+    self.assertEqual(proc.returncode, 1, proc.stderr)
+    self.assertIn('tiny K2-T3-1f1b-rc: batch 8 is not divisible by T=3; '
+                  'use a T that divides the batch', proc.stderr)
+    self.assertNotIn('Traceback', proc.stderr)
 
 
 if __name__ == '__main__':

@@ -6,9 +6,9 @@ servers (`tf.distribute.Server`, one process each: the multi-host path)
 driven by one client process; every boundary activation and gradient then
 crosses TF's gRPC runtime. This module measures what that costs:
 
-* `StartServers` / `StopServers`: K servers on 127.0.0.1, each with one
-  intra-op and one inter-op thread (as the in-process settings give each
-  device one core), every process ended by its process group.
+* `StartServers` / `StopServers`: K servers on 127.0.0.1 (thread pools
+  as the client's config says), every process ended by its process group
+  and by its parent's exit.
 * `TransferFloor` (run in a fresh client process): the time of one
   transfer of a tensor of a given shape from server 0 to server 1 and back,
   as a tf.while_loop of round trips inside one tf.function (no client
@@ -20,8 +20,8 @@ crosses TF's gRPC runtime. This module measures what that costs:
   servers.
 
 A step of K=2, T micro-batches crosses the boundary 2T times (T forward
-activations, T gradients); the floor times that is what the transfers cost
-at least.
+activations, T gradients); the floor times that is the transfers' serial
+latency (a step can overlap some of it with compute).
 
 Usage (parent):
   procs, addresses = remote.StartServers(2)
@@ -35,9 +35,11 @@ Usage (parent):
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -45,12 +47,24 @@ from tools import launch
 from tools import paths
 from tools.benchmark_lib import settings
 
+# A server. The functions it runs for the client use the thread pools of
+# the client's config, which connect_to_cluster sends (runner.RunSetting's:
+# one intra-op thread, K inter-op threads); its own config (one and one)
+# sizes the rest: without it, conv16 K2-T8-1f1b-rc took 145-153 ms across
+# two servers instead of 115. It exits when its parent does (the watchdog
+# on stdin), so no server outlives the benchmark.
 _SERVER = '''
+import os
 import sys
+import threading
 import tensorflow as tf
+def Watch():
+  sys.stdin.read()
+  os._exit(0)
+threading.Thread(target=Watch, daemon=True).start()
 workers = sys.argv[1].split(",")
 config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                  inter_op_parallelism_threads=int(sys.argv[3]))
+                                  inter_op_parallelism_threads=1)
 server = tf.distribute.Server(
     tf.train.ClusterSpec({"worker": workers}), job_name="worker",
     task_index=int(sys.argv[2]), config=config, start=True)
@@ -63,40 +77,59 @@ _CHILD = ('from tools.benchmark_lib import remote; '
           'remote.TransferFloorMain()')
 
 
-def StartServers(num: int, inter_op_threads: int = 1
+def StartServers(num: int, timeout_s: float = _START_TIMEOUT_S
                  ) -> Tuple[List[subprocess.Popen], List[str]]:
-  """Starts `num` TF servers on 127.0.0.1, each with one intra-op thread and
-  `inter_op_threads`; (processes, 'host:port' each).
+  """Starts `num` TF servers on 127.0.0.1; (processes, 'host:port' each).
 
   Raises:
-    RuntimeError: a server did not print 'ready' within 120 s (all are
-      stopped first).
+    RuntimeError: a server did not print 'ready' within `timeout_s` (its
+      stderr tail in the message); every server is stopped first, as on
+      any other error or an interrupt while they start.
   """
   addresses = [f'127.0.0.1:{p}' for p in launch.FreePorts(num)]
   env = dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
   procs = []
-  for i in range(num):
-    procs.append(subprocess.Popen(
-        [sys.executable, '-c', _SERVER, ','.join(addresses), str(i),
-         str(inter_op_threads)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-        start_new_session=True))
-  deadline = time.time() + _START_TIMEOUT_S
-  for proc in procs:
-    line = proc.stdout.readline().decode()
-    if 'ready' not in line or time.time() > deadline:
-      StopServers(procs)
-      raise RuntimeError(f'a TF server on {addresses} did not start: '
-                         f'{line!r}')
+  try:
+    for i in range(num):
+      err = tempfile.TemporaryFile()
+      proc = subprocess.Popen(
+          [sys.executable, '-c', _SERVER, ','.join(addresses), str(i)],
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+          env=env, start_new_session=True)
+      proc.err_file = err
+      procs.append(proc)
+    deadline = time.time() + timeout_s
+    for i, proc in enumerate(procs):
+      line = b''
+      ready, _, _ = select.select([proc.stdout], [], [],
+                                  max(0.0, deadline - time.time()))
+      if ready:
+        line = proc.stdout.readline()
+      if b'ready' not in line:
+        proc.err_file.seek(0)
+        tail = proc.err_file.read().decode(errors='replace')[-2000:]
+        raise RuntimeError(
+            f'TF server {i} of {addresses} did not start within '
+            f'{timeout_s:.0f} s (printed {line!r}); its stderr:\n{tail}')
+  except BaseException:
+    StopServers(procs)
+    raise
   return procs, addresses
 
 
 def StopServers(procs: Sequence[subprocess.Popen]) -> None:
-  """Kills each server's process group and waits for it."""
+  """Kills every server's process group, then waits for each."""
   for proc in procs:
     if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+  for proc in procs:
     proc.wait(timeout=30)
+    for f in (proc.stdin, proc.stdout, getattr(proc, 'err_file', None)):
+      if f is not None:
+        f.close()
 
 
 def _RoundTrips(devices: Sequence[str], shape: Sequence[int], reps: int,
@@ -111,20 +144,23 @@ def _RoundTrips(devices: Sequence[str], shape: Sequence[int], reps: int,
   @tf.function(autograph=False)
   def Loop(x):
     def Body(i, x):
+      # Ops Grappler cannot fold away (x * 1.0 it removes, and with it
+      # the transfer); the values stay near 1.
       with tf.device(devices[1]):
-        y = x * 1.0
+        y = x + 1.0
       with tf.device(devices[0]):
-        z = y * 1.0
+        z = y * 0.5
       return i + 1, z
-    return tf.while_loop(lambda i, x: i < reps, Body,
-                         (tf.constant(0), x), parallel_iterations=1)[1]
+    with tf.device(devices[0]):  # the loop's control, as the engine's
+      return tf.while_loop(lambda i, x: i < reps, Body,
+                           (tf.constant(0), x), parallel_iterations=1)[1]
 
-  def Time(n):
+  def Time():
     start = time.perf_counter()
     Loop(x0).numpy()
     return time.perf_counter() - start
-  Time(0)
-  times = [Time(0) for _ in range(rounds)]
+  Time()
+  times = [Time() for _ in range(rounds)]
   return statistics.median(times) / (2 * reps)
 
 
@@ -231,6 +267,7 @@ def Table(rows: Sequence[Dict[str, Any]]) -> str:
         f'{(r["remote_step_s"] - r["local_step_s"]) * 1e3:.1f}']
     out.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(out)
+
 
 def Crossings(setting) -> int:
   """Boundary crossings between devices per step of a pipelined setting:

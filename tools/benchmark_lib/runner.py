@@ -389,6 +389,10 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   setting = settings.ParseSetting(setting_name)
   pairs = [settings.ParseSetting(n) for n in (pair_with or [])]
   intra, inter = setting.threads
+  # With remote_workers, connect_to_cluster hands this config to the
+  # servers: each gets K inter-op threads. One each was slower (conv16
+  # K2-T8-1f1b-rc: 168 against 123 ms; README, "Stages in other
+  # processes").
   tf.config.threading.set_intra_op_parallelism_threads(intra)
   tf.config.threading.set_inter_op_parallelism_threads(inter)
   stage_devices = None

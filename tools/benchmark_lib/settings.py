@@ -208,11 +208,9 @@ def ScheduleTable(setting: Setting):
   """The schedules.Schedule a pipelined setting runs (GPipe's: its forward
   then its backward ticks)."""
   from tensorpipe import schedule_builders  # pylint: disable=g-import-not-at-top
-  kk, t, v = (setting.num_partitions, setting.num_micro_batches,
-              setting.num_stages_per_device)
-  if v > 1:
-    return schedule_builders.Build(setting.schedule, kk, t, v)
-  return schedule_builders.Build(setting.schedule, kk, t)
+  return schedule_builders.Build(setting.schedule, setting.num_partitions,
+                                 setting.num_micro_batches,
+                                 setting.num_stages_per_device)
 
 
 def GridSettings(ks: Sequence[int] = (1, 2, 4),

@@ -32,7 +32,8 @@ def RunSettingSubprocess(model: str, setting_name: str, timeout_s: float = 600,
     setting_name: e.g. 'K2-T8-rc' (settings.ParseSetting).
     timeout_s: the child's time limit (subprocess.TimeoutExpired after it).
     **kwargs: the other arguments of runner.RunSetting (steps, warmup,
-      partition_costs, timeline_dir, learning_rate, pair_with).
+      partition_costs, timeline_dir, learning_rate, pair_with,
+      step_profile_steps, remote_workers).
 
   Raises:
     ValueError: an unknown setting name (before starting anything).

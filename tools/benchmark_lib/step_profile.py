@@ -8,9 +8,14 @@ control, TensorArray and copy bookkeeping, function calls. The cost model
 this module measures it from TensorFlow's own profiler.
 
 `Run(step, steps, logdir)` runs `step()` `steps` times under
-`tf.profiler.experimental` (host tracer: one event per kernel, named
-'op:OpType', on the thread that ran it) and `FromXSpace` reads the trace
-back. Per step (the window of its 'step' trace event):
+`tf.profiler.experimental` (host tracer: an event named 'op:OpType' for
+each kernel it traces, on the thread that ran it) and `FromXSpace` reads
+the trace back. TF 2.21 traces no such event for its cheapest ops
+(Switch, Merge, Enter, Exit, NextIteration, Identity, Const) nor for
+asynchronous kernels (_Recv): their time counts as no kernel. _Send, the
+loop counter's ops and TensorList writes are traced: they count as
+kernels. Per step (the window of its 'step' trace event; a kernel that
+spans two windows counts in both):
 
   wall         the step's window
   kernel       the union over threads of the kernel events: some kernel ran
@@ -128,7 +133,8 @@ def FromXSpace(xspace) -> List[StepProfile]:
 
 
 def Median(profiles: Sequence[StepProfile]) -> StepProfile:
-  """Field by field medians (busy_s: per thread rank)."""
+  """Field by field medians (busy_s: per thread rank), so kernel_s +
+  no_kernel_s need not equal wall_s."""
   if not profiles:
     raise ValueError('Median of no step profiles')
   n = max(len(p.busy_s) for p in profiles)
@@ -139,7 +145,7 @@ def Median(profiles: Sequence[StepProfile]) -> StepProfile:
       kernel_s=statistics.median(p.kernel_s for p in profiles),
       no_kernel_s=statistics.median(p.no_kernel_s for p in profiles),
       busy_s=busy,
-      kernels=int(statistics.median(p.kernels for p in profiles)))
+      kernels=round(statistics.median(p.kernels for p in profiles)))
 
 
 def Run(step: Callable[[], object], steps: int, logdir: str
@@ -193,8 +199,10 @@ def Table(rows: Sequence[Dict[str, object]]) -> str:
     p = r['profile']
     base = first.setdefault(r['model'], r)
     extra_ticks = r['ticks'] - base['ticks']
-    extra = ('' if r is base or extra_ticks <= 0 else
-             f'{(p.no_kernel_s - base["profile"].no_kernel_s) / extra_ticks * 1e6:.0f}')
+    extra = ''
+    if r is not base and extra_ticks > 0:
+      more = p.no_kernel_s - base['profile'].no_kernel_s
+      extra = f'{more / extra_ticks * 1e6:.0f}'
     per_tick = (f'{p.no_kernel_s / r["ticks"] * 1e6:.0f}' if r['ticks']
                 else '')
     busy = ', '.join(f'{b * 1e3:.1f}' for b in p.busy_s)
