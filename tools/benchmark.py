@@ -278,6 +278,16 @@ def _TickCost() -> None:
         f'{time.time() - started:.0f} s')
 
 
+def _WriteTable(out: str, stem: str, data, text: str) -> None:
+  """Writes <stem>.json (data) and <stem>.md (text) under out; prints
+  the text."""
+  with open(os.path.join(out, f'{stem}.json'), 'w') as f:
+    json.dump(data, f, indent=1)
+  with open(os.path.join(out, f'{stem}.md'), 'w') as f:
+    f.write(text + '\n')
+  print(text)
+
+
 def _StepProfile() -> None:
   """--step_profile: per setting, the step's time with no kernel running."""
   names = FLAGS.settings or []
@@ -308,13 +318,9 @@ def _StepProfile() -> None:
             f'{r.step_profile.no_kernel_s * 1e3:.2f} ms with no kernel '
             f'running ({row["ticks"]} ticks)', flush=True)
       rows.append(row)
-  text = step_profile.Table(rows)
-  with open(os.path.join(out, 'step_profile.json'), 'w') as f:
-    json.dump([dict(r, profile=r['profile'].ToJson()) for r in rows], f,
-              indent=1)
-  with open(os.path.join(out, 'step_profile.md'), 'w') as f:
-    f.write(text + '\n')
-  print(text)
+  _WriteTable(out, 'step_profile',
+              [dict(r, profile=r['profile'].ToJson()) for r in rows],
+              step_profile.Table(rows))
 
 
 def _RemoteCheck() -> None:
@@ -377,12 +383,7 @@ def _RemoteCheck() -> None:
             f'{setting.num_partitions} servers; a transfer '
             f'{floor["remote_s"] * 1e6:.0f} µs between servers', flush=True)
       rows.append(row)
-  text = remote.Table(rows)
-  with open(os.path.join(out, 'remote_check.json'), 'w') as f:
-    json.dump(rows, f, indent=1)
-  with open(os.path.join(out, 'remote_check.md'), 'w') as f:
-    f.write(text + '\n')
-  print(text)
+  _WriteTable(out, 'remote_check', rows, remote.Table(rows))
 
 
 def _Plan() -> None:
@@ -435,12 +436,7 @@ def _Plan() -> None:
         recompute=(True, False) if FLAGS.plan_check_norc else (True,))
   except RuntimeError as e:
     sys.exit(f'benchmark: error: --plan_check: {e}')
-  text = plan_check.Table(results)
-  with open(os.path.join(out, 'plan_check.json'), 'w') as f:
-    json.dump(results, f, indent=1)
-  with open(os.path.join(out, 'plan_check.md'), 'w') as f:
-    f.write(text + '\n')
-  print(text)
+  _WriteTable(out, 'plan_check', results, plan_check.Table(results))
 
 
 def _ReportFrom(path: str) -> None:
