@@ -358,6 +358,83 @@ def _WriteTimeline(recorder: timeline.Recorder, raw: Any,
       events=[dataclasses.asdict(e) for e in events], marks=marks)
 
 
+def _SetUpProcess(setting: settings.Setting,
+                  pairs: Sequence[settings.Setting],
+                  remote_workers: Optional[Sequence[str]]
+                  ) -> Optional[List[str]]:
+  """Threads and devices for a setting, before TensorFlow starts; with
+  `remote_workers`, this process becomes their client: the stage devices
+  on the servers (else None: logical CPU devices of this process)."""
+  intra, inter = setting.threads
+  # With remote_workers, connect_to_cluster hands this config to the
+  # servers: each gets K inter-op threads. One each was slower (conv16
+  # K2-T8-1f1b-rc: 168 against 123 ms; README, "Stages in other
+  # processes").
+  tf.config.threading.set_intra_op_parallelism_threads(intra)
+  tf.config.threading.set_inter_op_parallelism_threads(inter)
+  if not remote_workers:
+    devices.SetNumLogicalCpuDevices(
+        max([1, setting.num_partitions] + [p.num_partitions for p in pairs]))
+    return None
+  if setting.kind != 'pipe' or pairs:
+    raise ValueError('remote_workers runs one pipelined setting, without '
+                     f'baselines; got {setting.name!r} paired with '
+                     f'{[p.name for p in pairs]}')
+  from tensorpipe import distribute  # pylint: disable=g-import-not-at-top
+  return distribute.ConnectRemoteStages(list(remote_workers))
+
+
+def _WarmUpMeasuringMemory(run: Callable[[], Any], warmup: int
+                           ) -> Tuple[results_lib.Memory, float, Any]:
+  """Runs the warm-up steps (at least one) of the setting alone: (its
+  memory over them, their seconds, the last step's raw timeline tensors)."""
+  idle_rss, _ = _Rss()
+  reset_ok = _ResetPeakRss()
+  alloc_before = _TfMemoryInfo(reset=True)
+  t0 = time.perf_counter()
+  for _ in range(max(1, warmup)):
+    raw = run()
+  warmup_s = time.perf_counter() - t0
+  _, peak_rss = _Rss()
+  alloc = _TfMemoryInfo()
+  if alloc and alloc_before:
+    alloc['current_before_step'] = alloc_before['current']
+    alloc['activation_peak_bytes'] = max(
+        0, alloc['peak'] - alloc_before['current'])
+  memory = results_lib.Memory(
+      idle_rss_bytes=idle_rss, peak_rss_bytes=peak_rss,
+      peak_above_idle_bytes=max(0, peak_rss - idle_rss),
+      peak_reset=reset_ok, tf_allocator=alloc)
+  return memory, warmup_s, raw
+
+
+def _WantsCells(setting: settings.Setting, partition_costs: bool,
+                timeline_dir: Optional[str]) -> bool:
+  """Whether the setting's stage costs come from a recorded twin step
+  (per-partition cells assume one stage per device: not for v > 1)."""
+  return (partition_costs and setting.kind == 'pipe' and
+          setting.recompute_impl == 'explicit' and
+          setting.num_stages_per_device == 1 and
+          (setting.num_partitions > 1 or setting.num_micro_batches > 1)
+          and not timeline_dir)
+
+
+def _TimeInRotation(fns: Dict[str, Callable[[], Any]], steps: int
+                    ) -> Tuple[Dict[str, List[float]], Dict[str, List[Any]]]:
+  """`steps` rounds of one step of each function, the order rotated each
+  round so no function always follows another: per name, its step times
+  and its steps' raw timeline tensors."""
+  times = {name: [] for name in fns}
+  raws = {name: [] for name in fns}
+  names = list(fns)
+  for i in range(steps):
+    for name in names[i % len(names):] + names[:i % len(names)]:
+      start = time.perf_counter()
+      raws[name].append(fns[name]())
+      times[name].append(time.perf_counter() - start)
+  return times, raws
+
+
 def RunSetting(model: str, setting_name: str, steps: int = 10,
                warmup: int = 2, partition_costs: bool = True,
                timeline_dir: Optional[str] = None,
@@ -388,28 +465,18 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   """
   setting = settings.ParseSetting(setting_name)
   pairs = [settings.ParseSetting(n) for n in (pair_with or [])]
-  intra, inter = setting.threads
-  # With remote_workers, connect_to_cluster hands this config to the
-  # servers: each gets K inter-op threads. One each was slower (conv16
-  # K2-T8-1f1b-rc: 168 against 123 ms; README, "Stages in other
-  # processes").
-  tf.config.threading.set_intra_op_parallelism_threads(intra)
-  tf.config.threading.set_inter_op_parallelism_threads(inter)
-  stage_devices = None
-  if remote_workers:
-    if setting.kind != 'pipe' or pairs:
-      raise ValueError('remote_workers runs one pipelined setting, without '
-                       f'baselines; got {setting.name!r} paired with '
-                       f'{[p.name for p in pairs]}')
-    from tensorpipe import distribute  # pylint: disable=g-import-not-at-top
-    stage_devices = distribute.ConnectRemoteStages(list(remote_workers))
-  else:
-    devices.SetNumLogicalCpuDevices(
-        max([1, setting.num_partitions] + [p.num_partitions for p in pairs]))
-
+  stage_devices = _SetUpProcess(setting, pairs, remote_workers)
   layer_ps, input_shape = ModelLayers(model)
   x = tf.random.stateless_uniform(input_shape, seed=[1, 2])
   layer = BuildLayer(setting, layer_ps, input_shape, stage_devices)
+
+  def Runner(step_fn):
+    """A step of step_fn on x, waited for; returns its raw tensors."""
+    def Run():
+      loss, raw = step_fn(x)
+      loss.numpy()
+      return raw
+    return Run
 
   t0 = time.perf_counter()
   recorder = None
@@ -419,33 +486,14 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   else:
     step_fn = StepFn(layer, x, learning_rate)
   trace_s = time.perf_counter() - t0
+  memory, warmup_s, raw = _WarmUpMeasuringMemory(Runner(step_fn), warmup)
 
-  def Run(fn):
-    loss, raw = fn(x)
-    loss.numpy()
-    return raw
-
-  # Memory of the setting alone: its warm-up steps (at least one).
-  idle_rss, _ = _Rss()
-  reset_ok = _ResetPeakRss()
-  alloc_before = _TfMemoryInfo(reset=True)
-  t0 = time.perf_counter()
-  for _ in range(max(1, warmup)):
-    raw = Run(step_fn)
-  warmup_s = time.perf_counter() - t0
-  _, peak_rss = _Rss()
-  alloc = _TfMemoryInfo()
-  if alloc and alloc_before:
-    alloc['current_before_step'] = alloc_before['current']
-    alloc['activation_peak_bytes'] = max(
-        0, alloc['peak'] - alloc_before['current'])
-
-  fns = {setting.name: step_fn}
+  fns = {setting.name: Runner(step_fn)}
   for p in pairs:
-    fns[p.name] = StepFn(BuildLayer(p, layer_ps, input_shape), x,
-                          learning_rate)
+    fns[p.name] = Runner(StepFn(BuildLayer(p, layer_ps, input_shape), x,
+                                learning_rate))
     for _ in range(max(1, warmup)):
-      Run(fns[p.name])
+      fns[p.name]()
   # Stage costs for the simulator: the same layer's step with the timeline
   # on, timed in the same rotation, so each recorded step's cells and its
   # wall time come from the same moment (this machine drifts by 20-30%
@@ -455,41 +503,22 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   # their recompute part) stand for the autodiff backward. A 1F1B setting
   # records its own loop's cells (forward, recompute, backward on one
   # clock; timeline.TableEvents), with or without recompute.
-  recorded, rec_events = None, []
-  # (Per-partition cells assume one stage per device: not for v > 1.)
-  want_cells = (partition_costs and setting.kind == 'pipe' and
-                setting.recompute_impl == 'explicit' and
-                setting.num_stages_per_device == 1 and
-                (setting.num_partitions > 1 or setting.num_micro_batches > 1)
-                and not timeline_dir)
+  want_cells = _WantsCells(setting, partition_costs, timeline_dir)
   if want_cells:
     own = setting.recompute or schedules.LossInside(setting.schedule)
     rec_layer = layer if own else BuildLayer(
         dataclasses.replace(setting, recompute=True), layer_ps, input_shape)
     with timeline.Record() as recorded:
-      fns['timeline'] = StepFn(rec_layer, x, learning_rate)
+      fns['timeline'] = Runner(StepFn(rec_layer, x, learning_rate))
     for _ in range(max(1, warmup)):
-      Run(fns['timeline'])
-  times = {name: [] for name in fns}
-  names = list(fns)
-  for i in range(steps):
-    # Rotate the order each round so no function always follows another.
-    for name in names[i % len(names):] + names[:i % len(names)]:
-      start = time.perf_counter()
-      raw_i = Run(fns[name])
-      times[name].append(time.perf_counter() - start)
-      if name == setting.name:
-        raw = raw_i
-      elif name == 'timeline':
-        rec_events.append(recorded.Events(raw_i))
+      fns['timeline']()
+  times, raws = _TimeInRotation(fns, steps)
+  if steps:
+    raw = raws[setting.name][-1]
 
   result = results_lib.Result(
       model=model, setting=setting, batch=input_shape[0],
-      step_time_s=statistics.median(times[setting.name]),
-      memory=results_lib.Memory(
-          idle_rss_bytes=idle_rss, peak_rss_bytes=peak_rss,
-          peak_above_idle_bytes=max(0, peak_rss - idle_rss),
-          peak_reset=reset_ok, tf_allocator=alloc),
+      step_time_s=statistics.median(times[setting.name]), memory=memory,
       step_times_s=times[setting.name], steps=steps, warmup=warmup,
       trace_s=trace_s, warmup_s=warmup_s,
       paired={p.name: results_lib.StepTimes(
@@ -501,10 +530,11 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   if step_profile_steps:
     with tempfile.TemporaryDirectory() as logdir:
       result.step_profile = step_profile.Median(step_profile.Run(
-          lambda: Run(step_fn), step_profile_steps, logdir))
+          fns[setting.name], step_profile_steps, logdir))
   if partition_costs and setting.kind == 'pipe':
     result.partition_costs_s = PartitionCosts(
         layer, x, setting.num_micro_batches, reps=max(3, steps // 2))
+  rec_events = [recorded.Events(r) for r in raws.get('timeline', [])]
   if want_cells and any(rec_events):
     result.stage_costs_s = results_lib.StageCosts.FromEvents(
         [e for events in rec_events for e in events], setting.num_partitions)
