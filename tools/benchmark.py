@@ -288,16 +288,20 @@ def _WriteTable(out: str, stem: str, data, text: str) -> None:
   print(text)
 
 
-def _StepProfile() -> None:
-  """--step_profile: per setting, the step's time with no kernel running."""
-  names = FLAGS.settings or []
-  if not names:
-    raise app.UsageError('--step_profile needs --settings, e.g. '
-                         '--settings=K2-T8-1f1b-rc,K2-T8-zbv-rc')
+def _ParsedSettings() -> list:
+  """--settings parsed; an unknown name is a usage error naming the forms."""
   try:
-    parsed = [settings_lib.ParseSetting(s) for s in names]
+    return [settings_lib.ParseSetting(s) for s in FLAGS.settings or []]
   except ValueError as e:
     raise app.UsageError(str(e)) from None
+
+
+def _StepProfile() -> None:
+  """--step_profile: per setting, the step's time with no kernel running."""
+  if not FLAGS.settings:
+    raise app.UsageError('--step_profile needs --settings, e.g. '
+                         '--settings=K2-T8-1f1b-rc,K2-T8-zbv-rc')
+  parsed = _ParsedSettings()
   out = _OutDir()
   rows = []
   for model in FLAGS.models:
@@ -325,10 +329,7 @@ def _StepProfile() -> None:
 
 def _RemoteCheck() -> None:
   """--remote_check: stages in other processes against one process."""
-  try:
-    parsed = [settings_lib.ParseSetting(s) for s in FLAGS.settings or []]
-  except ValueError as e:
-    raise app.UsageError(str(e)) from None
+  parsed = _ParsedSettings()
   bad = [s.name for s in parsed if s.kind != 'pipe'
          or s.num_partitions < 2]
   if not parsed or bad:

@@ -72,7 +72,7 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from tensorpipe import cell_profile, cost_model, devices, model_analysis
-  from tensorpipe import schedule_auto, schedule_builders, schedule_plan
+  from tensorpipe import schedule_auto, schedule_plan
   from tools.benchmark_lib import runner, settings
   # pylint: enable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -106,8 +106,7 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   rows = []
   for n in names:
     s = parsed[n]
-    table = schedule_builders.Build(s.schedule, 2, s.num_micro_batches,
-                                    s.num_stages_per_device)
+    table = settings.ScheduleTable(s)
     cut = layers[n].partition_plan.boundaries
     at_t = profile.Scaled(shape[0] // s.num_micro_batches)
     pred = cost_model.Predict(table, at_t, cut, s.recompute, 'shared')

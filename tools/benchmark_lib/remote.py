@@ -34,6 +34,7 @@ Usage (parent):
 """
 
 import json
+import math
 import os
 import select
 import signal
@@ -44,8 +45,8 @@ import time
 from typing import Any, Dict, List, Sequence, Tuple
 
 from tools import launch
-from tools import paths
 from tools.benchmark_lib import settings
+from tools.benchmark_lib import spawn
 
 # A server. The functions it runs for the client use the thread pools of
 # the client's config, which connect_to_cluster sends (runner.RunSetting's:
@@ -180,11 +181,8 @@ def TransferFloor(addresses: Sequence[str], shapes: Sequence[Sequence[int]],
            '/job:localhost/replica:0/task:0/device:CPU:1']
   out = []
   for shape in shapes:
-    nbytes = 4
-    for n in shape:
-      nbytes *= n
     out.append(dict(
-        shape=list(shape), bytes=nbytes,
+        shape=list(shape), bytes=4 * math.prod(shape),
         remote_s=_RoundTrips(remote_devices, shape, reps, rounds),
         local_s=_RoundTrips(local, shape, reps, rounds)))
   return out
@@ -205,20 +203,11 @@ def TransferFloorSubprocess(addresses: Sequence[str],
   Raises:
     RuntimeError: the child failed (its stderr tail in the message).
   """
-  env = dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
-  env['PYTHONPATH'] = paths.REPO_ROOT + (
-      os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
-  proc = subprocess.run(
-      [sys.executable, '-c', _CHILD,
-       json.dumps({'addresses': list(addresses),
-                   'shapes': [list(s) for s in shapes]})],
-      capture_output=True, text=True, timeout=timeout_s, env=env,
-      cwd=paths.REPO_ROOT, check=False)
-  for line in proc.stdout.splitlines():
-    if line.startswith(FLOOR_PREFIX):
-      return json.loads(line[len(FLOOR_PREFIX):])
-  raise RuntimeError(f'the transfer floor child failed (exit '
-                     f'{proc.returncode}):\n{proc.stderr[-3000:]}')
+  return spawn.RunJsonChild(
+      _CHILD, {'addresses': list(addresses),
+               'shapes': [list(s) for s in shapes]},
+      FLOOR_PREFIX, timeout_s, 'the transfer floor child',
+      {'CUDA_VISIBLE_DEVICES': ''})
 
 
 def BoundaryShape(model_shape: Sequence[int], num_micro_batches: int

@@ -368,7 +368,7 @@ def _SetUpProcess(setting: settings.Setting,
   intra, inter = setting.threads
   # With remote_workers, connect_to_cluster hands this config to the
   # servers: each gets K inter-op threads. One each was slower (conv16
-  # K2-T8-1f1b-rc: 168 against 123 ms; README, "Stages in other
+  # K2-T8-1f1b-rc: 168 against 115-123 ms; README, "Stages in other
   # processes").
   tf.config.threading.set_intra_op_parallelism_threads(intra)
   tf.config.threading.set_inter_op_parallelism_threads(inter)

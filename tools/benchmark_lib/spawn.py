@@ -14,13 +14,39 @@ import os
 import re
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Dict, Optional
 
 from tools import paths
 from tools.benchmark_lib import results as results_lib
 from tools.benchmark_lib import settings
 
 _CHILD = 'from tools.benchmark_lib import runner; runner.ChildMain()'
+
+
+def RunJsonChild(code: str, request: Any, prefix: str, timeout_s: float,
+                 what: str, env: Optional[Dict[str, str]] = None) -> Any:
+  """Runs `python -c code json(request)` from the repository root (on
+  PYTHONPATH, TF's C++ logs quiet, `env` added) and returns the JSON of the
+  stdout line that starts with `prefix`.
+
+  Raises:
+    RuntimeError: no such line: "<what> failed (exit N)" and the stderr tail.
+    subprocess.TimeoutExpired: the child ran past `timeout_s`.
+  """
+  full = dict(os.environ)
+  full['PYTHONPATH'] = paths.REPO_ROOT + (
+      os.pathsep + full['PYTHONPATH'] if full.get('PYTHONPATH') else '')
+  full.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  full.update(env or {})
+  proc = subprocess.run(
+      [sys.executable, '-c', code, json.dumps(request)],
+      capture_output=True, text=True, timeout=timeout_s, env=full,
+      cwd=paths.REPO_ROOT, check=False)
+  for line in proc.stdout.splitlines():
+    if line.startswith(prefix):
+      return json.loads(line[len(prefix):])
+  raise RuntimeError(f'{what} failed (exit {proc.returncode}):\n'
+                     f'{proc.stderr[-3000:]}')
 
 
 def RunSettingSubprocess(model: str, setting_name: str, timeout_s: float = 600,
@@ -42,25 +68,14 @@ def RunSettingSubprocess(model: str, setting_name: str, timeout_s: float = 600,
   """
   settings.ParseSetting(setting_name)
   request = dict(model=model, setting_name=setting_name, **kwargs)
-  env = dict(os.environ)
-  env['PYTHONPATH'] = paths.REPO_ROOT + (
-      os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
-  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   # TF's default CPU allocator keeps no statistics here (get_memory_info
   # raises); its BFC allocator does: the activation peak of the memory
   # target comes from them.
-  env.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
-  proc = subprocess.run(
-      [sys.executable, '-c', _CHILD, json.dumps(request)],
-      capture_output=True, text=True, timeout=timeout_s, env=env,
-      cwd=paths.REPO_ROOT, check=False)
-  for line in proc.stdout.splitlines():
-    if line.startswith(results_lib.RESULT_LINE_PREFIX):
-      payload = line[len(results_lib.RESULT_LINE_PREFIX):]
-      return results_lib.Result.FromJson(json.loads(payload))
-  raise RuntimeError(f'benchmark setting {setting_name!r} of {model!r} '
-                     f'failed (exit {proc.returncode}):\n'
-                     f'{proc.stderr[-3000:]}')
+  env = {'TF_CPU_ALLOCATOR_USE_BFC':
+         os.environ.get('TF_CPU_ALLOCATOR_USE_BFC', 'true')}
+  return results_lib.Result.FromJson(RunJsonChild(
+      _CHILD, request, results_lib.RESULT_LINE_PREFIX, timeout_s,
+      f'benchmark setting {setting_name!r} of {model!r}', env))
 
 
 def FailureReason(error: BaseException) -> str:
