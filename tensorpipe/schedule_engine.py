@@ -281,13 +281,6 @@ def TensorsOn(device: str, structure: Any) -> List[tf.Tensor]:
   return out
 
 
-def _Period(ticks: Sequence[Any]) -> int:
-  """The least p with ticks == ticks[:p] * (len / p)."""
-  n = len(ticks)
-  return next(p for p in range(1, n + 1)
-              if n % p == 0 and tuple(ticks) == tuple(ticks[:p]) * (n // p))
-
-
 class _Tables(NamedTuple):
   """Per device, its columns (branch, micro-batch, slot, ring entry
   written, stash slot: an int tensor per tick, or a Python int where the
@@ -423,11 +416,13 @@ def _DeviceTick(engine, tables, d, c, states, outs, dxs, cs, op, ts):
   return probe.SwitchCase(tables.Column(d, 0, c), fns)
 
 
-def _Tick(engine, tables, cs, states, logs, ops, barrier=False, ts=None):
+def _Tick(engine, tables, cs, states, logs, ops, barrier=None, ts=None):
   """One tick. ops: per device its branch when the loop knows it (steady
   ticks, or a branch that does not change in a switching loop), else None
-  (looked up in the table). ts: per device its micro-batch when the loop
-  carries it (`_Carried`; cs is then not a clock)."""
+  (looked up in the table). barrier: per device, whether its next tick
+  waits for this one's state (`schedule_program.Barriers`). ts: per device
+  its micro-batch when the loop carries it (`_Carried`; cs is then not a
+  clock)."""
   outs = [st.out for st in states]
   dxs = [st.dx for st in states]
   new_states, new_logs, new_cs = list(states), [], []
@@ -444,7 +439,8 @@ def _Tick(engine, tables, cs, states, logs, ops, barrier=False, ts=None):
       # Grappler cannot merge this tick's additions to a sum with the
       # next tick's into one AddN (it leaves nodes that drive a control
       # dependency alone), which would add in another order.
-      deps = TensorsOn(engine.devices[d], mine) if barrier else []
+      deps = (TensorsOn(engine.devices[d], mine) if barrier and barrier[d]
+              else [])
       with tf.control_dependencies(deps):
         new_cs.append(c + 1)
   return new_cs, new_states, new_logs
@@ -459,11 +455,10 @@ def _SwitchingLoop(engine, tables, loop, loop_vars, parallel_iterations):
       row[loop.first] if len(set(row[loop.first:loop.end])) == 1 else None
       for row in engine.program.branch)
   per_iteration = loop.steady or (fixed,)
-  period = _Period(per_iteration)
+  barriers = schedule_program.Barriers(per_iteration)
 
   def Body(*args):
-    for i, ops in enumerate(per_iteration):
-      barrier = (i + 1) % period == 0 and i < len(per_iteration) - 1
+    for ops, barrier in zip(per_iteration, barriers):
       args = _Tick(engine, tables, *args, ops=ops, barrier=barrier)
     return args
   iterations = (loop.end - loop.first) // len(per_iteration)
@@ -485,7 +480,7 @@ def _CarriedLoop(engine, tables, loop, plan, loop_vars):
   """A steady loop that carries each device's micro-batch (t0 + step per
   iteration, + offset on later ticks): no table gather per tick."""
   per_iteration = loop.steady
-  period = _Period(per_iteration)
+  barriers = schedule_program.Barriers(per_iteration)
   num_d, devices = engine.num_d, engine.devices
 
   def Body(bases, states, logs):
@@ -496,7 +491,7 @@ def _CarriedLoop(engine, tables, loop, plan, loop_vars):
         # for this tick's state there (the barrier, see _Tick).
         deps = (TensorsOn(devices[d],
                           [states[s] for s in engine.on_device[d]])
-                if i and i % period == 0 else [])
+                if i and barriers[i - 1][d] else [])
         with tf.device(devices[d]), tf.control_dependencies(deps):
           off = plan[d][2][i]
           ts.append(bases[d] + off if i and (off or deps) else bases[d])

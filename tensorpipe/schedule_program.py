@@ -28,12 +28,15 @@ from, in pure Python (no TF), so every decision here has a literal test:
   interleaved 1F1B a device may run forwards of its other stages before the
   next device takes the output, so some edges need R = 2 or more.
 - Loops. Ticks on which every device works and whose branches repeat with
-  a fixed period p (no (op, stage) twice in a period) run as a loop of p
-  ticks per iteration with each device's cell fixed in the graph
-  (`steady`); the ticks before and after run one tick per iteration and
-  switch on `branch` (tf.switch_case). With period p each stage adds to its
-  sums at most once per iteration, so Grappler finds no two additions of one
-  sum in a loop body to fuse into an AddN (which adds in another order).
+  a fixed period p run as a loop of p ticks per iteration with each
+  device's cell fixed in the graph (`steady`); the ticks before and after
+  run one tick per iteration and switch on `branch` (tf.switch_case), whose
+  lowered form visits every op of every branch on every tick. Where a
+  device runs one (op, stage) twice in an iteration (interleaved 1F1B's
+  period: F and B of one stage alternate), `Barriers` makes the second
+  wait for the state the first left, so Grappler finds no two additions of
+  one sum in a loop body to fuse into an AddN (which adds in another
+  order).
 """
 
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -175,10 +178,13 @@ def SteadyRun(branch: Sequence[Sequence[int]], max_period: int = MAX_PERIOD
   """(first, end, period) of the longest periodic busy run of ticks, or None.
 
   On ticks [first, end) (two or more) every device works (no idle cell),
-  every device's branch repeats with the period, (end - first) is a
-  multiple of it, and no device runs one (op, stage) twice within a
-  period. Ties go to the earlier run, then the smaller period. In 1F1B this is the ticks
-  2K - 1 .. 2T - 2 with period 2 (a forward and a backward cell each).
+  every device's branch repeats with the period, and (end - first) is a
+  multiple of it. A period in which a device runs one (op, stage) twice
+  must repeat (two periods or more): a run of distinct ticks traced once
+  is not a loop. Ties go to the earlier run, then the smaller period. In
+  1F1B this is the ticks 2K - 1 .. 2T - 2 with period 2 (a forward and a
+  backward cell each); in interleaved 1F1B with K=2, v=2, T=8 ticks 4 ..
+  28 with period 8 (each device's F and B of one stage alternate).
   """
   kk, num_ticks = len(branch), len(branch[0])
   busy = [all(branch[d][c] != IDLE for d in range(kk))
@@ -186,17 +192,41 @@ def SteadyRun(branch: Sequence[Sequence[int]], max_period: int = MAX_PERIOD
   best = None
   for p in range(1, max_period + 1):
     for c in range(num_ticks - p + 1):
-      if not all(busy[c:c + p]) or any(
-          len(set(branch[d][c:c + p])) < p for d in range(kk)):
+      if not all(busy[c:c + p]):
         continue
       end = c + p
       while end + p <= num_ticks and all(busy[end:end + p]) and all(
           branch[d][end + i] == branch[d][end + i - p]
           for d in range(kk) for i in range(p)):
         end += p
-      if end - c >= 2 and (best is None or end - c > best[1] - best[0]):
+      repeats = any(len(set(branch[d][c:c + p])) < p for d in range(kk))
+      if (end - c >= (2 * p if repeats else 2) and
+          (best is None or end - c > best[1] - best[0])):
         best = (c, end, p)
   return best
+
+
+def Barriers(steady: Sequence[Sequence[int]]) -> List[Tuple[bool, ...]]:
+  """Per tick i of a steady loop's iteration, per device d: whether d's
+  tick i + 1 waits for the state its tick i left (module docstring:
+  loops): where d runs on tick i + 1 an (op, stage) it ran since its last
+  barrier. Between the periods of an unrolled iteration, and never after
+  the iteration's last tick (the loop's own iterations are ordered).
+  """
+  kk = len(steady[0]) if steady else 0
+  seen: List[set] = [set() for _ in range(kk)]
+  out = []
+  for i, ops in enumerate(steady):
+    nxt = steady[i + 1] if i + 1 < len(steady) else None
+    row = []
+    for d in range(kk):
+      seen[d].add(ops[d])
+      wait = nxt is not None and nxt[d] in seen[d]
+      if wait:
+        seen[d] = set()
+      row.append(wait)
+    out.append(tuple(row))
+  return out
 
 
 def Loops(branch: Sequence[Sequence[int]], first: int, end: int,

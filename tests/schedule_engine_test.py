@@ -93,6 +93,35 @@ class CompileTest(tf.test.TestCase):
           self.assertLessEqual(read, f_s[j + ring.depth][0])
         self.assertEqual(ring.write[c], ring.read[read])
 
+  def testSteadyLoopOfInterleavedOneFOneB(self):
+    # Interleaved 1F1B, K=2, v=2, T=8; device 0's branches (1 = F0, 2 = F2,
+    # 3 = B2, 4 = B0) from tick 4 repeat 1 3 1 3 2 4 2 4 three times:
+    # a steady loop of 8 ticks per iteration, though each stage's F and B
+    # come twice in it.
+    program = schedule_program.Compile(
+        schedule_builders.Build('interleaved_1f1b', 2, 8, 2))
+    self.assertEqual(program.cells[0], [('F', 0), ('F', 2), ('B', 2),
+                                        ('B', 0)])
+    self.assertEqual(program.branch[0][4:28], [1, 3, 1, 3, 2, 4, 2, 4] * 3)
+    steady = program.loops[1].steady
+    self.assertEqual([(x.first, x.end) for x in program.loops],
+                     [(0, 4), (4, 28), (28, 34)])
+    self.assertEqual([ops[0] for ops in steady], [1, 3, 1, 3, 2, 4, 2, 4])
+    # Device 0 waits before its second F0 (tick 2 of the iteration) and its
+    # second F2 (tick 6): never twice one (op, stage) between barriers.
+    self.assertEqual([b[0] for b in schedule_program.Barriers(steady)],
+                     [False, True, False, False, False, True, False, False])
+    # A period without repeats (1F1B's F, B) unrolled twice: one barrier,
+    # between the periods, on every device.
+    self.assertEqual(
+        schedule_program.Barriers(((1, 2), (2, 1), (1, 2), (2, 1))),
+        [(False, False), (True, True), (False, False), (False, False)])
+    # A period with a repeat counts only where it repeats: not ticks 0-3
+    # of 1 2 1 3 as one period of 4, but 2 1 3 (distinct) as one of 3.
+    self.assertEqual(schedule_program.SteadyRun([[1, 2, 1, 3]]), (1, 4, 3))
+    self.assertEqual(schedule_program.SteadyRun([[1, 2, 1, 3, 1, 2, 1, 3]]),
+                     (0, 8, 4))
+
   def testZeroBubbleStashSlotsLiteral(self):
     # ZB-H1, K=2, T=2 (schedule_builders.Build('zb_h1', 2, 2).Grid()):
     #   tick    0   1   2   3   4   5   6
@@ -194,9 +223,13 @@ class EngineEqualsGPipeTest(tf.test.TestCase):
       self.assertNotAllClose(a, old, msg=f'{a.name} was not updated')
 
   def testInterleavedOneFOneBEqualsGPipeOnTheSameStages(self):
-    """K=2 devices x v=2 stages, T=4: stage s on device s mod 2."""
-    for recompute in (True, False):
-      pipe = _Pipe('interleaved_1f1b', 2, 2, 4, recompute)
+    """K=2 devices x v=2 stages, T=4 and T=8: stage s on device s mod 2.
+
+    At T=8 most ticks run in a steady loop whose period runs each stage's
+    F and B twice (testSteadyLoopOfInterleavedOneFOneB).
+    """
+    for recompute, t in ((True, 4), (False, 4), (True, 8)):
+      pipe = _Pipe('interleaved_1f1b', 2, 2, t, recompute)
       self.assertEqual(pipe.num_partitions, 2)
       self.assertEqual(pipe.num_stages, 4)
       self.assertEqual([s.device for s in pipe.stages],
