@@ -36,6 +36,11 @@ copied from the first device to the second in the same process, and the
 cores the process gets now (`EffectiveCores`: on a machine shared with
 other processes fewer than its threads).
 
+With `calibrate` it also times a training step of the layer itself on its
+own schedule (`StepTime`, with an SGD update) and fits the profile to it
+(`cost_model.Profile.Calibrated`: one factor on every cell, and the cores
+the step got).
+
 With `micro_batch_sizes` it times the cells again at those micro-batch
 sizes (the profile's points): small micro-batches cost more per row than
 the size they were measured at says (dense layers at a few rows are bound
@@ -62,6 +67,7 @@ from tensorpipe import microbatch
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
 from tensorpipe import schedule_builders
+from tensorpipe import schedules
 
 
 def _Timed(fns: Dict[str, Callable[[], Any]], reps: int,
@@ -330,6 +336,43 @@ def TransferRate(devices: Sequence[str], num_bytes: float,
   return max(0.0, t['there'] - t['here']) / (4 * n)
 
 
+def StepTime(layer: Any, inputs: Tuple[Any, ...], reps: int = 10
+             ) -> Tuple[float, float]:
+  """(wall, CPU) seconds of one training step of TensorPipeLayer `layer`
+  on its own schedule, each the median of `reps` calls: the loss 0.5
+  sum(y^2) of its outputs (GPipe: FProp under a tape; else FPropLoss, the
+  loss inside), the gradient of every trainable weight and an SGD update
+  of each on its device. The layer's variables are restored afterwards.
+  The step `Profile.Calibrated` fits the profile to."""
+  p = layer.params
+  trainable = layer.trainable_variables
+
+  def Half(y, unused_targets=None):
+    return tf.add_n([0.5 * tf.reduce_sum(tf.square(tf.cast(v, tf.float32)))
+                     for v in tf.nest.flatten(y)])
+
+  def Step(*xs):
+    with tf.GradientTape() as tape, py_utils.TrainingMode(True):
+      if schedules.LossInside(p.schedule):
+        loss = layer.FPropLoss(layer.theta, xs, None, Half, 1.0).loss
+      else:
+        loss = Half(layer.FPropDefaultTheta(*xs))
+    for v, g in zip(trainable, tape.gradient(loss, trainable)):
+      if g is not None:
+        with tf.device(v.device):
+          v.assign_sub(1e-6 * tf.cast(tf.convert_to_tensor(g), v.dtype))
+    return loss
+  saved = [(v, v.numpy()) for v in layer.variables]
+  try:
+    fn = tf.function(Step, autograph=False).get_concrete_function(*inputs)
+    call = {'step': lambda: fn(*inputs)}
+    wall = _Timed(call, reps, clock=time.perf_counter)['step']
+    return wall, _Timed(call, reps)['step']
+  finally:
+    for v, value in saved:
+      v.assign(value)
+
+
 def NumCores() -> int:
   """Cores the devices' ops run on: the CPUs, or inter x intra-op threads
   where both are set lower."""
@@ -419,11 +462,13 @@ def _CellCosts(layer: Any, inputs: Tuple[Any, ...], tt: int, reps: int
 
 def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
                  tick: bool = True,
-                 micro_batch_sizes: Sequence[int] = ()) -> cost_model.Profile:
+                 micro_batch_sizes: Sequence[int] = (),
+                 calibrate: bool = False) -> cost_model.Profile:
   """The cost profile of TensorPipeLayer `layer` on `inputs` (a tuple of
   its FProp inputs, the whole mini-batch) at its micro-batch size, and the
   cells alone at each of `micro_batch_sizes` (the profile's points: the
-  curve num_micro_batches='auto' plans from).
+  curve num_micro_batches='auto' plans from). With `calibrate`, fitted to
+  a step of `layer` itself (`StepTime`, `cost_model.Profile.Calibrated`).
 
   Raises:
     ValueError: a size that does not divide the mini-batch.
@@ -443,10 +488,19 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
     other, _, other_bytes = _CellCosts(layer, inputs, batch // size, reps)
     points.append(cost_model.Profile(other, size, input_bytes=other_bytes))
   biggest = max([c.out_bytes for c in costs[:-1]] or [0.0])
-  return cost_model.Profile(
+  prof = cost_model.Profile(
       costs, mb_size,
       tick_s=TickCost(layer.devices) if tick else 0.0,
       transfer_s_per_byte=TransferRate(layer.devices, biggest),
       input_bytes=in_bytes,
       num_cores=EffectiveCores(layer.devices, NumCores()),
       points=tuple(points))
+  if not calibrate:
+    return prof
+  plan = layer.partition_plan
+  cut = plan.boundaries if plan else [(0, len(costs))]
+  table = schedule_builders.FromParam(
+      p.schedule, len(layer.devices), tt,
+      schedule_builders.NumStagesPerDevice(p))
+  wall, cpu = StepTime(layer, tuple(inputs), reps)
+  return prof.Calibrated(table, cut, p.recompute, wall, cpu, NumCores())

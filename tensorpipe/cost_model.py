@@ -32,15 +32,25 @@ transfer time per byte:
 
   F  f_s = sum_l t_F(l) + out_bytes(s) x rate     (if s+1 is elsewhere)
   B  r_s + sum_l t_B(l) + in_bytes(s) x rate      (if s-1 is elsewhere)
-  I  r_s + B - W;  W  B x sum_l t_W(l) / sum_l (t_I(l) + t_W(l))
+  I  r_s + sum_l t_I(l) + in_bytes(s) x rate;  W  sum_l t_W(l)
 
-  with t_W scaled so that I + W = B: the split takes B's measured time in
-  the measured proportion t_I : t_W. (Timed alone, I + W cost 10-30% more
-  than B; in the engine's steps the zero-bubble tables did the same CPU
-  work as 1F1B within 3%: tools/benchmark --plan_check.)
+  the split costing what it was measured to cost: I + W is 0.92-0.96 of B
+  for dense16's cells and 1.01-1.11 for conv16's, and in the engine's
+  steps ZB-H1 did 0.84-0.99 and 1.04-1.14 of 1F1B's CPU work
+  (tools/benchmark --plan_check). (An earlier model took I + W = B.)
 
 The work of a step is the sum over the table's cells; ticks are the
 table's columns.
+
+Calibration (`Profile.Calibrated`): cells timed on their own miss what the
+engine's graph does to them (Grappler's fusions, weights in or out of the
+cache as stages follow one another: conv16's cells cost 5-35% less in the
+engine than alone) and the cores a step really gets. One short run of a
+real step of the engine (cell_profile.StepTime: wall and CPU time) fixes
+both: every cell and update is scaled by one factor so that the predicted
+work of that table is the step's CPU time, and the cores are that work
+over the step's wall time. Other tables, T and recompute settings are then
+predicted from the calibrated profile.
 
 Pure Python; no TensorFlow.
 
@@ -104,6 +114,8 @@ class Profile:
       measured profile holds the cores the process got, which may be a
       fraction).
     source: 'measured' (cell_profile) or 'flops' (FlopProfile).
+    cell_scale: the factor `Calibrated` applied to every cell (1.0: not
+      calibrated on a step of the engine).
     points: the same layers' cells measured at other micro-batch sizes
       (their own tick, transfer and core figures unused): the curve
       `Scaled` interpolates, and the sizes num_micro_batches='auto' may
@@ -117,6 +129,7 @@ class Profile:
   num_cores: float = 1
   source: str = 'measured'
   points: Tuple['Profile', ...] = ()
+  cell_scale: float = 1.0
 
   @property
   def measured_rows(self) -> Tuple[int, ...]:
@@ -165,6 +178,36 @@ class Profile:
     return dataclasses.replace(
         self, layers=layers, micro_batch_rows=rows,
         input_bytes=mix(lo.input_bytes, hi.input_bytes), points=())
+
+  def Calibrated(self, table: schedules.Schedule,
+                 boundaries: Sequence[Tuple[int, int]], recompute: bool,
+                 wall_s: float, cpu_s: float, max_cores: float
+                 ) -> 'Profile':
+    """This profile fitted to one measured training step of `table`
+    (module docstring: calibration): every cell and update (at every
+    point) scaled by one factor so that the shared regime's work plus the
+    ticks is `cpu_s`, and the cores set to that work over the step's wall
+    time less its ticks, within [0.05, max_cores]. A measurement the ticks
+    alone exceed leaves the profile as it is.
+    """
+    pred = Predict(table, self, boundaries, recompute, 'shared')
+    ticks = pred.ticks * self.tick_s
+    if pred.work_s <= 0 or cpu_s <= ticks or wall_s <= ticks:
+      return self
+    k = (cpu_s - ticks) / pred.work_s
+    cores = min(max(0.05, (cpu_s - ticks) / (wall_s - ticks)),
+                float(max_cores))
+
+    def Scale(q):
+      return dataclasses.replace(q, layers=tuple(
+          dataclasses.replace(c, forward=c.forward * k,
+                              backward=c.backward * k,
+                              input_grad=c.input_grad * k,
+                              weight_grad=c.weight_grad * k,
+                              update=c.update * k)
+          for c in q.layers), cell_scale=q.cell_scale * k)
+    return dataclasses.replace(Scale(self), num_cores=cores, points=tuple(
+        Scale(q) for q in self.points))
 
   def ToJson(self) -> Dict:
     d = dataclasses.asdict(self)
@@ -256,12 +299,13 @@ def StageCosts(table: schedules.Schedule, profile: Profile,
     send = out_b * rate if s + 1 < ss and dev[s + 1] != dev[s] else 0.0
     recv = in_b * rate if s > 0 and dev[s - 1] != dev[s] else 0.0
     f.append(_Sum([x.forward for x in c], start, end) + send)
-    bs = _Sum([x.backward for x in c], start, end)
-    iw = _Sum([x.input_grad + x.weight_grad for x in c], start, end)
-    # I and W split B in their measured proportion (module docstring).
-    w.append(bs * _Sum([x.weight_grad for x in c], start, end) / iw
-             if split and iw > 0 else 0.0)
-    b.append(bs + recv)
+    # Split: b is I + W as measured, w is W (module docstring).
+    if split:
+      w.append(_Sum([x.weight_grad for x in c], start, end))
+      b.append(_Sum([x.input_grad for x in c], start, end) + w[-1] + recv)
+    else:
+      w.append(0.0)
+      b.append(_Sum([x.backward for x in c], start, end) + recv)
   return f, b, w
 
 

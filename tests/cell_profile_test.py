@@ -5,6 +5,7 @@ import tensorflow as tf
 from tensorpipe import cell_profile
 from tensorpipe import cost_model
 from tensorpipe import pipeline
+from tensorpipe import schedule_builders
 from tensorpipe import test_utils
 from tensorpipe.layers import linear
 
@@ -77,6 +78,46 @@ class ProfileLayerTest(tf.test.TestCase):
                                   'int dividing the mini-batch of 8'):
         cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False,
                                   micro_batch_sizes=(size,))
+
+
+class CalibrationTest(tf.test.TestCase):
+
+  def testProfileIsFittedToTheLayersOwnStep(self):
+    """calibrate=True fits the cells to StepTime of the layer's own table
+    (here K=1 GPipe, FProp under a tape): predicted again, that table's
+    work plus ticks is the step's CPU time."""
+    layer, x = _Fc8Pipe(3)
+    plain = cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False)
+    measured = []
+    real = cell_profile.StepTime
+
+    def Fake(lay, inputs, reps):
+      measured.append(real(lay, inputs, reps))   # runs: GPipe's step
+      return 0.02, 0.03
+    cell_profile.StepTime = Fake
+    try:
+      got = cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False,
+                                      calibrate=True)
+    finally:
+      cell_profile.StepTime = real
+    wall, cpu = measured[0]
+    self.assertGreater(wall, 0.0)
+    self.assertGreater(cpu, 0.0)
+    table = schedule_builders.Build('gpipe', 1, 4)
+    pred = cost_model.Predict(table, got, [(0, 3)], True, 'shared')
+    self.assertAlmostEqual(pred.work_s, 0.03, places=9)
+    self.assertAlmostEqual(got.num_cores,
+                           min(1.5, cell_profile.NumCores()), places=9)
+    self.assertNotEqual(got.cell_scale, 1.0)
+    self.assertEqual(plain.cell_scale, 1.0)
+
+  def testStepTimeRunsTheLossInsideSchedules(self):
+    layer, x = _Fc8Pipe(2)
+    p = layer.params.Copy().Set(name='pipe_1f1b', schedule='1f1b',
+                                num_partitions=2)
+    wall, cpu = cell_profile.StepTime(p.Instantiate(), (x,), reps=2)
+    self.assertGreater(wall, 0.0)
+    self.assertGreater(cpu, 0.0)
 
 
 if __name__ == '__main__':

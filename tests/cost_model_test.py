@@ -80,20 +80,22 @@ class PredictTest(unittest.TestCase):
     self.assertAlmostEqual(pred.work_s, 4 * 1.0 + 4 * 2.0)
     self.assertAlmostEqual(pred.step_s, 6.0)
 
-  def testSplitTablesShareTheMeasuredBackwardInTheMeasuredProportion(self):
-    # ZB-H1 with t_B = 2, t_I = 3, t_W = 1: W gets 2 x 1 / 4 = 0.5 and I
-    # the rest, 1 + 1.5 with the recompute; per (micro-batch, stage)
-    # F 1 + I 2.5 + W 0.5 = 4, the same work as 1F1B's F 1 + B (1 + 2).
+  def testSplitTablesCostTheMeasuredInputAndWeightGradients(self):
+    # ZB-H1 with t_B = 2, t_I = 3, t_W = 1.5: b = I + W = 4.5, w = 1.5;
+    # per (micro-batch, stage) F 1 + I (1 + 3) + W 1.5 = 6.5 against
+    # 1F1B's F 1 + B (1 + 2) = 4: the split costs what it measured.
     table = schedule_builders.Build('zb_h1', 2, 2)
-    f, b, w = cost_model.StageCosts(table, _Profile(i=3.0), [(0, 1), (1, 2)])
-    self.assertEqual((f, b, w), ([1.0, 1.0], [2.0, 2.0], [0.5, 0.5]))
-    pred = cost_model.Predict(table, _Profile(i=3.0), [(0, 1), (1, 2)],
+    prof = _Profile(i=3.0, w=1.5)
+    f, b, w = cost_model.StageCosts(table, prof, [(0, 1), (1, 2)])
+    self.assertEqual((f, b, w), ([1.0, 1.0], [4.5, 4.5], [1.5, 1.5]))
+    pred = cost_model.Predict(table, prof, [(0, 1), (1, 2)],
                               recompute=True, regime='shared')
-    self.assertAlmostEqual(pred.work_s, 16.0)
+    self.assertAlmostEqual(pred.work_s, 26.0)
     # Without the split W is 0 and B the measured 2.
     table = schedule_builders.Build('1f1b', 2, 2)
     self.assertEqual(cost_model.StageCosts(table, _Profile(i=3.0),
-                                           [(0, 1), (1, 2)])[2], [0.0, 0.0])
+                                           [(0, 1), (1, 2)])[1:],
+                     ([2.0, 2.0], [0.0, 0.0]))
 
   def testCriticalPathBoundsASharedStepOnManyCores(self):
     # 1 layer per stage on 64 cores: work 16 / 64 = 0.25, but the chain of
@@ -167,6 +169,38 @@ class ProfileTest(unittest.TestCase):
     bad = dataclasses.replace(prof, points=(_Profile(n=3),))
     with self.assertRaisesRegex(ValueError, 'same 2 layers'):
       bad.Scaled(8)
+
+  def testCalibratedFitsTheMeasuredStepAndKeepsTheShape(self):
+    # testSharedGPipe...'s profile (cells 16, 6 ticks of 0.1) with an
+    # update of 2 per layer (work 20), measured at 10.6 s of CPU and 6.6 s
+    # of wall: the work is 10.6 - 0.6 = 10 of CPU, half the predicted 20
+    # (k = 0.5), and 10 over 6.6 - 0.6 = 6 s is 5/3 cores.
+    table = schedule_builders.Build('gpipe', 2, 2)
+    cut = [(0, 1), (1, 2)]
+    prof = _Profile(tick=0.1)
+    prof = dataclasses.replace(
+        prof, layers=tuple(dataclasses.replace(c, update=2.0)
+                           for c in prof.layers),
+        points=(_Profile(fwd=3.0),))
+    got = prof.Calibrated(table, cut, True, wall_s=6.6, cpu_s=10.6,
+                          max_cores=2)
+    self.assertAlmostEqual(got.cell_scale, 0.5)
+    self.assertAlmostEqual(got.num_cores, 10.0 / 6.0)
+    self.assertEqual(got.layers[0], LayerCost(0.5, 1.0, 0.5, 0.5, 0.0, 1.0))
+    self.assertEqual(got.points[0].layers[0].forward, 1.5)
+    self.assertEqual((got.tick_s, got.micro_batch_rows), (0.1, 4))
+    # Predicted again, the measured table is the measured step.
+    pred = cost_model.Predict(table, got, cut, True, 'shared')
+    self.assertAlmostEqual(pred.work_s + 0.6, 10.6)
+    self.assertAlmostEqual(pred.step_s, 6.6)
+    # The cores stay within [0.05, max_cores]; a step the ticks alone
+    # exceed leaves the profile as it was.
+    self.assertEqual(
+        prof.Calibrated(table, cut, True, 1.0, 10.6, 2).num_cores, 2.0)
+    self.assertIs(prof.Calibrated(table, cut, True, 0.5, 0.5, 2), prof)
+    # The factor survives Scaled and the JSON round trip.
+    self.assertEqual(got.Scaled(8).cell_scale, 0.5)
+    self.assertEqual(cost_model.Profile.FromJson(got.ToJson()), got)
 
   def testFlopProfile(self):
     prof = cost_model.FlopProfile([2e12, 4e12], [10, 20], 4)

@@ -127,6 +127,10 @@ flags.DEFINE_list('plan_check_ts', ['4', '8'], 'With --plan_check: the T '
                   'values.')
 flags.DEFINE_boolean('plan_check_norc', False, 'With --plan_check: time '
                      'and predict every schedule without recompute too.')
+flags.DEFINE_boolean('plan_check_calibrate', True, 'With --plan_check: '
+                     'fit the profile to a timed 1F1B step with recompute '
+                     '(cost_model.Profile.Calibrated); that row is marked '
+                     'and left out of the error summary.')
 flags.DEFINE_boolean('plan_check_sweep_t', False, 'With --plan_check: per '
                      'model, 1F1B at every T of --plan_check_ts in one '
                      "process, and num_micro_batches='auto''s pick among "
@@ -434,7 +438,8 @@ def _Plan() -> None:
         FLAGS.models, ts, FLAGS.steps, 10,
         log=lambda line: print(line, flush=True),
         sweep=FLAGS.plan_check_sweep_t,
-        recompute=(True, False) if FLAGS.plan_check_norc else (True,))
+        recompute=(True, False) if FLAGS.plan_check_norc else (True,),
+        calibrate=FLAGS.plan_check_calibrate)
   except RuntimeError as e:
     sys.exit(f'benchmark: error: --plan_check: {e}')
   _WriteTable(out, 'plan_check', results, plan_check.Table(results))

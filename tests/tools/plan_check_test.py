@@ -33,9 +33,25 @@ class SummaryTest(unittest.TestCase):
     text = plan_check.Table(_RESULTS)
     self.assertIn('| dense16 | 4 | zb_v v=2 | 125.0 / 100.0 | -20.0% | '
                   '250.0 / 200.0 | -20.0% | 1.225 | 1.000 | 100.0 |', text)
-    self.assertIn('wall: median |error| 10.0%, worst 20.0%', text)
+    self.assertIn('wall: median |error| 10.0%, worst 20.0% over 3 '
+                  'predicted rows', text)
     self.assertIn('- dense16 T=4 (load 1.0): pick 1f1b v=1 T=4, +2.0% (wall) / '
                   '+0.0% (CPU) over the fastest measured', text)
+
+
+class CalibrationRowTest(unittest.TestCase):
+
+  def testTheRowTheProfileWasFittedToIsMarkedAndNotCounted(self):
+    # 1F1B's row is the calibration step: errors of GPipe (+10%) and ZB-V
+    # (-20%) only.
+    rows = list(_RESULTS[0]['rows'])
+    rows[1] = dict(rows[1], calibration=True)
+    res = [dict(_RESULTS[0], rows=rows)]
+    s = plan_check.Summary(res)
+    self.assertEqual(s['wall']['rows'], 2)
+    self.assertAlmostEqual(s['wall']['median_abs_error'], 0.15)
+    self.assertIn('| dense16 | 4 | 1f1b v=1 * | 102.0 / 100.0 |',
+                  plan_check.Table(res))
 
 
 class RecomputeOffTest(unittest.TestCase):

@@ -60,12 +60,14 @@ def _Average(a: Any, b: Any) -> Any:
       a.micro_batch_rows, mean(a.tick_s, b.tick_s),
       mean(a.transfer_s_per_byte, b.transfer_s_per_byte), a.input_bytes,
       mean(a.num_cores, b.num_cores),
-      points=tuple(_Average(p, q) for p, q in zip(a.points, b.points)))
+      points=tuple(_Average(p, q) for p, q in zip(a.points, b.points)),
+      cell_scale=mean(a.cell_scale, b.cell_scale))
 
 
 def _Measure(model: str, tt: int, steps: int, reps: int,
              sweep: Sequence[int] = (),
-             recompute: Sequence[bool] = (True,)) -> Dict[str, Any]:
+             recompute: Sequence[bool] = (True,),
+             calibrate: bool = True) -> Dict[str, Any]:
   """The child's work (module docstring); TF not yet started. With
   `sweep` (T values) it times 1F1B at each T instead, profiles the cells at
   each micro-batch size, and the pick is num_micro_batches='auto''s."""
@@ -86,8 +88,12 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   sizes = [shape[0] // t for t in sweep]
   parsed = {n: settings.ParseSetting(n) for n in names}
   layers = {n: runner.BuildLayer(parsed[n], layer_ps, shape) for n in names}
-  before = cell_profile.ProfileLayer(layers[names[0]], (x,), reps,
-                                     micro_batch_sizes=sizes)
+  # Calibrated on 1F1B with recompute (of a sweep: at its first T).
+  calib = next(n for n in names if parsed[n].schedule == '1f1b' and
+               parsed[n].recompute)
+  before = cell_profile.ProfileLayer(layers[calib], (x,), reps,
+                                     micro_batch_sizes=sizes,
+                                     calibrate=calibrate)
   fns = {n: runner.StepFn(layers[n], x, 1e-3) for n in names}
   for fn in fns.values():
     for _ in range(2):
@@ -102,7 +108,8 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
       times[n].append(_Now() - start)
       cpu[n].append(time.process_time() - start_cpu)
   profile = _Average(before, cell_profile.ProfileLayer(
-      layers[names[0]], (x,), reps, micro_batch_sizes=sizes))
+      layers[calib], (x,), reps, micro_batch_sizes=sizes,
+      calibrate=calibrate))
   rows = []
   for n in names:
     s = parsed[n]
@@ -112,6 +119,7 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
     pred = cost_model.Predict(table, at_t, cut, s.recompute, 'shared')
     rows.append(dict(
         setting=n, schedule=s.schedule, v=s.num_stages_per_device,
+        calibration=calibrate and n == calib,
         T=s.num_micro_batches, recompute=s.recompute,
         measured_s=statistics.median(times[n]),
         measured_cpu_s=statistics.median(cpu[n]),
@@ -135,8 +143,9 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
 def _Profile(model: str, setting: str, reps: int,
              micro_batch_sizes: Sequence[int] = ()) -> Dict[str, Any]:
   """--profile: the profile of one setting's layer, with the threads and
-  devices of the setting (and its cells at `micro_batch_sizes`); per stage
-  of its cut the summed cells."""
+  devices of the setting (and its cells at `micro_batch_sizes`), fitted to
+  a step of that layer (`cost_model.Profile.Calibrated`); per stage of its
+  cut the summed cells."""
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from tensorpipe import cell_profile, devices
@@ -152,7 +161,8 @@ def _Profile(model: str, setting: str, reps: int,
   x = tf.random.stateless_uniform(shape, seed=[1, 2])
   start = _Now()
   prof = cell_profile.ProfileLayer(layer, (x,), reps,
-                                   micro_batch_sizes=micro_batch_sizes)
+                                   micro_batch_sizes=micro_batch_sizes,
+                                   calibrate=True)
   took = _Now() - start
   plan = layer.partition_plan
   cut = plan.boundaries if plan else [(0, len(prof.layers))]
@@ -176,7 +186,8 @@ def ChildMain() -> None:
 
 def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
              timeout_s: float = 1800, sweep: Sequence[int] = (),
-             recompute: Sequence[bool] = (True,)) -> Dict[str, Any]:
+             recompute: Sequence[bool] = (True,),
+             calibrate: bool = True) -> Dict[str, Any]:
   """`_Measure` in a fresh process.
 
   Raises:
@@ -184,7 +195,8 @@ def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
   """
   return _Spawn(dict(action='check', model=model, tt=tt, steps=steps,
                      reps=reps, sweep=list(sweep),
-                     recompute=list(recompute)), timeout_s)
+                     recompute=list(recompute), calibrate=calibrate),
+                timeout_s)
 
 
 def ProfileChild(model: str, setting: str, reps: int = 10,
@@ -218,19 +230,23 @@ def _Spawn(request: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
 
 
 def _Errors(results: Sequence[Dict[str, Any]], clock: str) -> List[float]:
+  """predicted / measured - 1 of every row but the one the profile was
+  calibrated on (its own step: no prediction)."""
   return [r[f'predicted{clock}_s'] / r[f'measured{clock}_s'] - 1
-          for res in results for r in res['rows']]
+          for res in results for r in res['rows']
+          if not r.get('calibration')]
 
 
 def Summary(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
   """Median and worst |predicted / measured - 1| of the step (wall) and of
-  its CPU time (work), and per (model, T) the pick's measured step over
-  the fastest measured one (wall and CPU)."""
+  its CPU time (work) over the rows predicted (not calibrated on), and per
+  (model, T) the pick's measured step over the fastest measured one (wall
+  and CPU)."""
   out = {}
   for clock, name in (('', 'wall'), ('_cpu', 'cpu')):
     errs = [abs(e) for e in _Errors(results, clock)]
     out[name] = dict(median_abs_error=statistics.median(errs),
-                     worst_abs_error=max(errs))
+                     worst_abs_error=max(errs), rows=len(errs))
   picks = []
   for res in results:
     over = {}
@@ -261,7 +277,8 @@ def Table(results: Sequence[Dict[str, Any]]) -> str:
       rc = r.get('recompute', True)
       lines.append(
           f'| {res["model"]} | {r["T"]} | {r["schedule"]} v={r["v"]}'
-          f'{"" if r.get("recompute", True) else " norc"} | '
+          f'{"" if r.get("recompute", True) else " norc"}'
+          f'{" *" if r.get("calibration") else ""} | '
           f'{r["measured_s"] * 1e3:.1f} / {r["predicted_s"] * 1e3:.1f} | '
           f'{r["predicted_s"] / r["measured_s"] - 1:+.1%} | '
           f'{r["measured_cpu_s"] * 1e3:.1f} / '
@@ -274,7 +291,9 @@ def Table(results: Sequence[Dict[str, Any]]) -> str:
   lines.append('')
   for name in ('wall', 'cpu'):
     lines.append(f'{name}: median |error| {s[name]["median_abs_error"]:.1%}'
-                 f', worst {s[name]["worst_abs_error"]:.1%}')
+                 f', worst {s[name]["worst_abs_error"]:.1%} over '
+                 f'{s[name]["rows"]} predicted rows (rows marked * are '
+                 'the step the profile was calibrated on)')
   lines += [f'- {p["model"]} T={p["T"]} (load {res["load_average"]:.1f}): '
             f'pick {p["pick"][0]} v={p["pick"][1]} T={p["pick"][2]}, '
             f'{p["over_best"]["wall"]:+.1%} (wall) / '
@@ -285,7 +304,8 @@ def Table(results: Sequence[Dict[str, Any]]) -> str:
 
 def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
         log=print, sweep: bool = False,
-        recompute: Sequence[bool] = (True,)) -> List[Dict[str, Any]]:
+        recompute: Sequence[bool] = (True,),
+        calibrate: bool = True) -> List[Dict[str, Any]]:
   """One child per (model, T), in turn, timing every schedule with each
   `recompute` setting; with `sweep` one per model over every T of `ts`
   (1F1B with recompute)."""
@@ -293,7 +313,7 @@ def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
   for model in models:
     for tt in ts[:1] if sweep else ts:
       res = RunChild(model, tt, steps, reps, sweep=ts if sweep else (),
-                     recompute=recompute)
+                     recompute=recompute, calibrate=calibrate)
       log(f'{model} T={tt}: ' + ', '.join(
           f'{r["schedule"]} {r["measured_s"] * 1e3:.1f} / '
           f'{r["predicted_s"] * 1e3:.1f} ms' for r in res['rows']))
