@@ -336,6 +336,13 @@ def TransferRate(devices: Sequence[str], num_bytes: float,
   return max(0.0, t['there'] - t['here']) / (4 * n)
 
 
+# The execution modes (cost_model.Mode) and the (schedule, recompute) whose
+# step measures each.
+MODES = {'gpipe_rc': ('gpipe', True), 'gpipe_norc': ('gpipe', False),
+         'inside_rc': ('1f1b', True), 'inside_norc': ('1f1b', False),
+         'split_rc': ('zb_h1', True), 'split_norc': ('zb_h1', False)}
+
+
 def StepTime(layer: Any, inputs: Tuple[Any, ...], reps: int = 10
              ) -> Tuple[float, float]:
   """(wall, CPU) seconds of one training step of TensorPipeLayer `layer`
@@ -463,12 +470,16 @@ def _CellCosts(layer: Any, inputs: Tuple[Any, ...], tt: int, reps: int
 def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
                  tick: bool = True,
                  micro_batch_sizes: Sequence[int] = (),
-                 calibrate: bool = False) -> cost_model.Profile:
+                 calibrate: bool = False,
+                 calibrate_modes: Sequence[str] = ()) -> cost_model.Profile:
   """The cost profile of TensorPipeLayer `layer` on `inputs` (a tuple of
   its FProp inputs, the whole mini-batch) at its micro-batch size, and the
   cells alone at each of `micro_batch_sizes` (the profile's points: the
   curve num_micro_batches='auto' plans from). With `calibrate`, fitted to
-  a step of `layer` itself (`StepTime`, `cost_model.Profile.Calibrated`).
+  a step of `layer` itself (`StepTime`, `cost_model.Profile.Calibrated`),
+  and per mode of `calibrate_modes` (MODES) to a step of a copy of the
+  layer in that mode (`cost_model.Profile.WithMode`; a mode the layer's
+  settings cannot run is skipped).
 
   Raises:
     ValueError: a size that does not divide the mini-batch.
@@ -477,6 +488,10 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
   batch = microbatch.BatchSize(inputs, p.batch_dim)
   tt = microbatch.NumMicroBatches(batch, p.num_micro_batches,
                                   p.micro_batch_size)
+  for mode in calibrate_modes:
+    if mode not in MODES:
+      raise ValueError(f'calibrate_modes: {mode!r} is not one of '
+                       f'{sorted(MODES)}')
   for size in micro_batch_sizes:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1 or (
         batch % size):
@@ -503,4 +518,20 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
       p.schedule, len(layer.devices), tt,
       schedule_builders.NumStagesPerDevice(p))
   wall, cpu = StepTime(layer, tuple(inputs), reps)
-  return prof.Calibrated(table, cut, p.recompute, wall, cpu, NumCores())
+  prof = prof.Calibrated(table, cut, p.recompute, wall, cpu, NumCores())
+  for mode in calibrate_modes:
+    if mode == cost_model.Mode(table, p.recompute):
+      continue   # the layer's own step: the calibration itself
+    schedule, recompute = MODES[mode]
+    try:
+      other = p.Copy().Set(name=f'{p.name}_{mode}', schedule=schedule,
+                           recompute=recompute,
+                           num_stages_per_device=1).Instantiate()
+      _, other_cpu = StepTime(other, tuple(inputs), reps)
+    except ValueError:
+      continue   # e.g. the I/W split without grad_sum='sequential'
+    other_cut = (other.partition_plan.boundaries if other.partition_plan
+                 else cut)
+    other_table = schedule_builders.Build(schedule, len(layer.devices), tt)
+    prof = prof.WithMode(other_table, other_cut, recompute, other_cpu)
+  return prof

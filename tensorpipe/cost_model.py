@@ -50,7 +50,13 @@ real step of the engine (cell_profile.StepTime: wall and CPU time) fixes
 both: every cell and update is scaled by one factor so that the predicted
 work of that table is the step's CPU time, and the cores are that work
 over the step's wall time. Other tables, T and recompute settings are then
-predicted from the calibrated profile.
+predicted from the calibrated profile. The execution modes (`Mode`: GPipe's
+own loops, the engine with the loss inside, the split I/W tables, each
+with and without recompute) run the same cells at different cost (GPipe
+without recompute differentiates its loop with TF's autodiff: 1.1-1.8x
+1F1B's step); one measured step per mode (`Profile.WithMode`) gives that
+mode a factor on its cells. `Applied` carries a calibration measured at
+one micro-batch size to a profile taken at another.
 
 Pure Python; no TensorFlow.
 
@@ -116,6 +122,9 @@ class Profile:
     source: 'measured' (cell_profile) or 'flops' (FlopProfile).
     cell_scale: the factor `Calibrated` applied to every cell (1.0: not
       calibrated on a step of the engine).
+    mode_scales: (mode, factor) pairs from `WithMode`: the cells of a table
+      run in that execution mode (`Mode`) cost the factor times the
+      calibrated cells (1.0 for a mode not measured).
     points: the same layers' cells measured at other micro-batch sizes
       (their own tick, transfer and core figures unused): the curve
       `Scaled` interpolates, and the sizes num_micro_batches='auto' may
@@ -130,6 +139,7 @@ class Profile:
   source: str = 'measured'
   points: Tuple['Profile', ...] = ()
   cell_scale: float = 1.0
+  mode_scales: Tuple[Tuple[str, float], ...] = ()
 
   @property
   def measured_rows(self) -> Tuple[int, ...]:
@@ -197,6 +207,34 @@ class Profile:
     k = (cpu_s - ticks) / pred.work_s
     cores = min(max(0.05, (cpu_s - ticks) / (wall_s - ticks)),
                 float(max_cores))
+    mode = Mode(table, recompute)
+    return self.Applied(k, cores, tuple(
+        (m, x) for m, x in self.mode_scales if m != mode))
+
+  def WithMode(self, table: schedules.Schedule,
+               boundaries: Sequence[Tuple[int, int]], recompute: bool,
+               cpu_s: float) -> 'Profile':
+    """This calibrated profile with the factor of `table`'s execution mode
+    (`Mode`) fitted to one measured step's CPU time (module docstring:
+    calibration). A measurement the ticks and update exceed leaves it."""
+    mode = Mode(table, recompute)
+    rest = tuple((m, x) for m, x in self.mode_scales if m != mode)
+    pred = Predict(table, dataclasses.replace(self, mode_scales=rest),
+                   boundaries, recompute, 'shared')
+    cells = pred.work_s - pred.update_s
+    measured = cpu_s - pred.ticks * self.tick_s - pred.update_s
+    if cells <= 0 or measured <= 0:
+      return self
+    return dataclasses.replace(
+        self, mode_scales=rest + ((mode, measured / cells),))
+
+  def Applied(self, cell_scale: float, num_cores: float,
+              mode_scales: Sequence[Tuple[str, float]]) -> 'Profile':
+    """This (uncalibrated) profile with another profile's calibration:
+    cells and updates (at every point) times `cell_scale`, its cores and
+    mode factors (a calibration at one micro-batch size carried to
+    another)."""
+    k = cell_scale
 
     def Scale(q):
       return dataclasses.replace(q, layers=tuple(
@@ -206,8 +244,10 @@ class Profile:
                               weight_grad=c.weight_grad * k,
                               update=c.update * k)
           for c in q.layers), cell_scale=q.cell_scale * k)
-    return dataclasses.replace(Scale(self), num_cores=cores, points=tuple(
-        Scale(q) for q in self.points))
+    return dataclasses.replace(
+        Scale(self), num_cores=num_cores,
+        mode_scales=tuple(tuple(m) for m in mode_scales),
+        points=tuple(Scale(q) for q in self.points))
 
   def ToJson(self) -> Dict:
     d = dataclasses.asdict(self)
@@ -220,6 +260,8 @@ class Profile:
     d = dict(d)
     d['layers'] = tuple(LayerCost(**c) for c in d['layers'])
     d['points'] = tuple(cls.FromJson(q) for q in d.get('points', ()))
+    d['mode_scales'] = tuple((str(m), float(x))
+                             for m, x in d.get('mode_scales', ()))
     return cls(**d)
 
   def Save(self, path: str) -> None:
@@ -323,6 +365,18 @@ def Work(table: schedules.Schedule, f: Sequence[float], b: Sequence[float],
   return total
 
 
+def Mode(table: schedules.Schedule, recompute: bool) -> str:
+  """The execution mode a table runs its cells in: 'gpipe' (GPipe's own
+  loops, the loss outside), 'split' (a table with I and W cells) or
+  'inside' (the engine with the loss inside), with '_rc' (recompute) or
+  '_norc' (without: TF's autodiff of GPipe's loop; the engine's unrolled
+  cells)."""
+  kind = ('gpipe' if table.name == 'gpipe' else
+          'split' if any(a is not None and a.op in 'IW'
+                         for row in table.grid for a in row) else 'inside')
+  return f'{kind}_{"rc" if recompute else "norc"}'
+
+
 def Predict(table: schedules.Schedule, profile: Profile,
             boundaries: Sequence[Tuple[int, int]], recompute: bool,
             regime: str) -> Prediction:
@@ -336,6 +390,8 @@ def Predict(table: schedules.Schedule, profile: Profile,
                      "'shared' (logical devices of one process) or "
                      "'separate' (own executors)")
   f, b, w = StageCosts(table, profile, boundaries)
+  m = dict(profile.mode_scales).get(Mode(table, recompute), 1.0)
+  f, b, w = ([x * m for x in xs] for xs in (f, b, w))
   ticks = len(table.grid[0]) if table.grid else 0
   dev = table.StageDevice()
   updates = [0.0] * table.num_devices

@@ -12,6 +12,19 @@ from tensorpipe.layers import linear
 test_utils.ConfigureTestDevices()
 
 
+def _WidePipe(num_layers):
+  """(FC 256 -> 256 layers, K=1, T=4; its batch of 64): cells long enough
+  to measure above a call's cost (an 8 -> 8 layer's cells can time as 0,
+  which leaves nothing to calibrate)."""
+  layers = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=256,
+                                        output_dim=256)
+            for i in range(num_layers)]
+  layer = pipeline.TensorPipeLayer.Params().Set(
+      name='wide', layers=layers, num_partitions=1, num_micro_batches=4,
+      input_shapes=[[64, 256]]).Instantiate()
+  return layer, tf.random.stateless_uniform([64, 256], seed=[1, 2])
+
+
 def _Fc8Pipe(num_layers):
   """(a TensorPipeLayer of FC 8 -> 8 layers, K=1, T=4; its batch of 8)."""
   layers = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=8,
@@ -86,7 +99,7 @@ class CalibrationTest(tf.test.TestCase):
     """calibrate=True fits the cells to StepTime of the layer's own table
     (here K=1 GPipe, FProp under a tape): predicted again, that table's
     work plus ticks is the step's CPU time."""
-    layer, x = _Fc8Pipe(3)
+    layer, x = _WidePipe(3)
     plain = cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False)
     measured = []
     real = cell_profile.StepTime
@@ -110,6 +123,19 @@ class CalibrationTest(tf.test.TestCase):
                            min(1.5, cell_profile.NumCores()), places=9)
     self.assertNotEqual(got.cell_scale, 1.0)
     self.assertEqual(plain.cell_scale, 1.0)
+
+  def testEachModeMeasuredGetsAFactor(self):
+    layer, x = _WidePipe(2)
+    prof = cell_profile.ProfileLayer(
+        layer, (x,), reps=2, tick=False, calibrate=True,
+        calibrate_modes=('gpipe_norc', 'split_rc'))
+    scales = dict(prof.mode_scales)
+    self.assertEqual(sorted(scales), ['gpipe_norc', 'split_rc'])
+    for v in scales.values():
+      self.assertGreater(v, 0.0)
+    with self.assertRaisesRegex(ValueError, "'nope' is not one of"):
+      cell_profile.ProfileLayer(layer, (x,), reps=1, tick=False,
+                                calibrate=True, calibrate_modes=('nope',))
 
   def testStepTimeRunsTheLossInsideSchedules(self):
     layer, x = _Fc8Pipe(2)

@@ -54,6 +54,33 @@ class CalibrationRowTest(unittest.TestCase):
                   plan_check.Table(res))
 
 
+class CarriedCalibrationTest(unittest.TestCase):
+
+  def testTheFirstTCalibratesAndTheOthersGetItsCalibration(self):
+    calls = []
+
+    def Child(model, tt, steps, reps, sweep=(), recompute=(True,),
+              calibrate=True, calibration=None):
+      calls.append((model, tt, calibration))
+      return dict(_RESULTS[0], T=tt, calibration=dict(
+          cell_scale=float(tt), num_cores=1.5, mode_scales=[]))
+    real = plan_check.RunChild
+    plan_check.RunChild = Child
+    try:
+      plan_check.Run(['dense16', 'conv16'], [8, 4, 16], 1, 1,
+                     log=lambda _: None)
+      self.assertEqual([(m, t, c and c['cell_scale']) for m, t, c in calls],
+                       [('dense16', 8, None), ('dense16', 4, 8.0),
+                        ('dense16', 16, 8.0), ('conv16', 8, None),
+                        ('conv16', 4, 8.0), ('conv16', 16, 8.0)])
+      calls.clear()
+      plan_check.Run(['dense16'], [8, 4], 1, 1, log=lambda _: None,
+                     calibrate=False)
+      self.assertEqual([c for _, _, c in calls], [None, None])
+    finally:
+      plan_check.RunChild = real
+
+
 class RecomputeOffTest(unittest.TestCase):
 
   def testRowsWithoutRecomputeAreMarkedAndNotPicked(self):

@@ -8,7 +8,11 @@ threads, 2 logical CPU devices: the benchmark's pipelined settings) that
      (K2-T<t>-rc, -1f1b-rc, -i2-rc, -zbh1-rc, -zbv-rc) and, with
      --plan_check_norc, without it too (-norc),
   2. profiles the model (`cell_profile.ProfileLayer`: per-layer cells, tick
-     and transfer cost) before and after the timed steps, and averages,
+     and transfer cost) before and after the timed steps, and averages;
+     at the first T of a model it calibrates the profile on one step per
+     execution mode (1F1B, GPipe and ZB-H1, with and without recompute:
+     those rows are marked and not counted), at the others it applies that
+     calibration (every row a prediction),
   3. times the five training steps in turn, one step each per round
      (median of --steps rounds), and
   4. predicts each with `cost_model.Predict` in the shared regime (the
@@ -38,7 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from tools import paths
 
@@ -61,16 +65,25 @@ def _Average(a: Any, b: Any) -> Any:
       mean(a.transfer_s_per_byte, b.transfer_s_per_byte), a.input_bytes,
       mean(a.num_cores, b.num_cores),
       points=tuple(_Average(p, q) for p, q in zip(a.points, b.points)),
-      cell_scale=mean(a.cell_scale, b.cell_scale))
+      cell_scale=mean(a.cell_scale, b.cell_scale),
+      mode_scales=a.mode_scales)
 
 
 def _Measure(model: str, tt: int, steps: int, reps: int,
              sweep: Sequence[int] = (),
              recompute: Sequence[bool] = (True,),
-             calibrate: bool = True) -> Dict[str, Any]:
+             calibrate: bool = True,
+             calibration: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """The child's work (module docstring); TF not yet started. With
   `sweep` (T values) it times 1F1B at each T instead, profiles the cells at
-  each micro-batch size, and the pick is num_micro_batches='auto''s."""
+  each micro-batch size, and the pick is num_micro_batches='auto''s.
+
+  With `calibrate` and no `calibration` the profile is fitted to this T's
+  1F1B step with recompute and to one step per other execution mode
+  (cell_profile.MODES: GPipe's, ZB-H1's and 1F1B's rows; marked as
+  calibration rows); with `calibration` (another T's: cell_scale,
+  num_cores, mode_scales) it is applied to this T's profile instead, and
+  every row is a prediction."""
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from tensorpipe import cell_profile, cost_model, devices, model_analysis
@@ -91,9 +104,13 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   # Calibrated on 1F1B with recompute (of a sweep: at its first T).
   calib = next(n for n in names if parsed[n].schedule == '1f1b' and
                parsed[n].recompute)
+  fit = calibrate and calibration is None
+  modes = ([m for m, (_, rc) in cell_profile.MODES.items()
+            if m != 'inside_rc' and rc in recompute]
+           if fit and not sweep else [])
   before = cell_profile.ProfileLayer(layers[calib], (x,), reps,
                                      micro_batch_sizes=sizes,
-                                     calibrate=calibrate)
+                                     calibrate=fit, calibrate_modes=modes)
   fns = {n: runner.StepFn(layers[n], x, 1e-3) for n in names}
   for fn in fns.values():
     for _ in range(2):
@@ -108,8 +125,11 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
       times[n].append(_Now() - start)
       cpu[n].append(time.process_time() - start_cpu)
   profile = _Average(before, cell_profile.ProfileLayer(
-      layers[calib], (x,), reps, micro_batch_sizes=sizes,
-      calibrate=calibrate))
+      layers[calib], (x,), reps, micro_batch_sizes=sizes, calibrate=fit))
+  if calibration is not None:
+    profile = profile.Applied(**calibration)
+  fitted = {cell_profile.MODES[m] for m in modes + ['inside_rc']} if fit \
+      else set()
   rows = []
   for n in names:
     s = parsed[n]
@@ -119,7 +139,8 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
     pred = cost_model.Predict(table, at_t, cut, s.recompute, 'shared')
     rows.append(dict(
         setting=n, schedule=s.schedule, v=s.num_stages_per_device,
-        calibration=calibrate and n == calib,
+        calibration=(n == calib if sweep else
+                     (s.schedule, s.recompute) in fitted) and fit,
         T=s.num_micro_batches, recompute=s.recompute,
         measured_s=statistics.median(times[n]),
         measured_cpu_s=statistics.median(cpu[n]),
@@ -137,15 +158,20 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   return dict(model=model, T='auto' if sweep else tt, rows=rows,
               pick=[best.name, best.num_stages_per_device,
                     best.num_micro_batches],
-              profile=profile.ToJson(), load_average=load)
+              profile=profile.ToJson(), load_average=load,
+              calibration=dict(cell_scale=profile.cell_scale,
+                               num_cores=profile.num_cores,
+                               mode_scales=[list(m) for m in
+                                            profile.mode_scales]))
 
 
 def _Profile(model: str, setting: str, reps: int,
              micro_batch_sizes: Sequence[int] = ()) -> Dict[str, Any]:
   """--profile: the profile of one setting's layer, with the threads and
   devices of the setting (and its cells at `micro_batch_sizes`), fitted to
-  a step of that layer (`cost_model.Profile.Calibrated`); per stage of its
-  cut the summed cells."""
+  a step of that layer (`cost_model.Profile.Calibrated`) and to one step
+  per other execution mode (`cell_profile.MODES`); per stage of its cut
+  the summed cells."""
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from tensorpipe import cell_profile, devices
@@ -162,7 +188,8 @@ def _Profile(model: str, setting: str, reps: int,
   start = _Now()
   prof = cell_profile.ProfileLayer(layer, (x,), reps,
                                    micro_batch_sizes=micro_batch_sizes,
-                                   calibrate=True)
+                                   calibrate=True,
+                                   calibrate_modes=tuple(cell_profile.MODES))
   took = _Now() - start
   plan = layer.partition_plan
   cut = plan.boundaries if plan else [(0, len(prof.layers))]
@@ -187,7 +214,9 @@ def ChildMain() -> None:
 def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
              timeout_s: float = 1800, sweep: Sequence[int] = (),
              recompute: Sequence[bool] = (True,),
-             calibrate: bool = True) -> Dict[str, Any]:
+             calibrate: bool = True,
+             calibration: Optional[Dict[str, Any]] = None
+             ) -> Dict[str, Any]:
   """`_Measure` in a fresh process.
 
   Raises:
@@ -195,7 +224,8 @@ def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
   """
   return _Spawn(dict(action='check', model=model, tt=tt, steps=steps,
                      reps=reps, sweep=list(sweep),
-                     recompute=list(recompute), calibrate=calibrate),
+                     recompute=list(recompute), calibrate=calibrate,
+                     calibration=calibration),
                 timeout_s)
 
 
@@ -308,12 +338,18 @@ def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
         calibrate: bool = True) -> List[Dict[str, Any]]:
   """One child per (model, T), in turn, timing every schedule with each
   `recompute` setting; with `sweep` one per model over every T of `ts`
-  (1F1B with recompute)."""
+  (1F1B with recompute). With `calibrate` the profile is calibrated at
+  the first T of `ts` (its rows of the calibrated modes marked) and that
+  calibration carried to the model's other T."""
   out = []
   for model in models:
+    calibration = None
     for tt in ts[:1] if sweep else ts:
       res = RunChild(model, tt, steps, reps, sweep=ts if sweep else (),
-                     recompute=recompute, calibrate=calibrate)
+                     recompute=recompute, calibrate=calibrate,
+                     calibration=calibration)
+      if calibrate and not sweep and calibration is None:
+        calibration = res['calibration']
       log(f'{model} T={tt}: ' + ', '.join(
           f'{r["schedule"]} {r["measured_s"] * 1e3:.1f} / '
           f'{r["predicted_s"] * 1e3:.1f} ms' for r in res['rows']))
