@@ -372,12 +372,29 @@ def StepTime(layer: Any, inputs: Tuple[Any, ...], reps: int = 10
   saved = [(v, v.numpy()) for v in layer.variables]
   try:
     fn = tf.function(Step, autograph=False).get_concrete_function(*inputs)
-    call = {'step': lambda: fn(*inputs)}
-    wall = _Timed(call, reps, clock=time.perf_counter)['step']
-    return wall, _Timed(call, reps)['step']
+    fn(*inputs).numpy()
+    walls, cpus = [], []
+    for _ in range(reps):
+      wall, cpu = time.perf_counter(), time.process_time()
+      fn(*inputs).numpy()
+      cpus.append(time.process_time() - cpu)
+      walls.append(time.perf_counter() - wall)
+    # Both clocks read around the same calls.
+    return statistics.median(walls), statistics.median(cpus)
   finally:
     for v, value in saved:
       v.assign(value)
+
+
+def StageCut(layer: Any) -> List[Tuple[int, int]]:
+  """[start, end) of each stage of TensorPipeLayer `layer` in its layers
+  flattened stage by stage (as `_CellCosts` profiles them): the cut
+  cost_model.Predict takes, for a planned or a hand-given partition."""
+  cut, start = [], 0
+  for stage in layer.stages:
+    cut.append((start, start + len(stage.layers)))
+    start += len(stage.layers)
+  return cut
 
 
 def NumCores() -> int:
@@ -511,9 +528,11 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
       num_cores=EffectiveCores(layer.devices, NumCores()),
       points=tuple(points))
   if not calibrate:
+    if calibrate_modes:
+      raise ValueError(f'calibrate_modes={list(calibrate_modes)!r} needs '
+                       'calibrate=True')
     return prof
-  plan = layer.partition_plan
-  cut = plan.boundaries if plan else [(0, len(costs))]
+  cut = StageCut(layer)
   table = schedule_builders.FromParam(
       p.schedule, len(layer.devices), tt,
       schedule_builders.NumStagesPerDevice(p))
@@ -530,8 +549,6 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
       _, other_cpu = StepTime(other, tuple(inputs), reps)
     except ValueError:
       continue   # e.g. the I/W split without grad_sum='sequential'
-    other_cut = (other.partition_plan.boundaries if other.partition_plan
-                 else cut)
     other_table = schedule_builders.Build(schedule, len(layer.devices), tt)
-    prof = prof.WithMode(other_table, other_cut, recompute, other_cpu)
+    prof = prof.WithMode(other_table, StageCut(other), recompute, other_cpu)
   return prof

@@ -198,18 +198,19 @@ class Profile:
     point) scaled by one factor so that the shared regime's work plus the
     ticks is `cpu_s`, and the cores set to that work over the step's wall
     time less its ticks, within [0.05, max_cores]. A measurement the ticks
-    alone exceed leaves the profile as it is.
+    alone exceed leaves the profile as it is. For an uncalibrated profile
+    (`cell_profile.ProfileLayer` calibrates first, then `WithMode`): mode
+    factors it holds are dropped.
     """
-    pred = Predict(table, self, boundaries, recompute, 'shared')
+    bare = dataclasses.replace(self, mode_scales=())
+    pred = Predict(table, bare, boundaries, recompute, 'shared')
     ticks = pred.ticks * self.tick_s
     if pred.work_s <= 0 or cpu_s <= ticks or wall_s <= ticks:
       return self
     k = (cpu_s - ticks) / pred.work_s
     cores = min(max(0.05, (cpu_s - ticks) / (wall_s - ticks)),
                 float(max_cores))
-    mode = Mode(table, recompute)
-    return self.Applied(k, cores, tuple(
-        (m, x) for m, x in self.mode_scales if m != mode))
+    return bare.Applied(k, cores, ())
 
   def WithMode(self, table: schedules.Schedule,
                boundaries: Sequence[Tuple[int, int]], recompute: bool,
@@ -330,8 +331,8 @@ def StageCosts(table: schedules.Schedule, profile: Profile,
                      f'profile\'s {n} layers; cut the same layers the profile '
                      'measured')
   c = profile.layers
-  split = any(a is not None and a.op in 'IW' for row in table.grid
-              for a in row)
+  split = {a.stage for row in table.grid for a in row
+           if a is not None and a.op == 'I'}
   dev = table.StageDevice()
   rate = profile.transfer_s_per_byte
   f, b, w = [], [], []
@@ -341,8 +342,9 @@ def StageCosts(table: schedules.Schedule, profile: Profile,
     send = out_b * rate if s + 1 < ss and dev[s + 1] != dev[s] else 0.0
     recv = in_b * rate if s > 0 and dev[s - 1] != dev[s] else 0.0
     f.append(_Sum([x.forward for x in c], start, end) + send)
-    # Split: b is I + W as measured, w is W (module docstring).
-    if split:
+    # A stage that runs I cells: b is I + W as measured, w is W (module
+    # docstring).
+    if s in split:
       w.append(_Sum([x.weight_grad for x in c], start, end))
       b.append(_Sum([x.input_grad for x in c], start, end) + w[-1] + recv)
     else:
@@ -371,7 +373,7 @@ def Mode(table: schedules.Schedule, recompute: bool) -> str:
   'inside' (the engine with the loss inside), with '_rc' (recompute) or
   '_norc' (without: TF's autodiff of GPipe's loop; the engine's unrolled
   cells)."""
-  kind = ('gpipe' if table.name == 'gpipe' else
+  kind = ('gpipe' if not table.loss_inside else
           'split' if any(a is not None and a.op in 'IW'
                          for row in table.grid for a in row) else 'inside')
   return f'{kind}_{"rc" if recompute else "norc"}'

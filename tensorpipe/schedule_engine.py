@@ -434,10 +434,10 @@ def _Tick(engine, tables, cs, states, logs, ops, barrier=None, ts=None):
       for s, st in zip(engine.on_device[d], mine):
         new_states[s] = st
       new_logs.append(engine.probe.Log(logs[d], c - engine.first, stamps))
-      # Inside an unrolled body the next tick's clock on device d waits
-      # for this tick's state there: one tick at a time per device, and
-      # Grappler cannot merge this tick's additions to a sum with the
-      # next tick's into one AddN (it leaves nodes that drive a control
+      # At a barrier of a steady body (schedule_program.Barriers) the
+      # next tick's clock on device d waits for this tick's state there,
+      # so Grappler cannot merge this tick's additions to a sum with a
+      # later tick's into one AddN (it leaves nodes that drive a control
       # dependency alone), which would add in another order.
       deps = (TensorsOn(engine.devices[d], mine) if barrier and barrier[d]
               else [])
@@ -487,8 +487,8 @@ def _CarriedLoop(engine, tables, loop, plan, loop_vars):
     for i, ops in enumerate(per_iteration):
       ts = []
       for d in range(num_d):
-        # Between periods the next tick's micro-batch on device d waits
-        # for this tick's state there (the barrier, see _Tick).
+        # At a barrier the next tick's micro-batch on device d waits for
+        # this tick's state there (schedule_program.Barriers, _Tick).
         deps = (TensorsOn(devices[d],
                           [states[s] for s in engine.on_device[d]])
                 if i and barriers[i - 1][d] else [])

@@ -12,28 +12,26 @@ from tensorpipe.layers import linear
 test_utils.ConfigureTestDevices()
 
 
-def _WidePipe(num_layers):
-  """(FC 256 -> 256 layers, K=1, T=4; its batch of 64): cells long enough
-  to measure above a call's cost (an 8 -> 8 layer's cells can time as 0,
-  which leaves nothing to calibrate)."""
-  layers = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=256,
-                                        output_dim=256)
+def _FcPipe(num_layers, dim=8, batch=8):
+  """(a TensorPipeLayer of FC dim -> dim layers, K=1, T=4; its batch)."""
+  layers = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=dim,
+                                        output_dim=dim)
             for i in range(num_layers)]
   layer = pipeline.TensorPipeLayer.Params().Set(
-      name='wide', layers=layers, num_partitions=1, num_micro_batches=4,
-      input_shapes=[[64, 256]]).Instantiate()
-  return layer, tf.random.stateless_uniform([64, 256], seed=[1, 2])
+      name=f'pipe{dim}', layers=layers, num_partitions=1,
+      num_micro_batches=4, input_shapes=[[batch, dim]]).Instantiate()
+  return layer, tf.random.stateless_uniform([batch, dim], seed=[1, 2])
 
 
 def _Fc8Pipe(num_layers):
-  """(a TensorPipeLayer of FC 8 -> 8 layers, K=1, T=4; its batch of 8)."""
-  layers = [linear.FCLayer.Params().Set(name=f'fc{i}', input_dim=8,
-                                        output_dim=8)
-            for i in range(num_layers)]
-  layer = pipeline.TensorPipeLayer.Params().Set(
-      name='pipe', layers=layers, num_partitions=1, num_micro_batches=4,
-      input_shapes=[[8, 8]]).Instantiate()
-  return layer, tf.ones([8, 8])
+  return _FcPipe(num_layers)
+
+
+def _WidePipe(num_layers):
+  """FC 256 -> 256 on 64 rows: cells long enough to measure above a call's
+  cost (an 8 -> 8 layer's cells can time as 0, which leaves nothing to
+  calibrate)."""
+  return _FcPipe(num_layers, dim=256, batch=64)
 
 
 class ProfileLayerTest(tf.test.TestCase):
@@ -128,23 +126,49 @@ class CalibrationTest(tf.test.TestCase):
     layer, x = _WidePipe(2)
     prof = cell_profile.ProfileLayer(
         layer, (x,), reps=2, tick=False, calibrate=True,
-        calibrate_modes=('gpipe_norc', 'split_rc'))
-    scales = dict(prof.mode_scales)
-    self.assertEqual(sorted(scales), ['gpipe_norc', 'split_rc'])
-    for v in scales.values():
-      self.assertGreater(v, 0.0)
+        calibrate_modes=('gpipe_norc', 'split_rc', 'gpipe_rc'))
+    # gpipe_rc is the layer's own mode: the calibration itself.
+    self.assertEqual(sorted(dict(prof.mode_scales)),
+                     ['gpipe_norc', 'split_rc'])
     with self.assertRaisesRegex(ValueError, "'nope' is not one of"):
       cell_profile.ProfileLayer(layer, (x,), reps=1, tick=False,
                                 calibrate=True, calibrate_modes=('nope',))
+    with self.assertRaisesRegex(ValueError, 'needs calibrate=True'):
+      cell_profile.ProfileLayer(layer, (x,), reps=1, tick=False,
+                                calibrate_modes=('split_rc',))
 
-  def testStepTimeRunsTheLossInsideSchedules(self):
-    layer, x = _Fc8Pipe(2)
-    p = layer.params.Copy().Set(name='pipe_1f1b', schedule='1f1b',
+  def testStepTimeTrainsAndRestoresTheVariables(self):
+    layer, x = _WidePipe(2)
+    p = layer.params.Copy().Set(name='wide_1f1b', schedule='1f1b',
                                 num_partitions=2)
-    wall, cpu = cell_profile.StepTime(p.Instantiate(), (x,), reps=2)
+    pipe = p.Instantiate()
+    before = [v.numpy() for v in pipe.variables]
+    wall, cpu = cell_profile.StepTime(pipe, (x,), reps=2)
     self.assertGreater(wall, 0.0)
     self.assertGreater(cpu, 0.0)
+    for v, b in zip(pipe.variables, before):
+      self.assertAllEqual(v, b, msg=v.name)
+    # The step does update them (else the restore above proves nothing):
+    # one more step by hand moves a weight.
+    grads = pipe.FPropLossAndGrads(
+        pipe.theta, (x,), None,
+        lambda y, _: 0.5 * tf.reduce_sum(tf.square(y)), 1.0).grads
+    self.assertGreater(float(tf.reduce_max(tf.abs(
+        tf.nest.flatten(grads)[0]))), 0.0)
 
+  def testHandGivenPartitionsAreCutAsGiven(self):
+    fc = lambda i: linear.FCLayer.Params().Set(
+        name=f'fc{i}', input_dim=256, output_dim=256)
+    layer = pipeline.TensorPipeLayer.Params().Set(
+        name='hand', partitions=[[fc(0)], [fc(1), fc(2)]],
+        num_micro_batches=4, input_shapes=[[64, 256]]).Instantiate()
+    self.assertIsNone(layer.partition_plan)
+    self.assertEqual(cell_profile.StageCut(layer), [(0, 1), (1, 3)])
+    x = tf.random.stateless_uniform([64, 256], seed=[1, 2])
+    prof = cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False,
+                                     calibrate=True)
+    self.assertLen(prof.layers, 3)
+    self.assertNotEqual(prof.cell_scale, 1.0)
 
 if __name__ == '__main__':
   tf.test.main()

@@ -198,6 +198,13 @@ class ProfileTest(unittest.TestCase):
     self.assertEqual(
         prof.Calibrated(table, cut, True, 1.0, 10.6, 2).num_cores, 2.0)
     self.assertIs(prof.Calibrated(table, cut, True, 0.5, 0.5, 2), prof)
+    # A profile that holds mode factors is fitted as if it held none, and
+    # loses them (they were relative to its old cells).
+    moded = dataclasses.replace(prof, mode_scales=(('gpipe_rc', 3.0),))
+    refit = moded.Calibrated(table, cut, True, wall_s=6.6, cpu_s=10.6,
+                             max_cores=2)
+    self.assertEqual(refit.mode_scales, ())
+    self.assertAlmostEqual(refit.cell_scale, 0.5)
     # The factor survives Scaled and the JSON round trip.
     self.assertEqual(got.Scaled(8).cell_scale, 0.5)
     self.assertEqual(cost_model.Profile.FromJson(got.ToJson()), got)

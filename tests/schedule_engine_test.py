@@ -116,6 +116,27 @@ class CompileTest(tf.test.TestCase):
     self.assertEqual(
         schedule_program.Barriers(((1, 2), (2, 1), (1, 2), (2, 1))),
         [(False, False), (True, True), (False, False), (False, False)])
+    # Every steady loop of every registered schedule (K 2 and 4, T 4 to
+    # 16, v 1 to 3 where it applies): between two runs of one (op,
+    # stage) on a device in an iteration there is a barrier there.
+    for name, vs in (('1f1b', (1,)), ('zb_h1', (1,)),
+                     ('interleaved_1f1b', (2, 3)), ('zb_v', (2,))):
+      for kk, tt, v in ((k, t, v) for k in (2, 4) for t in (4, 8, 16)
+                        for v in vs):
+        try:
+          table = schedule_builders.Build(name, kk, tt, v)
+        except ValueError:   # e.g. ZB-V needs T >= 2K - 1
+          continue
+        for loop in schedule_program.Compile(table).loops:
+          barriers = schedule_program.Barriers(loop.steady)
+          for d in range(kk):
+            ops = [ops[d] for ops in loop.steady]
+            for i, op in enumerate(ops):
+              for j in range(i + 1, len(ops)):
+                if ops[j] == op:
+                  self.assertTrue(any(b[d] for b in barriers[i:j]),
+                                  msg=f'{name} K={kk} T={tt} v={v} d={d}')
+                  break
     # A period with a repeat counts only where it repeats: not ticks 0-3
     # of 1 2 1 3 as one period of 4, but 2 1 3 (distinct) as one of 3.
     self.assertEqual(schedule_program.SteadyRun([[1, 2, 1, 3]]), (1, 4, 3))

@@ -108,9 +108,11 @@ flags.DEFINE_integer('tick_cost_reps', 200, 'With --tick_cost: timed '
 flags.DEFINE_boolean('profile', False, 'Run nothing else: the cost profile '
                      'of the first of --models at --profile_setting (per '
                      'layer t_F, t_B, t_I, t_W of the engine\'s cells, tick '
-                     'and transfer cost; tensorpipe/cell_profile.py), written '
-                     'to profile.json under --out: the plan_profile of '
-                     "schedule='auto'.")
+                     'and transfer cost; tensorpipe/cell_profile.py), '
+                     'calibrated on a step of the setting and one step per '
+                     'other execution mode (cell_profile.MODES: GPipe, 1F1B, '
+                     'ZB-H1, recompute on and off), written to profile.json '
+                     "under --out: the plan_profile of schedule='auto'.")
 flags.DEFINE_string('profile_setting', 'K2-T8-rc', 'With --profile: the '
                     'setting (K, T, threads) profiled.')
 flags.DEFINE_list('profile_micro_batch_sizes', [], 'With --profile: also '
@@ -127,10 +129,14 @@ flags.DEFINE_list('plan_check_ts', ['4', '8'], 'With --plan_check: the T '
                   'values.')
 flags.DEFINE_boolean('plan_check_norc', False, 'With --plan_check: time '
                      'and predict every schedule without recompute too.')
+flags.DEFINE_integer('plan_check_k', 2, 'With --plan_check: K, the '
+                     'logical devices (and inter-op threads) the schedules '
+                     'run on.')
 flags.DEFINE_boolean('plan_check_calibrate', True, 'With --plan_check: '
-                     'fit the profile to a timed 1F1B step with recompute '
-                     '(cost_model.Profile.Calibrated); that row is marked '
-                     'and left out of the error summary.')
+                     'at the first T of --plan_check_ts fit the profile to '
+                     'one timed step per execution mode (cost_model.Mode; '
+                     'those rows are marked * and left out of the error '
+                     'summary) and carry that calibration to the other T.')
 flags.DEFINE_boolean('plan_check_sweep_t', False, 'With --plan_check: per '
                      'model, 1F1B at every T of --plan_check_ts in one '
                      "process, and num_micro_batches='auto''s pick among "
@@ -439,7 +445,8 @@ def _Plan() -> None:
         log=lambda line: print(line, flush=True),
         sweep=FLAGS.plan_check_sweep_t,
         recompute=(True, False) if FLAGS.plan_check_norc else (True,),
-        calibrate=FLAGS.plan_check_calibrate)
+        calibrate=FLAGS.plan_check_calibrate,
+        num_partitions=FLAGS.plan_check_k)
   except RuntimeError as e:
     sys.exit(f'benchmark: error: --plan_check: {e}')
   _WriteTable(out, 'plan_check', results, plan_check.Table(results))

@@ -35,6 +35,9 @@ class SummaryTest(unittest.TestCase):
                   '250.0 / 200.0 | -20.0% | 1.225 | 1.000 | 100.0 |', text)
     self.assertIn('wall: median |error| 10.0%, worst 20.0% over 3 '
                   'predicted rows', text)
+    # K other than 2 is named.
+    self.assertIn('| dense16 K=4 | 4 | zb_v v=2 | 125.0 / 100.0 |',
+                  plan_check.Table([dict(_RESULTS[0], K=4)]))
     self.assertIn('- dense16 T=4 (load 1.0): pick 1f1b v=1 T=4, +2.0% (wall) / '
                   '+0.0% (CPU) over the fastest measured', text)
 
@@ -52,6 +55,11 @@ class CalibrationRowTest(unittest.TestCase):
     self.assertAlmostEqual(s['wall']['median_abs_error'], 0.15)
     self.assertIn('| dense16 | 4 | 1f1b v=1 * | 102.0 / 100.0 |',
                   plan_check.Table(res))
+    # Nothing predicted (a sweep of one T): no error, no crash.
+    only = [dict(_RESULTS[0], rows=[rows[1]])]
+    s = plan_check.Summary(only)
+    self.assertEqual(s['wall']['rows'], 0)
+    self.assertIn('over 0 predicted rows', plan_check.Table(only))
 
 
 class CarriedCalibrationTest(unittest.TestCase):
@@ -60,7 +68,8 @@ class CarriedCalibrationTest(unittest.TestCase):
     calls = []
 
     def Child(model, tt, steps, reps, sweep=(), recompute=(True,),
-              calibrate=True, calibration=None):
+              calibrate=True, calibration=None, num_partitions=2):
+      self.assertEqual(num_partitions, 2)
       calls.append((model, tt, calibration))
       return dict(_RESULTS[0], T=tt, calibration=dict(
           cell_scale=float(tt), num_cores=1.5, mode_scales=[]))

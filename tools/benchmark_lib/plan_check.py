@@ -1,18 +1,19 @@
 """The planner's accuracy: predicted vs measured step of every schedule.
 
 `tools/benchmark --plan_check` runs, for each model of --models and each T
-of --plan_check_ts, one child process (one intra-op thread, K = 2 inter-op
-threads, 2 logical CPU devices: the benchmark's pipelined settings) that
+of --plan_check_ts, one child process (one intra-op thread, K inter-op
+threads, K logical CPU devices: the benchmark's pipelined settings; K =
+--plan_check_k, 2 by default) that
 
-  1. builds the five schedules of `schedule_plan.ALL` at K=2 with recompute
-     (K2-T<t>-rc, -1f1b-rc, -i2-rc, -zbh1-rc, -zbv-rc) and, with
+  1. builds the five schedules of `schedule_plan.ALL` at K with recompute
+     (K<k>-T<t>-rc, -1f1b-rc, -i2-rc, -zbh1-rc, -zbv-rc) and, with
      --plan_check_norc, without it too (-norc),
   2. profiles the model (`cell_profile.ProfileLayer`: per-layer cells, tick
      and transfer cost) before and after the timed steps, and averages;
      at the first T of a model it calibrates the profile on one step per
-     execution mode (1F1B, GPipe and ZB-H1, with and without recompute:
-     those rows are marked and not counted), at the others it applies that
-     calibration (every row a prediction),
+     execution mode (1F1B, GPipe and ZB-H1 with recompute, and without it
+     too with --plan_check_norc: those rows are marked and not counted),
+     at the others it applies that calibration (every row a prediction),
   3. times the five training steps in turn, one step each per round
      (median of --steps rounds), and
   4. predicts each with `cost_model.Predict` in the shared regime (the
@@ -73,7 +74,8 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
              sweep: Sequence[int] = (),
              recompute: Sequence[bool] = (True,),
              calibrate: bool = True,
-             calibration: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+             calibration: Optional[Dict[str, Any]] = None,
+             num_partitions: int = 2) -> Dict[str, Any]:
   """The child's work (module docstring); TF not yet started. With
   `sweep` (T values) it times 1F1B at each T instead, profiles the cells at
   each micro-batch size, and the pick is num_micro_batches='auto''s.
@@ -91,19 +93,20 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   from tools.benchmark_lib import runner, settings
   # pylint: enable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(1)
-  tf.config.threading.set_inter_op_parallelism_threads(2)
-  devices.SetNumLogicalCpuDevices(2)
+  kk = num_partitions
+  tf.config.threading.set_inter_op_parallelism_threads(kk)
+  devices.SetNumLogicalCpuDevices(kk)
   layer_ps, shape = runner.BuiltinLayers(model)
   x = tf.random.stateless_uniform(shape, seed=[1, 2])
-  names = ([f'K2-T{t}-1f1b-rc' for t in sweep] if sweep else
-           [f'K2-T{tt}-{s[:-2]}{"rc" if rc else "norc"}'
+  names = ([f'K{kk}-T{t}-1f1b-rc' for t in sweep] if sweep else
+           [f'K{kk}-T{tt}-{s[:-2]}{"rc" if rc else "norc"}'
             for rc in recompute for s in SUFFIXES])
   sizes = [shape[0] // t for t in sweep]
   parsed = {n: settings.ParseSetting(n) for n in names}
   layers = {n: runner.BuildLayer(parsed[n], layer_ps, shape) for n in names}
   # Calibrated on 1F1B with recompute (of a sweep: at its first T).
-  calib = next(n for n in names if parsed[n].schedule == '1f1b' and
-               parsed[n].recompute)
+  calib = next((n for n in names if parsed[n].schedule == '1f1b' and
+                parsed[n].recompute), names[0])
   fit = calibrate and calibration is None
   modes = ([m for m, (_, rc) in cell_profile.MODES.items()
             if m != 'inside_rc' and rc in recompute]
@@ -128,13 +131,17 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
       layers[calib], (x,), reps, micro_batch_sizes=sizes, calibrate=fit))
   if calibration is not None:
     profile = profile.Applied(**calibration)
-  fitted = {cell_profile.MODES[m] for m in modes + ['inside_rc']} if fit \
-      else set()
+  # The rows of the modes the calibration measured (a mode the layer
+  # cannot run, or whose step was too short to fit, is predicted).
+  own = cost_model.Mode(settings.ScheduleTable(parsed[calib]),
+                        parsed[calib].recompute)
+  fitted = ({cell_profile.MODES[m] for m in
+             dict(before.mode_scales).keys() | {own}} if fit else set())
   rows = []
   for n in names:
     s = parsed[n]
     table = settings.ScheduleTable(s)
-    cut = layers[n].partition_plan.boundaries
+    cut = cell_profile.StageCut(layers[n])
     at_t = profile.Scaled(shape[0] // s.num_micro_batches)
     pred = cost_model.Predict(table, at_t, cut, s.recompute, 'shared')
     rows.append(dict(
@@ -149,13 +156,13 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
         separate_s=cost_model.Predict(table, at_t, cut, s.recompute,
                                       'separate').step_s))
   report = model_analysis.AnalyzeLayers(
-      layer_ps, [shape], num_partitions=2, num_micro_batches=tt,
+      layer_ps, [shape], num_partitions=kk, num_micro_batches=tt,
       exact_optimizer_state=False)
   best = schedule_auto.RankOverT(
       report, lambda r: schedule_auto.ProfileFor(r, profile),
       list(sweep) or [tt], True, 'shared',
       [('1f1b', 1)] if sweep else schedule_plan.ALL).best
-  return dict(model=model, T='auto' if sweep else tt, rows=rows,
+  return dict(model=model, T='auto' if sweep else tt, K=kk, rows=rows,
               pick=[best.name, best.num_stages_per_device,
                     best.num_micro_batches],
               profile=profile.ToJson(), load_average=load,
@@ -191,8 +198,7 @@ def _Profile(model: str, setting: str, reps: int,
                                    calibrate=True,
                                    calibrate_modes=tuple(cell_profile.MODES))
   took = _Now() - start
-  plan = layer.partition_plan
-  cut = plan.boundaries if plan else [(0, len(prof.layers))]
+  cut = cell_profile.StageCut(layer)
   stages = [{f: sum(getattr(c, f) for c in prof.layers[a:b]) for f in
              ('forward', 'backward', 'input_grad', 'weight_grad')}
             for a, b in cut]
@@ -215,8 +221,8 @@ def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
              timeout_s: float = 1800, sweep: Sequence[int] = (),
              recompute: Sequence[bool] = (True,),
              calibrate: bool = True,
-             calibration: Optional[Dict[str, Any]] = None
-             ) -> Dict[str, Any]:
+             calibration: Optional[Dict[str, Any]] = None,
+             num_partitions: int = 2) -> Dict[str, Any]:
   """`_Measure` in a fresh process.
 
   Raises:
@@ -225,7 +231,8 @@ def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
   return _Spawn(dict(action='check', model=model, tt=tt, steps=steps,
                      reps=reps, sweep=list(sweep),
                      recompute=list(recompute), calibrate=calibrate,
-                     calibration=calibration),
+                     calibration=calibration,
+                     num_partitions=num_partitions),
                 timeout_s)
 
 
@@ -275,8 +282,10 @@ def Summary(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
   out = {}
   for clock, name in (('', 'wall'), ('_cpu', 'cpu')):
     errs = [abs(e) for e in _Errors(results, clock)]
-    out[name] = dict(median_abs_error=statistics.median(errs),
-                     worst_abs_error=max(errs), rows=len(errs))
+    out[name] = dict(median_abs_error=(statistics.median(errs) if errs
+                                       else float('nan')),
+                     worst_abs_error=max(errs, default=float('nan')),
+                     rows=len(errs))
   picks = []
   for res in results:
     over = {}
@@ -285,10 +294,16 @@ def Summary(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
       by = {(r['schedule'], r['v'], r['T']): r[f'measured{clock}_s']
             for r in res['rows'] if r.get('recompute', True)}
       over[name] = by[tuple(res['pick'])] / min(by.values()) - 1
-    picks.append(dict(model=res['model'], T=res['T'], pick=res['pick'],
+    picks.append(dict(model=_Name(res), T=res['T'], pick=res['pick'],
                       over_best=over))
   out['picks'] = picks
   return out
+
+
+def _Name(res: Dict[str, Any]) -> str:
+  """The model, with its K where it is not 2."""
+  kk = res.get('K', 2)
+  return res['model'] if kk == 2 else f'{res["model"]} K={kk}'
 
 
 def Table(results: Sequence[Dict[str, Any]]) -> str:
@@ -306,7 +321,7 @@ def Table(results: Sequence[Dict[str, Any]]) -> str:
     for r in res['rows']:
       rc = r.get('recompute', True)
       lines.append(
-          f'| {res["model"]} | {r["T"]} | {r["schedule"]} v={r["v"]}'
+          f'| {_Name(res)} | {r["T"]} | {r["schedule"]} v={r["v"]}'
           f'{"" if r.get("recompute", True) else " norc"}'
           f'{" *" if r.get("calibration") else ""} | '
           f'{r["measured_s"] * 1e3:.1f} / {r["predicted_s"] * 1e3:.1f} | '
@@ -335,7 +350,8 @@ def Table(results: Sequence[Dict[str, Any]]) -> str:
 def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
         log=print, sweep: bool = False,
         recompute: Sequence[bool] = (True,),
-        calibrate: bool = True) -> List[Dict[str, Any]]:
+        calibrate: bool = True,
+        num_partitions: int = 2) -> List[Dict[str, Any]]:
   """One child per (model, T), in turn, timing every schedule with each
   `recompute` setting; with `sweep` one per model over every T of `ts`
   (1F1B with recompute). With `calibrate` the profile is calibrated at
@@ -347,7 +363,7 @@ def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
     for tt in ts[:1] if sweep else ts:
       res = RunChild(model, tt, steps, reps, sweep=ts if sweep else (),
                      recompute=recompute, calibrate=calibrate,
-                     calibration=calibration)
+                     calibration=calibration, num_partitions=num_partitions)
       if calibrate and not sweep and calibration is None:
         calibration = res['calibration']
       log(f'{model} T={tt}: ' + ', '.join(
