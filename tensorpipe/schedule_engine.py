@@ -36,9 +36,7 @@ case); deeper rings (interleaved 1F1B) are TensorArrays in the producer's
 loop state, read on the producer's device and sent to the consumer. Ticks
 on which every device works in a repeating pattern run as a loop whose
 cells are fixed in the graph (no tf.switch_case); the others switch on the
-table (`schedule_program`), except short ones (the ramps, `RAMP_TICKS`),
-which run once with each tick's cells fixed. Two ticks may be in flight
-in a switching loop
+table (`schedule_program`). Two ticks may be in flight in a switching loop
 (`PARALLEL_ITERATIONS`: cells of different cost on neighbouring devices
 overlap as their data allow, rather than each tick waiting for its slowest
 cell); the steady loop runs a whole period per iteration, one in flight.
@@ -74,18 +72,6 @@ PARALLEL_ITERATIONS = 2
 # iteration in flight keeps the same ticks in flight. 1F1B conv16 / dense16,
 # K=2, T=32 and K=4, T=8: 1 and 2 iterations within noise of each other.
 STEADY_PARALLEL_ITERATIONS = 1
-# Switching loops of at most this many ticks (the ramps before and after
-# the steady loop) run as one iteration with every tick's cells fixed in
-# the graph: a lowered switch_case visits every op of every branch on every
-# tick, and tracing a ramp's cells costs less than optimizing the case.
-# Loss-inside schedules only (GPipe's own loops are mostly steady already).
-# One run each, 32 FC layers of 256, batch 64, first step (trace) / median
-# step, before -> after: K=2 T=8 ZB-V 5.2 s / 13.6 ms -> 3.1 s / 10.3 ms,
-# ZB-H1 3.7 s -> 2.6 s (steps within noise), 1F1B 2.1 -> 1.6 s; K=4 T=16
-# ZB-V 6.6 s / 41.8 ms -> 5.7 s / 25.3 ms, interleaved 1F1B (v=2) 4.4 s /
-# 21.1 ms -> 5.3 s / 14.5 ms, 1F1B 2.3 s / 14.3 ms -> 2.1 s / 12.6 ms. The
-# bound keeps the graph from growing with K x T on long ramps.
-RAMP_TICKS = 48
 # LOOP_DEVICE: a loop's own control (its iteration counter and condition)
 # is built on the first device of the pipeline, not on the caller's default
 # device. Each iteration sends the condition to every device of the loop;
@@ -579,9 +565,8 @@ def Run(call: pipeline_stage.PipelineCall, program: schedule_program.Program,
       logs.append(probe.NewLog(last - first, 3))
   loop_vars = (tables.clocks, states, logs)
   one_loop = probe.recording or bool(end.autodiff)
-  ramps = RAMP_TICKS if isinstance(end, schedule_ends.LossInside) else 0
   for loop in schedule_program.Loops(program.branch, first, last, one_loop,
-                                     unroll_ticks, ramps):
+                                     unroll_ticks):
     plan = _Carried(engine, tables, loop) if loop.steady else None
     if plan is not None:
       loop_vars = _CarriedLoop(engine, tables, loop, plan, loop_vars)

@@ -221,7 +221,7 @@ def Barriers(steady: Sequence[Sequence[int]]) -> List[Tuple[bool, ...]]:
     row = []
     for d in range(kk):
       seen[d].add(ops[d])
-      wait = nxt is not None and nxt[d] != IDLE and nxt[d] in seen[d]
+      wait = nxt is not None and nxt[d] in seen[d]
       if wait:
         seen[d] = set()
       row.append(wait)
@@ -230,39 +230,25 @@ def Barriers(steady: Sequence[Sequence[int]]) -> List[Tuple[bool, ...]]:
 
 
 def Loops(branch: Sequence[Sequence[int]], first: int, end: int,
-          one_loop: bool = False, unroll_ticks: int = 1,
-          unroll_ramps: int = 0) -> List[Loop]:
+          one_loop: bool = False, unroll_ticks: int = 1) -> List[Loop]:
   """The loops over ticks [first, end) (module docstring: loops).
 
   The steady loop runs max(1, unroll_ticks // p) periods per iteration
   (all of them if it has fewer); the periods its iterations leave over run
-  at the end of the switching loop before it. A switching loop of at most
-  `unroll_ramps` ticks becomes one iteration with every tick's cells
-  fixed (idle cells included): no switch, each of its cells traced.
+  at the end of the switching loop before it.
   """
   sliced = [row[first:end] for row in branch]
   run = None if one_loop or end <= first else SteadyRun(sliced)
   if run is None:
-    loops = [Loop(first, end, ())]
-  else:
-    a, b, p = run
-    per = min(max(1, unroll_ticks // p), (b - a) // p)
-    a += ((b - a) // p % per) * p
-    steady = tuple(tuple(sliced[d][a + i] for d in range(len(sliced)))
-                   for i in range(p)) * per
-    loops = [Loop(first, first + a, ()), Loop(first + a, first + b, steady),
-             Loop(first + b, end, ())]
-  out = []
-  for loop in loops:
-    if loop.end <= loop.first:
-      continue
-    if (not one_loop and not loop.steady and
-        loop.end - loop.first <= unroll_ramps):
-      loop = Loop(loop.first, loop.end, tuple(
-          tuple(row[c] for row in branch)
-          for c in range(loop.first, loop.end)))
-    out.append(loop)
-  return out
+    return [Loop(first, end, ())]
+  a, b, p = run
+  per = min(max(1, unroll_ticks // p), (b - a) // p)
+  a += ((b - a) // p % per) * p
+  steady = tuple(tuple(sliced[d][a + i] for d in range(len(sliced)))
+                 for i in range(p)) * per
+  loops = [Loop(first, first + a, ()), Loop(first + a, first + b, steady),
+           Loop(first + b, end, ())]
+  return [loop for loop in loops if loop.end > loop.first]
 
 
 def Compile(table: schedules.Schedule, one_loop: bool = False) -> Program:
