@@ -336,13 +336,6 @@ def TransferRate(devices: Sequence[str], num_bytes: float,
   return max(0.0, t['there'] - t['here']) / (4 * n)
 
 
-# The execution modes (cost_model.Mode) and the (schedule, recompute) whose
-# step measures each.
-MODES = {'gpipe_rc': ('gpipe', True), 'gpipe_norc': ('gpipe', False),
-         'inside_rc': ('1f1b', True), 'inside_norc': ('1f1b', False),
-         'split_rc': ('zb_h1', True), 'split_norc': ('zb_h1', False)}
-
-
 def StepTime(layer: Any, inputs: Tuple[Any, ...], reps: int = 10
              ) -> Tuple[float, float]:
   """(wall, CPU) seconds of one training step of TensorPipeLayer `layer`
@@ -494,9 +487,9 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
   cells alone at each of `micro_batch_sizes` (the profile's points: the
   curve num_micro_batches='auto' plans from). With `calibrate`, fitted to
   a step of `layer` itself (`StepTime`, `cost_model.Profile.Calibrated`),
-  and per mode of `calibrate_modes` (MODES) to a step of a copy of the
-  layer in that mode (`cost_model.Profile.WithMode`; a mode the layer's
-  settings cannot run is skipped).
+  and per mode of `calibrate_modes` (cost_model.MODES) to a step of a copy
+  of the layer in that mode (`cost_model.Profile.WithMode`; a mode the
+  layer's settings cannot run is skipped).
 
   Raises:
     ValueError: a size that does not divide the mini-batch.
@@ -506,9 +499,9 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
   tt = microbatch.NumMicroBatches(batch, p.num_micro_batches,
                                   p.micro_batch_size)
   for mode in calibrate_modes:
-    if mode not in MODES:
+    if mode not in cost_model.MODES:
       raise ValueError(f'calibrate_modes: {mode!r} is not one of '
-                       f'{sorted(MODES)}')
+                       f'{sorted(cost_model.MODES)}')
   for size in micro_batch_sizes:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1 or (
         batch % size):
@@ -538,10 +531,11 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
       schedule_builders.NumStagesPerDevice(p))
   wall, cpu = StepTime(layer, tuple(inputs), reps)
   prof = prof.Calibrated(table, cut, p.recompute, wall, cpu, NumCores())
+  own = cost_model.Mode(table, p.recompute)
   for mode in calibrate_modes:
-    if mode == cost_model.Mode(table, p.recompute):
+    if mode == own:
       continue   # the layer's own step: the calibration itself
-    schedule, recompute = MODES[mode]
+    schedule, recompute = cost_model.MODES[mode]
     try:
       other = p.Copy().Set(name=f'{p.name}_{mode}', schedule=schedule,
                            recompute=recompute,

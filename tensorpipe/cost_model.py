@@ -229,6 +229,11 @@ class Profile:
     return dataclasses.replace(
         self, mode_scales=rest + ((mode, measured / cells),))
 
+  def Calibration(self) -> Dict:
+    """This profile's calibration as `Applied` takes it (JSON-ready)."""
+    return dict(cell_scale=self.cell_scale, num_cores=self.num_cores,
+                mode_scales=[list(m) for m in self.mode_scales])
+
   def Applied(self, cell_scale: float, num_cores: float,
               mode_scales: Sequence[Tuple[str, float]]) -> 'Profile':
     """This (uncalibrated) profile with another profile's calibration:
@@ -365,6 +370,13 @@ def Work(table: schedules.Schedule, f: Sequence[float], b: Sequence[float],
       total += {'F': f[s], 'B': r + b[s], 'I': r + b[s] - w[s],
                 'W': w[s]}[a.op]
   return total
+
+
+# The execution modes `Mode` names, and the (schedule, recompute) whose
+# step measures each (cell_profile.ProfileLayer's calibrate_modes).
+MODES = {'gpipe_rc': ('gpipe', True), 'gpipe_norc': ('gpipe', False),
+         'inside_rc': ('1f1b', True), 'inside_norc': ('1f1b', False),
+         'split_rc': ('zb_h1', True), 'split_norc': ('zb_h1', False)}
 
 
 def Mode(table: schedules.Schedule, recompute: bool) -> str:

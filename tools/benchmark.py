@@ -110,7 +110,7 @@ flags.DEFINE_boolean('profile', False, 'Run nothing else: the cost profile '
                      'layer t_F, t_B, t_I, t_W of the engine\'s cells, tick '
                      'and transfer cost; tensorpipe/cell_profile.py), '
                      'calibrated on a step of the setting and one step per '
-                     'other execution mode (cell_profile.MODES: GPipe, 1F1B, '
+                     'other execution mode (cost_model.MODES: GPipe, 1F1B, '
                      'ZB-H1, recompute on and off), written to profile.json '
                      "under --out: the plan_profile of schedule='auto'.")
 flags.DEFINE_string('profile_setting', 'K2-T8-rc', 'With --profile: the '
@@ -377,7 +377,8 @@ def _RemoteCheck() -> None:
           [floor] = remote.TransferFloorSubprocess(addresses[:2], [shape])
         finally:
           remote.StopServers(procs)
-        prof = plan_check.ProfileChild(model, setting.name)
+        # The setting's own mode: no other mode's step needed.
+        prof = plan_check.ProfileChild(model, setting.name, modes=False)
       except (RuntimeError, subprocess.TimeoutExpired) as e:
         print(f'SKIPPED {model} {setting.name}: {spawn.FailureReason(e)}',
               file=sys.stderr, flush=True)

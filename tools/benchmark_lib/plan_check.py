@@ -82,7 +82,7 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
 
   With `calibrate` and no `calibration` the profile is fitted to this T's
   1F1B step with recompute and to one step per other execution mode
-  (cell_profile.MODES: GPipe's, ZB-H1's and 1F1B's rows; marked as
+  (cost_model.MODES: GPipe's, ZB-H1's and 1F1B's rows; marked as
   calibration rows); with `calibration` (another T's: cell_scale,
   num_cores, mode_scales) it is applied to this T's profile instead, and
   every row is a prediction."""
@@ -114,7 +114,7 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   calib = next((n for n in names if parsed[n].schedule == '1f1b' and
                 parsed[n].recompute), names[0])
   fit = calibrate and calibration is None
-  modes = ([m for m, (_, rc) in cell_profile.MODES.items()
+  modes = ([m for m, (_, rc) in cost_model.MODES.items()
             if m != 'inside_rc' and rc in recompute]
            if fit and not sweep else [])
   before = cell_profile.ProfileLayer(layers[calib], (x,), reps,
@@ -141,7 +141,7 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   # cannot run, or whose step was too short to fit, is predicted).
   own = cost_model.Mode(settings.ScheduleTable(parsed[calib]),
                         parsed[calib].recompute)
-  fitted = ({cell_profile.MODES[m] for m in
+  fitted = ({cost_model.MODES[m] for m in
              dict(before.mode_scales).keys() | {own}} if fit else set())
   rows = []
   for n in names:
@@ -172,22 +172,20 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
               pick=[best.name, best.num_stages_per_device,
                     best.num_micro_batches],
               profile=profile.ToJson(), load_average=load,
-              calibration=dict(cell_scale=profile.cell_scale,
-                               num_cores=profile.num_cores,
-                               mode_scales=[list(m) for m in
-                                            profile.mode_scales]))
+              calibration=profile.Calibration())
 
 
 def _Profile(model: str, setting: str, reps: int,
-             micro_batch_sizes: Sequence[int] = ()) -> Dict[str, Any]:
+             micro_batch_sizes: Sequence[int] = (),
+             modes: bool = True) -> Dict[str, Any]:
   """--profile: the profile of one setting's layer, with the threads and
   devices of the setting (and its cells at `micro_batch_sizes`), fitted to
-  a step of that layer (`cost_model.Profile.Calibrated`) and to one step
-  per other execution mode (`cell_profile.MODES`); per stage of its cut
-  the summed cells."""
+  a step of that layer (`cost_model.Profile.Calibrated`) and, with
+  `modes`, to one step per other execution mode (`cost_model.MODES`); per
+  stage of its cut the summed cells."""
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
-  from tensorpipe import cell_profile, devices
+  from tensorpipe import cell_profile, cost_model, devices
   from tools.benchmark_lib import runner, settings
   # pylint: enable=g-import-not-at-top
   s = settings.ParseSetting(setting)
@@ -202,7 +200,8 @@ def _Profile(model: str, setting: str, reps: int,
   prof = cell_profile.ProfileLayer(layer, (x,), reps,
                                    micro_batch_sizes=micro_batch_sizes,
                                    calibrate=True,
-                                   calibrate_modes=tuple(cell_profile.MODES))
+                                   calibrate_modes=(tuple(cost_model.MODES)
+                                                    if modes else ()))
   took = _Now() - start
   cut = cell_profile.StageCut(layer)
   stages = [{f: sum(getattr(c, f) for c in prof.layers[a:b]) for f in
@@ -244,12 +243,13 @@ def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
 
 def ProfileChild(model: str, setting: str, reps: int = 10,
                  timeout_s: float = 900,
-                 micro_batch_sizes: Sequence[int] = ()) -> Dict[str, Any]:
+                 micro_batch_sizes: Sequence[int] = (),
+                 modes: bool = True) -> Dict[str, Any]:
   """`_Profile` in a fresh process: {'profile', 'stages', 'seconds', 'cut'
   (the layer's stage boundaries)}."""
   return _Spawn(dict(action='profile', model=model, setting=setting,
-                     reps=reps, micro_batch_sizes=list(micro_batch_sizes)),
-                timeout_s)
+                     reps=reps, micro_batch_sizes=list(micro_batch_sizes),
+                     modes=modes), timeout_s)
 
 
 def _Spawn(request: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
