@@ -52,6 +52,7 @@ from absl import flags
 from tools import paths
 from tools.benchmark_lib import analysis
 from tools.benchmark_lib import plan_check
+from tools.benchmark_lib import plan_uniform
 from tools.benchmark_lib import plots
 from tools.benchmark_lib import remote
 from tools.benchmark_lib import report as report_lib
@@ -141,6 +142,14 @@ flags.DEFINE_boolean('plan_check_sweep_t', False, 'With --plan_check: per '
                      'model, 1F1B at every T of --plan_check_ts in one '
                      "process, and num_micro_batches='auto''s pick among "
                      'them (the measured micro-batch curve).')
+flags.DEFINE_boolean('plan_uniform', False, 'Run nothing else: per '
+                     'model of --models and T of --plan_check_ts (K = '
+                     '--plan_check_k; recompute, and with --plan_check_norc '
+                     'without it too), GPipe with the layers cut by count '
+                     'against GPipe cut by FLOPs and the schedule the planner '
+                     'picks from a profile taken in the same process '
+                     '(benchmark_lib/plan_uniform.py); writes '
+                     'plan_uniform.json and plan_uniform.md under --out.')
 flags.DEFINE_boolean('step_profile', False, 'Run nothing else: each of '
                      '--settings of each of --models timed (--steps), then '
                      '--step_profile_steps more steps under TF\'s profiler: '
@@ -188,7 +197,7 @@ def _Run(argv):
   if FLAGS.tick_cost:
     _TickCost()
     return
-  if FLAGS.profile or FLAGS.plan_check:
+  if FLAGS.profile or FLAGS.plan_check or FLAGS.plan_uniform:
     _Plan()
     return
   if FLAGS.step_profile:
@@ -399,7 +408,8 @@ def _RemoteCheck() -> None:
 
 
 def _Plan() -> None:
-  """--profile (one model's profile.json) or --plan_check (the table)."""
+  """--profile (one model's profile.json), --plan_check or --plan_uniform
+  (their tables)."""
   out = _OutDir()
   if FLAGS.profile:
     try:
@@ -440,13 +450,23 @@ def _Plan() -> None:
   except ValueError:
     raise app.UsageError(f'--plan_check_ts={",".join(FLAGS.plan_check_ts)} '
                          'must be integers, e.g. 4,8') from None
+  recompute = (True, False) if FLAGS.plan_check_norc else (True,)
+  if FLAGS.plan_uniform:
+    try:
+      results = plan_uniform.Run(
+          FLAGS.models, ts, FLAGS.steps, 10,
+          log=lambda line: print(line, flush=True), recompute=recompute,
+          num_partitions=FLAGS.plan_check_k)
+    except (RuntimeError, ValueError) as e:
+      sys.exit(f'benchmark: error: --plan_uniform: {e}')
+    _WriteTable(out, 'plan_uniform', results, plan_uniform.Table(results))
+    return
   try:
     results = plan_check.Run(
         FLAGS.models, ts, FLAGS.steps, 10,
         log=lambda line: print(line, flush=True),
         sweep=FLAGS.plan_check_sweep_t,
-        recompute=(True, False) if FLAGS.plan_check_norc else (True,),
-        calibrate=FLAGS.plan_check_calibrate,
+        recompute=recompute, calibrate=FLAGS.plan_check_calibrate,
         num_partitions=FLAGS.plan_check_k)
   except RuntimeError as e:
     sys.exit(f'benchmark: error: --plan_check: {e}')

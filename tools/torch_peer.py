@@ -325,14 +325,15 @@ def CheckModels(models: Sequence[str]) -> None:
   """Raises app.UsageError for a model the torch peer cannot build (the
   worker builds FC and conv3x3 layers only), naming those it can."""
   twins = sorted(m for m, spec in settings.BUILTIN_MODELS.items()
-                 if spec.layer in ('fc', 'conv3x3'))
+                 if spec.layer in ('fc', 'conv3x3') and not spec.end_dim)
   for m in models:
     if m not in settings.BUILTIN_MODELS:
       raise app.UsageError(f'--models: {m!r} is not a built-in model; use '
                            f'one of {twins}')
     if m not in twins:
       raise app.UsageError(f'--models: {m!r} has no torch twin (the peer '
-                           f'builds FC and conv models only); use one of '
+                           f'builds FC layers of one width and conv models '
+                           f'only); use one of '
                            f'{twins}')
 
 

@@ -80,6 +80,23 @@ class SettingsTest(unittest.TestCase):
     with self.assertRaisesRegex(ValueError, "'no_such_model_key'.*dense16"):
       runner.ModelLayers('no_such_model_key')
 
+  def testTaperedModelsChainTheirWidths(self):
+    layers, shape = runner.ModelLayers('taper16')
+    self.assertEqual(shape, [64, 256])
+    self.assertEqual([(lp.input_dim, lp.output_dim) for lp in layers[:2]],
+                     [(256, 304), (304, 352)])
+    self.assertEqual(layers[-1].output_dim, 1024)
+    self.assertTrue(all(a.output_dim == b.input_dim
+                        for a, b in zip(layers, layers[1:])))
+    layers, shape = runner.ModelLayers('taperconv16')
+    self.assertEqual(shape, [64, 32, 32, 8])
+    self.assertEqual([lp.filter_shape for lp in (layers[0], layers[-1])],
+                     [(3, 3, 8, 10), (3, 3, 30, 32)])
+    # The untapered models keep one width.
+    layers, _ = runner.ModelLayers('dense16')
+    self.assertEqual({(lp.input_dim, lp.output_dim) for lp in layers},
+                     {(1024, 1024)})
+
   def testRegisteredExperimentLayers(self):
     layers, shape = runner.ModelLayers('consistency.Consistency4x8')
     self.assertEqual(len(layers), 18)   # 16 convs, flatten, logits

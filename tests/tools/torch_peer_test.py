@@ -33,6 +33,8 @@ class HelpersTest(unittest.TestCase):
     torch_peer.CheckModels(['dense16', 'conv16'])
     with self.assertRaisesRegex(app.UsageError, "'xfmr8' has no torch twin"):
       torch_peer.CheckModels(['dense16', 'xfmr8'])
+    with self.assertRaisesRegex(app.UsageError, "'taper16' has no torch twin"):
+      torch_peer.CheckModels(['taper16'])
     with self.assertRaisesRegex(app.UsageError, "'nope' is not a built-in"):
       torch_peer.CheckModels(['nope'])
 

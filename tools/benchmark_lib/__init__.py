@@ -16,6 +16,8 @@
   plan_check --profile and --plan_check: a model's cost profile, and every
             schedule measured against the calibrated cost model's
             prediction and the planner's pick.
+  plan_uniform --plan_uniform: GPipe with the layers cut by count against
+            the planner's pick, on a model uneven on purpose.
   step_profile --step_profile: a step's time with no kernel running and
             each thread's busy time, from TF's profiler.
   remote    --remote_check: stages in TF servers of their own (the

@@ -217,8 +217,10 @@ def _Now() -> float:
 
 def ChildMain() -> None:
   """Entry point of the child: argv[1] is a JSON request."""
+  from tools.benchmark_lib import plan_uniform  # pylint: disable=g-import-not-at-top
   request = json.loads(sys.argv[1])
-  fn = _Profile if request.pop('action') == 'profile' else _Measure
+  fn = {'profile': _Profile, 'check': _Measure,
+        'uniform': plan_uniform.Measure}[request.pop('action')]
   sys.stdout.write(RESULT_PREFIX + json.dumps(fn(**request)) + '\n')
 
 
@@ -233,7 +235,7 @@ def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
   Raises:
     RuntimeError: the child failed (with its stderr tail).
   """
-  return _Spawn(dict(action='check', model=model, tt=tt, steps=steps,
+  return Spawn(dict(action='check', model=model, tt=tt, steps=steps,
                      reps=reps, sweep=list(sweep),
                      recompute=list(recompute), calibrate=calibrate,
                      calibration=calibration,
@@ -247,12 +249,12 @@ def ProfileChild(model: str, setting: str, reps: int = 10,
                  modes: bool = True) -> Dict[str, Any]:
   """`_Profile` in a fresh process: {'profile', 'stages', 'seconds', 'cut'
   (the layer's stage boundaries)}."""
-  return _Spawn(dict(action='profile', model=model, setting=setting,
+  return Spawn(dict(action='profile', model=model, setting=setting,
                      reps=reps, micro_batch_sizes=list(micro_batch_sizes),
                      modes=modes), timeout_s)
 
 
-def _Spawn(request: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
+def Spawn(request: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
   """Runs ChildMain on `request`; RuntimeError with its stderr tail if it
   fails."""
   env = dict(os.environ)

@@ -92,9 +92,10 @@ def BuiltinLayers(name: str) -> Tuple[List[Any], List[int]]:
     raise ValueError(f'unknown model {name!r}; built-in models are '
                      f'{sorted(settings.BUILTIN_MODELS)} (or a registered '
                      'experiment key)')
+  w = spec.widths
   if spec.layer == 'conv3x3':
     layers = [conv.Conv2DLayer.Params().Set(
-        name=f'conv{i}', filter_shape=(3, 3, spec.dim, spec.dim),
+        name=f'conv{i}', filter_shape=(3, 3, w[i], w[i + 1]),
         filter_stride=(1, 1), bias=False, activation='RELU')
               for i in range(spec.num_layers)]
   elif spec.layer == 'xfmr':
@@ -106,7 +107,7 @@ def BuiltinLayers(name: str) -> Tuple[List[Any], List[int]]:
               [SequenceOut.Params().Set(name='seq_out')])
   else:
     layers = [linear.FCLayer.Params().Set(
-        name=f'fc{i}', input_dim=spec.dim, output_dim=spec.dim,
+        name=f'fc{i}', input_dim=w[i], output_dim=w[i + 1],
         activation='RELU') for i in range(spec.num_layers)]
   return layers, spec.input_shape
 
@@ -182,6 +183,16 @@ def BuildLayer(setting: settings.Setting, layer_ps: Sequence[Any],
     if setting.num_micro_batches == 1:
       return seq
     return UnrolledMicroBatches(seq, setting.num_micro_batches)
+  p = PipelineParams(setting, layer_ps, input_shape)
+  if stage_devices:
+    p.devices = list(stage_devices)
+  return p.Instantiate()
+
+
+def PipelineParams(setting: settings.Setting, layer_ps: Sequence[Any],
+                   input_shape: Sequence[int]) -> hyperparams.Params:
+  """The TensorPipeLayer Params of a pipelined setting (its layers cut by
+  the layer's own partitioning)."""
   p = pipeline.TensorPipeLayer.Params().Set(
       name='TensorPipe', layers=list(layer_ps),
       num_partitions=setting.num_partitions,
@@ -192,9 +203,7 @@ def BuildLayer(setting: settings.Setting, layer_ps: Sequence[Any],
       num_stages_per_device=setting.num_stages_per_device)
   if setting.unroll_ticks is not None:
     p.unroll_ticks = setting.unroll_ticks
-  if stage_devices:
-    p.devices = list(stage_devices)
-  return p.Instantiate()
+  return p
 
 
 # -- measurements --------------------------------------------------------------

@@ -59,7 +59,8 @@ class BuiltinModel:
   Attributes:
     description: one line for the flag help and the report.
     layer: 'fc' (relu(x @ W + b), W [dim, dim]), 'conv3x3' (relu(conv
-      3x3), dim -> dim channels, no bias) or 'xfmr' (a Transformer encoder
+      3x3), dim -> dim channels, no bias; both with end_dim from dim to
+      end_dim in equal steps) or 'xfmr' (a Transformer encoder
       layer: self-attention with `dim // 32` heads of 32, then a
       feed-forward block of width 4 * dim, post layer norm).
     num_layers: number of layers.
@@ -68,6 +69,10 @@ class BuiltinModel:
     image_size: conv only: the input is [N, image_size, image_size, dim].
     seq_len: xfmr only: the input is [N, seq_len, dim] (float vectors: the
       benchmark times the layers, not an embedding).
+    end_dim: fc and conv3x3: the last layer's output width (channels);
+      layer i maps widths[i] -> widths[i + 1], the num_layers + 1 widths
+      rounded from equal steps of dim to end_dim (0: every layer dim ->
+      dim).
   """
   description: str
   layer: str
@@ -76,6 +81,14 @@ class BuiltinModel:
   batch: int
   image_size: int = 0
   seq_len: int = 0
+  end_dim: int = 0
+
+  @property
+  def widths(self) -> List[int]:
+    """fc, conv3x3: the num_layers + 1 widths the layers map between."""
+    end = self.end_dim or self.dim
+    return [round(self.dim + (end - self.dim) * i / self.num_layers)
+            for i in range(self.num_layers + 1)]
 
   @property
   def input_shape(self) -> List[int]:
@@ -114,6 +127,16 @@ BUILTIN_MODELS: Dict[str, BuiltinModel] = {
         '32 layers relu(x @ W + b), W 256x256, batch 64, float32: 16 '
         'layers per device at K=2 (the engine overhead check)', 'fc', 32,
         256, 64),
+    'taper16': BuiltinModel(
+        '16 layers relu(x @ W + b), widths 256 -> 1024 in equal steps '
+        '(W 256x304 ... 976x1024), batch 64, float32: uneven on purpose, '
+        'the last 8 layers 77% of the FLOPs (the planner against uniform '
+        'cuts)', 'fc', 16, 256, 64, end_dim=1024),
+    'taperconv16': BuiltinModel(
+        '16 layers relu(conv3x3), 8 -> 32 channels in equal steps, no '
+        'bias, input [64, 32, 32, 8] NHWC, float32: uneven on purpose, the '
+        'last 8 layers 74% of the FLOPs (the planner against uniform cuts)',
+        'conv3x3', 16, 8, 64, 32, end_dim=32),
     'tiny': BuiltinModel('4 layers relu(x @ W + b), W 8x8, batch 8 (smoke '
                          'tests)', 'fc', 4, 8, 8),
 }

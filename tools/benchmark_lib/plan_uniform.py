@@ -1,0 +1,163 @@
+"""The planner against GPipe with uniform cuts, on an uneven model.
+
+`tools/benchmark --plan_uniform` runs, for each model of --models and each
+T of --plan_check_ts, one child process (one intra-op thread, K inter-op
+threads, K logical CPU devices, as --plan_check) that builds three
+pipelines of the same layers at K and T, with the same recompute setting:
+
+  uniform   GPipe, the layers cut by count (`UniformCut`: K runs of
+            L / K layers), what a user who does not weigh the layers gets
+  balanced  GPipe, the layers cut by TensorPipeLayer's own partitioning
+            (FLOPs, min-max), to tell the cut's share from the schedule's
+  planner   schedule='auto' with a profile of the model measured in the
+            same process (`cell_profile.ProfileLayer`, calibrated on one
+            step per execution mode, saved as plan_profile): the schedule
+            and v the planner picks, on the cut it makes
+
+and times their training steps in turn, one step each per round (median of
+--steps rounds, wall and CPU). The parent prints per (model, T) the three
+steps, the pick with its predicted step, and uniform / planner (the
+issue's bar: at least 1.2x on a deliberately uneven model; the built-in
+`taper16` has widths 256 -> 1024, its last 8 layers 77% of the FLOPs).
+
+  python -m tools.benchmark --plan_uniform --models=taper16 \
+      --plan_check_ts=4,8,16
+"""
+
+import itertools
+import os
+import statistics
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Sequence
+
+RESULT_KINDS = ('uniform', 'balanced', 'planner')
+
+
+def UniformCut(num_layers: int, num_partitions: int) -> List[range]:
+  """The layers' indices cut by count into K contiguous runs (the first
+  L mod K runs one longer).
+
+  Raises:
+    ValueError: fewer layers than partitions.
+  """
+  if num_layers < num_partitions:
+    raise ValueError(f'{num_layers} layers cannot be cut into '
+                     f'{num_partitions} non-empty partitions; use a smaller '
+                     'K (--plan_check_k)')
+  q, r = divmod(num_layers, num_partitions)
+  starts = [k * q + min(k, r) for k in range(num_partitions + 1)]
+  return [range(a, b) for a, b in zip(starts, starts[1:])]
+
+
+def Measure(model: str, tt: int, steps: int, reps: int,
+             recompute: bool = True, num_partitions: int = 2
+             ) -> Dict[str, Any]:
+  """The child's work (module docstring); TF not yet started."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from tensorpipe import cell_profile, cost_model, devices, schedule_auto
+  from tools.benchmark_lib import runner, settings
+  # pylint: enable=g-import-not-at-top
+  kk = num_partitions
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_inter_op_parallelism_threads(kk)
+  devices.SetNumLogicalCpuDevices(kk)
+  layer_ps, shape = runner.ModelLayers(model)
+  x = tf.random.stateless_uniform(shape, seed=[1, 2])
+  rc = 'rc' if recompute else 'norc'
+  setting = settings.ParseSetting(f'K{kk}-T{tt}-{rc}')
+  profiled = runner.BuildLayer(
+      settings.ParseSetting(f'K{kk}-T{tt}-1f1b-{rc}'), layer_ps, shape)
+  modes = [m for m, (_, mrc) in cost_model.MODES.items() if mrc == recompute]
+  profile = cell_profile.ProfileLayer(profiled, (x,), reps,
+                                      calibrate=True, calibrate_modes=modes)
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, 'profile.json')
+    profile.Save(path)
+    planner_p = runner.PipelineParams(setting, layer_ps, shape).Set(
+        schedule=schedule_auto.AUTO, plan_profile=path)
+    plan = schedule_auto.PlanFor(planner_p)
+    layers = {
+        'uniform': runner.PipelineParams(setting, layer_ps, shape).Set(
+            layers=None, partitions=[
+                [layer_ps[i] for i in run]
+                for run in UniformCut(len(layer_ps), kk)]).Instantiate(),
+        'balanced': runner.BuildLayer(setting, layer_ps, shape),
+        'planner': planner_p.Instantiate()}
+  wall, cpu = _TimeInTurn(
+      {k: runner.StepFn(v, x, 1e-3) for k, v in layers.items()}, x, steps)
+  pick = layers['planner'].params
+  best = plan.best
+  return dict(
+      model=model, T=tt, K=kk, recompute=recompute,
+      measured_s=wall, measured_cpu_s=cpu,
+      pick=[pick.schedule, pick.num_stages_per_device or 1],
+      predicted_s=best.step_s if best else float('nan'),
+      cuts={k: [[a, b] for a, b in cell_profile.StageCut(v)]
+            for k, v in layers.items()},
+      load_average=os.getloadavg()[0])
+
+
+def _TimeInTurn(fns: Dict[str, Callable[[Any], Any]], x: Any, steps: int):
+  """Median wall and CPU seconds of each step function, timed in turn
+  (one step each per round, the order rotated) after two warm-up steps."""
+  for fn in fns.values():
+    for _ in range(2):
+      fn(x)[0].numpy()
+  names = list(fns)
+  wall = {n: [] for n in names}
+  cpu = {n: [] for n in names}
+  for i in range(steps):
+    for n in names[i % len(names):] + names[:i % len(names)]:
+      start, start_cpu = time.perf_counter(), time.process_time()
+      fns[n](x)[0].numpy()
+      wall[n].append(time.perf_counter() - start)
+      cpu[n].append(time.process_time() - start_cpu)
+  return ({n: statistics.median(v) for n, v in wall.items()},
+          {n: statistics.median(v) for n, v in cpu.items()})
+
+
+def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
+        log: Callable[[str], None] = print,
+        recompute: Sequence[bool] = (True,),
+        num_partitions: int = 2) -> List[Dict[str, Any]]:
+  """One child per (model, T, recompute setting), in turn (module
+  docstring)."""
+  from tools.benchmark_lib import plan_check  # pylint: disable=g-import-not-at-top
+  out = []
+  for model, tt, rc in itertools.product(models, ts, recompute):
+    res = plan_check.Spawn(dict(
+        action='uniform', model=model, tt=tt, steps=steps, reps=reps,
+        recompute=rc, num_partitions=num_partitions), 1800)
+    log(f'{model} T={tt}{"" if rc else " norc"}: ' + ', '.join(
+        f'{k} {res["measured_s"][k] * 1e3:.1f} ms' for k in RESULT_KINDS) +
+        f'; pick {res["pick"][0]} v={res["pick"][1]}')
+    out.append(res)
+  return out
+
+
+def Table(results: Sequence[Dict[str, Any]]) -> str:
+  """Markdown: one row per (model, T), then the worst and best ratio."""
+  lines = ['| model | K | T | recompute | GPipe, uniform cut ms | GPipe, '
+           'balanced cut ms | planner\'s pick | its step ms measured / '
+           'predicted | uniform / planner | uniform / balanced |',
+           '|---|---|---|---|---|---|---|---|---|---|']
+  ratios = []
+  for r in results:
+    m = r['measured_s']
+    ratios.append(m['uniform'] / m['planner'])
+    lines.append(
+        f'| {r["model"]} | {r["K"]} | {r["T"]} | '
+        f'{"on" if r["recompute"] else "off"} | {m["uniform"] * 1e3:.1f} | '
+        f'{m["balanced"] * 1e3:.1f} | {r["pick"][0]} v={r["pick"][1]} | '
+        f'{m["planner"] * 1e3:.1f} / {r["predicted_s"] * 1e3:.1f} | '
+        f'{ratios[-1]:.2f}x | {m["uniform"] / m["balanced"]:.2f}x |')
+  if ratios:
+    lines += ['', f'uniform / planner: {min(ratios):.2f}x to '
+              f'{max(ratios):.2f}x over {len(ratios)} settings (the bar: '
+              '1.2x)']
+  lines += ['', 'cuts (stage [start, end) of the layers): ' + '; '.join(
+      f'{r["model"]} T={r["T"]} ' + ', '.join(
+          f'{k} {r["cuts"][k]}' for k in RESULT_KINDS) for r in results)]
+  return '\n'.join(lines)
