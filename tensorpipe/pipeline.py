@@ -130,6 +130,12 @@ class TensorPipeLayer(base_layer.BaseLayer):
              "'min_max' (minimise the most expensive partition, exact) or "
              "'min_variance' (the paper's heuristic: minimise the variance of "
              'partition costs, exact).')
+    p.Define('partition_costs', None, 'Automatic partitioning: one cost '
+             'per layer (e.g. measured seconds) to balance instead of the '
+             "layers' FPropMeta FLOPs; None: FLOPs. schedule='auto' with a "
+             'measured plan_profile sets it to the profiled cells (forward, '
+             'its recompute, backward), so params.txt holds the cut\'s '
+             'costs.')
     p.Define('input_shapes', None, 'Shapes of the mini-batch inputs, e.g. '
              '[[16, 8, 8, 1]] (one per FProp input; a NestedMap of shapes for '
              'a NestedMap input). Needed for automatic partitioning; when set, '

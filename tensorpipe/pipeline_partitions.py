@@ -2,11 +2,12 @@
 
 `Resolve(p)` turns TensorPipeLayer Params into the K v lists of layer Params
 its stages hold: `partitions` as given (checked), or `layers` cut into
-K v runs of balanced FPropMeta FLOPs (`partitioning.Partition`, method
-`partition_method`), the plan logged. Each refusal is one line naming the
+K v runs of balanced FPropMeta FLOPs, or of `partition_costs` where given
+(`partitioning.Partition`, method `partition_method`), the plan logged. Each refusal is one line naming the
 value and the fix.
 """
 
+import math
 from typing import Any, List, Optional, Tuple
 
 from absl import logging
@@ -27,6 +28,10 @@ def Resolve(p) -> Tuple[List[List[Any]], Optional[partitioning.PartitionPlan]]:
     raise ValueError(f'TensorPipeLayer {p.name!r}: set either `partitions` '
                      '(manual) or `layers` + `num_partitions` (automatic), '
                      'not both')
+  if p.partitions is not None and p.partition_costs is not None:
+    raise ValueError(f'TensorPipeLayer {p.name!r}: partition_costs weigh '
+                     'the automatic cut of `layers`, but `partitions` are '
+                     'given by hand; drop one of them')
   if p.partitions is not None:
     parts = list(p.partitions)
     if not parts:
@@ -73,14 +78,25 @@ def Resolve(p) -> Tuple[List[List[Any]], Optional[partitioning.PartitionPlan]]:
   k *= v
   if k == 1:
     return [layers], None
-  if p.input_shapes is None:
+  costs = p.partition_costs
+  if costs is not None:
+    costs = CheckCosts(p.name, costs, len(layers))
+  elif p.input_shapes is None:
     raise ValueError(
         f'TensorPipeLayer {p.name!r}: automatic partitioning into {k} '
         'partitions balances FPropMeta costs, which need the input shapes; '
-        'set input_shapes (e.g. [[batch, height, width, channels]]) or give '
-        '`partitions` explicitly')
-  metas = _CheckChain(p.name, layers, base_layer.InputShapes(p.input_shapes))
-  costs = [m.flops for m in metas]
+        'set input_shapes (e.g. [[batch, height, width, channels]]), '
+        'partition_costs (one per layer) or give `partitions` explicitly')
+  if p.input_shapes is not None:
+    metas = _CheckChain(p.name, layers,
+                        base_layer.InputShapes(p.input_shapes))
+    if costs is None and metas is None:
+      raise ValueError(
+          f'TensorPipeLayer {p.name!r}: a layer has no FPropMeta, so its '
+          'FLOPs are unknown and the layers cannot be cut by them; give '
+          'partition_costs (one per layer) or `partitions` explicitly')
+    if costs is None:
+      costs = [m.flops for m in metas]
   plan = partitioning.Partition(costs, k, method=p.partition_method)
   # A row per stage; which device holds which: PlacementReport, logged
   # once the devices are known.
@@ -92,6 +108,24 @@ def Resolve(p) -> Tuple[List[List[Any]], Optional[partitioning.PartitionPlan]]:
     out.append(layers[start:start + size])
     start += size
   return out, plan
+
+
+def CheckCosts(name: str, costs: Any, num_layers: int) -> List[float]:
+  """`partition_costs` as floats: one finite cost >= 0 per layer, not
+  all 0; else ValueError naming the value and the fix."""
+  fix = (f'give {num_layers} numbers >= 0 (one per layer, e.g. measured '
+         'seconds) or None to balance FLOPs')
+  if (not isinstance(costs, (list, tuple)) or len(costs) != num_layers or
+      any(isinstance(c, bool) or not isinstance(c, (int, float))
+          for c in costs)):
+    raise ValueError(f'TensorPipeLayer {name!r}: partition_costs={costs!r} '
+                     f'is not one number per layer; {fix}')
+  out = [float(c) for c in costs]
+  if any(not math.isfinite(c) or c < 0 for c in out) or not any(out):
+    raise ValueError(f'TensorPipeLayer {name!r}: partition_costs={costs!r} '
+                     f'has a negative, infinite or NaN cost, or is all 0; '
+                     f'{fix}')
+  return out
 
 
 def _CheckChain(name: str, layer_params, input_shapes):

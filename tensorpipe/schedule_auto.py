@@ -57,6 +57,7 @@ from absl import logging
 from tensorpipe import cost_model
 from tensorpipe import model_analysis
 from tensorpipe import partitioning
+from tensorpipe import pipeline_partitions
 from tensorpipe import schedule_builders
 from tensorpipe import schedule_plan
 
@@ -74,6 +75,7 @@ class PlanRow:
   ticks: int = 0
   memory_bytes: int = 0        # activation peak of the fullest device
   refused: str = ''
+  cut_costs: Tuple[float, ...] = ()   # what the cut balanced; (): FLOPs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +110,28 @@ class Plan:
     return '\n'.join(lines)
 
 
+def CutCosts(profile: cost_model.Profile, recompute: bool,
+             given: Optional[Sequence[float]] = None
+             ) -> Optional[Tuple[float, ...]]:
+  """The per-layer costs the layers' cut balances: `given` (the layer's
+  partition_costs), else a measured profile's cells of one micro-batch
+  (forward, its recompute, backward: a stage's share of the critical
+  path), to 4 significant digits (the numbers params.txt keeps), else None:
+  the layers' FLOPs. A FLOP count misprices small layers: conv layers of 8
+  to 16 channels cost more per FLOP than of 32 (taperconv16's FLOP cut
+  was slower than cutting by count)."""
+  if given is not None:
+    return tuple(float(c) for c in given)
+  if profile.source != 'measured':
+    return None
+  return tuple(float(f'{c.forward * (2 if recompute else 1) + c.backward:.4g}')
+               for c in profile.layers)
+
+
 def _Row(report: model_analysis.Report, profile: cost_model.Profile,
          name: str, v: int, recompute: bool, regime: str,
-         budget: Optional[float]) -> PlanRow:
+         budget: Optional[float],
+         cut_costs: Optional[Sequence[float]] = None) -> PlanRow:
   """One candidate: its table, cut, prediction and memory, or a refusal."""
   kk, tt = report.num_partitions, report.num_micro_batches
   if kk * v > len(report.layers):
@@ -121,13 +142,15 @@ def _Row(report: model_analysis.Report, profile: cost_model.Profile,
     table = schedule_builders.Build(name, kk, tt, v)
   except ValueError as e:
     return PlanRow(name, v, tt, refused=str(e))
-  plan = partitioning.Partition([r.flops for r in report.layers], kk * v,
-                                method=report.method)
+  plan = partitioning.Partition(
+      [r.flops for r in report.layers] if cut_costs is None else cut_costs,
+      kk * v, method=report.method)
   pred = cost_model.Predict(table, profile, plan.boundaries, recompute,
                             regime)
   act, _ = schedule_plan.TableMemory(report, table, plan.boundaries,
                                      recompute)
-  row = PlanRow(name, v, tt, pred.step_s, pred.work_s, pred.ticks, max(act))
+  row = PlanRow(name, v, tt, pred.step_s, pred.work_s, pred.ticks, max(act),
+                cut_costs=tuple(cut_costs or ()))
   if budget is not None and max(act) > budget:
     return dataclasses.replace(row, refused=(
         f'activation peak {model_analysis.FormatBytes(max(act))} is over '
@@ -138,7 +161,8 @@ def _Row(report: model_analysis.Report, profile: cost_model.Profile,
 def Rank(report: model_analysis.Report, profile: cost_model.Profile,
          recompute: bool, regime: str,
          which: Sequence[Tuple[str, int]] = schedule_plan.ALL,
-         memory_budget: Optional[float] = None) -> Plan:
+         memory_budget: Optional[float] = None,
+         cut_costs: Optional[Sequence[float]] = None) -> Plan:
   """Predicts and ranks the schedules of `which` (module docstring).
 
   Args:
@@ -148,6 +172,8 @@ def Rank(report: model_analysis.Report, profile: cost_model.Profile,
     regime: 'shared' or 'separate' (`cost_model.REGIMES`).
     which: (schedule, stages per device) candidates.
     memory_budget: bytes of activations per device; None: no limit.
+    cut_costs: per-layer costs the layers are cut by (`CutCosts`); None:
+      their FLOPs.
 
   Raises:
     ValueError: a profile of another layer count.
@@ -156,7 +182,8 @@ def Rank(report: model_analysis.Report, profile: cost_model.Profile,
     raise ValueError(f'the profile has {len(profile.layers)} layers, the '
                      f'model {len(report.layers)}; profile this model '
                      '(tools/benchmark --profile)')
-  rows = [_Row(report, profile, name, v, recompute, regime, memory_budget)
+  rows = [_Row(report, profile, name, v, recompute, regime, memory_budget,
+               cut_costs)
           for name, v in which]
   return _Ranked(rows, regime, profile)
 
@@ -314,8 +341,12 @@ def PlanFor(p: Any) -> Plan:
     ts = [microbatch.NumMicroBatches(report.batch_size, p.num_micro_batches,
                                      p.micro_batch_size)]
   regime = p.plan_regime or Regime(_Devices(p, p.num_partitions))
+  given = (None if p.partition_costs is None else
+           pipeline_partitions.CheckCosts(p.name, p.partition_costs,
+                                          len(p.layers)))
   return RankOverT(report, lambda r: ProfileFor(r, measured), ts,
-                   p.recompute, regime, Candidates(p), p.plan_memory_budget)
+                   p.recompute, regime, Candidates(p), p.plan_memory_budget,
+                   lambda prof: CutCosts(prof, p.recompute, given))
 
 
 def RankOverT(report: model_analysis.Report,
@@ -323,15 +354,19 @@ def RankOverT(report: model_analysis.Report,
                                    cost_model.Profile],
               ts: Sequence[int], recompute: bool, regime: str,
               which: Sequence[Tuple[str, int]],
-              memory_budget: Optional[float] = None) -> Plan:
+              memory_budget: Optional[float] = None,
+              cut_costs_at: Optional[Callable[[cost_model.Profile],
+                                              Optional[Sequence[float]]]]
+              = None) -> Plan:
   """`Rank` at each T of `ts` (the report at that T, its costs from
-  `profile_at(report)`), the rows of every T ranked together."""
+  `profile_at(report)`, its cut by `cut_costs_at(those costs)`, default
+  FLOPs), the rows of every T ranked together."""
   rows, profile = [], None
   for tt in ts:
     at_t = dataclasses.replace(report, num_micro_batches=tt)
     profile = profile_at(at_t)
-    rows += Rank(at_t, profile, recompute, regime, which,
-                 memory_budget).rows
+    rows += Rank(at_t, profile, recompute, regime, which, memory_budget,
+                 cut_costs_at(profile) if cut_costs_at else None).rows
   return _Ranked(rows, regime, profile)
 
 
@@ -358,6 +393,8 @@ def ResolveAuto(p: Any, log: Callable[[str], None] = logging.info) -> Any:
   q.schedule, q.num_stages_per_device = best.name, best.num_stages_per_device
   if p.num_micro_batches == AUTO:
     q.num_micro_batches = best.num_micro_batches
+  if best.cut_costs:    # the cut the prediction was made on
+    q.partition_costs = list(best.cut_costs)
   runner_up = next((r for r in plan.rows[1:] if not r.refused), None)
   how = ('measured costs of ' + p.plan_profile if plan.source == 'measured'
          else 'FLOP-based costs, no profile: set plan_profile to a '
@@ -391,5 +428,6 @@ def ResolveAutoIn(params: Any,
       mp.schedule, mp.num_stages_per_device = (q.schedule,
                                                q.num_stages_per_device)
       mp.num_micro_batches = q.num_micro_batches  # a number when 'auto'
+      mp.partition_costs = q.partition_costs
       done.append(mp.name)
   return done

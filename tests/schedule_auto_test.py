@@ -165,6 +165,81 @@ class ResolveTest(tf.test.TestCase):
     self.assertIn('model.num_stages_per_device : 1', root.ToText())
 
 
+class PartitionCostsTest(tf.test.TestCase):
+  """The cut on given or measured per-layer costs instead of FLOPs."""
+
+  def _Sizes(self, layer):
+    return [len(s.layers) for s in layer.stages]
+
+  def testTheLayerCutsOnTheGivenCosts(self):
+    # Four equal FC layers: FLOPs cut 2 + 2; costs 3, 1, 1, 1 cut 1 + 3.
+    self.assertEqual(self._Sizes(_Pipe(schedule='1f1b').Instantiate()),
+                     [2, 2])
+    layer = _Pipe(schedule='1f1b', partition_costs=[3, 1, 1, 1]).Instantiate()
+    self.assertEqual(self._Sizes(layer), [1, 3])
+    # No input shapes needed for the cut then.
+    layer = _Pipe(schedule='1f1b', input_shapes=None,
+                  partition_costs=[1, 1, 1, 3]).Instantiate()
+    self.assertEqual(self._Sizes(layer), [3, 1])
+
+  def testBadCostsNameTheValueAndTheFix(self):
+    for costs, what in (([1, 1, 1], 'not one number per layer'),
+                        ([1, 1, True, 1], 'not one number per layer'),
+                        ('1111', 'not one number per layer'),
+                        ([1, -1, 1, 1], 'negative, infinite or NaN'),
+                        ([1, float('nan'), 1, 1], 'negative, infinite or NaN'),
+                        ([0, 0, 0, 0], 'all 0')):
+      with self.subTest(costs=costs):
+        with self.assertRaisesRegex(ValueError, rf'partition_costs=.*{what}.*'
+                                    'give 4 numbers >= 0'):
+          _Pipe(schedule='1f1b', partition_costs=costs).Instantiate()
+    with self.assertRaisesRegex(ValueError, 'partitions` are given by hand; '
+                                'drop one of them'):
+      _Pipe(schedule='1f1b', layers=None, partition_costs=[1, 1],
+            partitions=[_FcLayers(2), _FcLayers(2)]).Instantiate()
+
+  def testTheRankingAndTheLayerUseTheMeasuredCut(self):
+    # Measured: the first layer costs 5x the others (FLOPs: all equal).
+    heavy = cost_model.LayerCost(5.0, 10.0, 5.0, 5.0)
+    light = cost_model.LayerCost(1.0, 2.0, 1.0, 1.0)
+    prof = cost_model.Profile((heavy, light, light, light), 2, num_cores=2)
+    path = os.path.join(self.get_temp_dir(), 'uneven.json')
+    prof.Save(path)
+    p = _Pipe(plan_regime='separate', plan_profile=path)
+    # The cut balances F + its recompute + B: 20, 4, 4, 4.
+    self.assertEqual(schedule_auto.CutCosts(prof, True), (20, 4, 4, 4))
+    self.assertEqual(schedule_auto.CutCosts(prof, False), (15, 3, 3, 3))
+    self.assertIsNone(schedule_auto.CutCosts(
+        dataclasses.replace(prof, source='flops'), True))
+    plan = schedule_auto.PlanFor(p)
+    q = schedule_auto.ResolveAuto(p)
+    self.assertEqual(q.partition_costs, [20, 4, 4, 4])
+    layer = p.Instantiate()
+    self.assertEqual(layer.params.partition_costs, [20, 4, 4, 4])
+    sizes = self._Sizes(layer)
+    self.assertEqual(sizes[0], 1)   # the heavy layer alone
+    # The prediction of the pick was made on the cut the layer made.
+    best = plan.best
+    table = schedule_auto.schedule_builders.Build(
+        best.name, 2, 4, best.num_stages_per_device)
+    cut, start = [], 0
+    for n in sizes:
+      cut.append((start, start + n))
+      start += n
+    self.assertAlmostEqual(
+        cost_model.Predict(table, schedule_auto.ProfileFor(
+            _Report(), prof), cut, True, 'separate').step_s, best.step_s)
+    # Given costs win over the profile's.
+    q = schedule_auto.ResolveAuto(p.Copy().Set(partition_costs=[1, 1, 1, 1]))
+    self.assertEqual(q.partition_costs, [1.0, 1.0, 1.0, 1.0])
+    # The trainer's resolution writes the cut's costs to params.txt.
+    root = hyperparams.Params()
+    root.Define('model', p.Copy(), 'The model.')
+    schedule_auto.ResolveAutoIn(root, lambda _: None)
+    self.assertIn('model.partition_costs : [20.0, 4.0, 4.0, 4.0]',
+                  root.ToText())
+
+
 def _CurveFile(test, cost_at_1, cost_at_8, low=1):
   """A profile of the 4 FC layers measured at `low` (1) and 8 rows: per
   layer t_F = c, t_B = 2c, t_I = t_W = c, with c given at each size."""
