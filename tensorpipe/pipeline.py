@@ -154,7 +154,9 @@ class TensorPipeLayer(base_layer.BaseLayer):
     p.Define('recompute', True, 'Recompute each partition\'s forward pass in '
              'the backward pass, keeping only partition-boundary activations '
              '(GPipe re-materialisation). False keeps all activations. Ignored '
-             'for K=1, T=1, where it would save no memory.')
+             "for K=1, T=1, where it would save no memory. 'auto': the "
+             'planner picks (schedule_auto.py: off where it predicts a faster '
+             'step and the activations fit plan_memory_budget).')
     p.Define('recompute_impl', 'explicit', "How recompute is done: 'explicit' "
              "(a backward tf.while_loop with per-partition vjp; fast) or "
              "'tf_recompute_grad' (tf.recompute_grad in the forward loop).")
@@ -206,6 +208,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
       params = schedule_auto.ResolveAuto(params)
     super().__init__(params)
     p = self.params
+    schedule_auto.CheckRecompute(p)
     microbatch.CheckMicroBatchParams(p.num_micro_batches, p.micro_batch_size)
     stage_params, plan = pipeline_partitions.Resolve(p)
     self._CheckUniqueLayerNames(stage_params)

@@ -5,12 +5,21 @@ For a model given as layer Params (`TensorPipeLayer.Params().layers`, with
 schedule of `schedule_plan.ALL` that applies (GPipe, 1F1B, interleaved 1F1B
 with v=2, ZB-H1, ZB-V) with the calibrated cost model (`cost_model.Predict`)
 on the cut TensorPipeLayer itself will make (`partitioning.Partition` of the
-layers' FLOPs into K v stages) and ranks them by predicted step time, ties
+layers' FLOPs into K v stages, or of their measured cells: `CutCosts`,
+which `ResolveAuto` hands the layer as partition_costs) and ranks them by predicted step time, ties
 (within 0.1%) broken by fewer ticks, then by the smaller activation peak
 (`schedule_plan.TableMemory`). A schedule over the per-device memory budget
 is refused, as is one the layer's other settings cannot run (the I/W split
 needs grad_sum='sequential'; every schedule but GPipe needs
 recompute_impl='explicit'; a given num_stages_per_device keeps that v).
+
+recompute='auto' ranks every candidate with and without recompute, so
+the planner recomputes only where the activations without it do not fit
+plan_memory_budget (`schedule_plan.TableMemory`) or where its costs say
+recomputing is faster (a calibrated profile knows that GPipe without
+recompute, TF's autodiff of its loop, can cost more than GPipe with it).
+AdaPipe plans recomputation and the cut together too; the cut here
+follows the recompute setting (`CutCosts`).
 
 num_micro_batches='auto' (with schedule='auto' or a named schedule) ranks
 every T too: those that split the mini-batch into micro-batches of a size
@@ -22,7 +31,8 @@ lose). It needs a profile measured at several sizes (plan_profile; FLOP
 costs scale linearly and would always pick the most micro-batches).
 
 `ResolveAuto(p)` turns the 'auto' settings into the winner (schedule,
-num_stages_per_device and num_micro_batches set in a copy of the Params)
+num_stages_per_device, num_micro_batches, recompute and, with a measured
+profile, partition_costs set in a copy of the Params)
 and logs the choice with its prediction and the runner-up. Costs come
 from:
 
@@ -76,6 +86,7 @@ class PlanRow:
   memory_bytes: int = 0        # activation peak of the fullest device
   refused: str = ''
   cut_costs: Tuple[float, ...] = ()   # what the cut balanced; (): FLOPs
+  recompute: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,13 +103,18 @@ class Plan:
 
   def Text(self) -> str:
     """The ranking as a table (tools/model_analysis --plan)."""
+    # With recompute='auto' both settings are ranked: 'norc' marks off.
+    mixed = len({r.recompute for r in self.rows}) > 1
+    width = 22 if mixed else 17
     lines = [f'Schedule plan ({self.source} costs, {self.regime} regime'
              + (f', {self.num_cores:.3g} cores' if self.regime == 'shared'
                 else '') + '):',
-             f'{"rank":>4}  {"schedule":<17}{"v":>2}{"T":>4}  '
+             f'{"rank":>4}  {"schedule":<{width}}{"v":>2}{"T":>4}  '
              f'{"step":>10}  {"work":>10}  {"ticks":>5}  {"act. peak":>10}']
     for i, r in enumerate(self.rows):
-      head = f'{r.name:<17}{r.num_stages_per_device:>2}{r.num_micro_batches:>4}'
+      name = f'{r.name} norc' if mixed and not r.recompute else r.name
+      head = (f'{name:<{width}}{r.num_stages_per_device:>2}'
+              f'{r.num_micro_batches:>4}')
       if r.refused:
         lines.append(f'{"-":>4}  {head}  n/a: {r.refused}')
         continue
@@ -137,11 +153,11 @@ def _Row(report: model_analysis.Report, profile: cost_model.Profile,
   if kk * v > len(report.layers):
     return PlanRow(name, v, tt, refused=f'K*v = {kk * v} stages need at '
                    f'least {kk * v} layers, the model has '
-                   f'{len(report.layers)}')
+                   f'{len(report.layers)}', recompute=recompute)
   try:
     table = schedule_builders.Build(name, kk, tt, v)
   except ValueError as e:
-    return PlanRow(name, v, tt, refused=str(e))
+    return PlanRow(name, v, tt, refused=str(e), recompute=recompute)
   plan = partitioning.Partition(
       [r.flops for r in report.layers] if cut_costs is None else cut_costs,
       kk * v, method=report.method)
@@ -150,7 +166,7 @@ def _Row(report: model_analysis.Report, profile: cost_model.Profile,
   act, _ = schedule_plan.TableMemory(report, table, plan.boundaries,
                                      recompute)
   row = PlanRow(name, v, tt, pred.step_s, pred.work_s, pred.ticks, max(act),
-                cut_costs=tuple(cut_costs or ()))
+                cut_costs=tuple(cut_costs or ()), recompute=recompute)
   if budget is not None and max(act) > budget:
     return dataclasses.replace(row, refused=(
         f'activation peak {model_analysis.FormatBytes(max(act))} is over '
@@ -257,6 +273,31 @@ def Candidates(p: Any) -> List[Tuple[str, int]]:
   return out
 
 
+def RecomputeChoices(p: Any) -> List[bool]:
+  """The recompute settings the planner ranks: `p.recompute`, or with
+  recompute='auto' both (only on with grad_sum='pairwise', which sums in
+  the recompute loops).
+
+  Raises:
+    ValueError: a recompute that is neither a bool nor 'auto'.
+  """
+  if p.recompute == AUTO:
+    return [True] if p.grad_sum == 'pairwise' else [True, False]
+  CheckRecompute(p)
+  return [p.recompute]
+
+
+def CheckRecompute(p: Any) -> None:
+  """ValueError unless TensorPipeLayer Params `p` have recompute True or
+  False (a string such as 'no' would read as on)."""
+  if not isinstance(p.recompute, bool):
+    raise ValueError(f'TensorPipeLayer {p.name!r}: recompute='
+                     f'{p.recompute!r} must be True, False or '
+                     f"'auto' (the planner's choice; with "
+                     'plan_memory_budget it recomputes only if the '
+                     'activations do not fit)')
+
+
 def Regime(device_names: Sequence[str]) -> str:
   """'shared' when every device is a CPU device of one process, else
   'separate'."""
@@ -345,28 +386,32 @@ def PlanFor(p: Any) -> Plan:
            pipeline_partitions.CheckCosts(p.name, p.partition_costs,
                                           len(p.layers)))
   return RankOverT(report, lambda r: ProfileFor(r, measured), ts,
-                   p.recompute, regime, Candidates(p), p.plan_memory_budget,
-                   lambda prof: CutCosts(prof, p.recompute, given))
+                   RecomputeChoices(p), regime, Candidates(p),
+                   p.plan_memory_budget,
+                   lambda prof, rc: CutCosts(prof, rc, given))
 
 
 def RankOverT(report: model_analysis.Report,
               profile_at: Callable[[model_analysis.Report],
                                    cost_model.Profile],
-              ts: Sequence[int], recompute: bool, regime: str,
-              which: Sequence[Tuple[str, int]],
+              ts: Sequence[int], recompute: Union[bool, Sequence[bool]],
+              regime: str, which: Sequence[Tuple[str, int]],
               memory_budget: Optional[float] = None,
-              cut_costs_at: Optional[Callable[[cost_model.Profile],
+              cut_costs_at: Optional[Callable[[cost_model.Profile, bool],
                                               Optional[Sequence[float]]]]
               = None) -> Plan:
-  """`Rank` at each T of `ts` (the report at that T, its costs from
-  `profile_at(report)`, its cut by `cut_costs_at(those costs)`, default
-  FLOPs), the rows of every T ranked together."""
+  """`Rank` at each T of `ts` and each recompute setting of `recompute`
+  (the report at that T, its costs from `profile_at(report)`, its cut by
+  `cut_costs_at(those costs, recompute)`, default FLOPs), the rows ranked
+  together."""
+  rcs = (recompute,) if isinstance(recompute, bool) else tuple(recompute)
   rows, profile = [], None
   for tt in ts:
     at_t = dataclasses.replace(report, num_micro_batches=tt)
     profile = profile_at(at_t)
-    rows += Rank(at_t, profile, recompute, regime, which, memory_budget,
-                 cut_costs_at(profile) if cut_costs_at else None).rows
+    for rc in rcs:
+      rows += Rank(at_t, profile, rc, regime, which, memory_budget,
+                   cut_costs_at(profile, rc) if cut_costs_at else None).rows
   return _Ranked(rows, regime, profile)
 
 
@@ -381,7 +426,8 @@ def ResolveAuto(p: Any, log: Callable[[str], None] = logging.info) -> Any:
     return p
   plan = PlanFor(p)
   best = plan.best
-  what = ', '.join(f"{k}='auto'" for k in ('schedule', 'num_micro_batches')
+  what = ', '.join(f"{k}='auto'" for k in ('schedule', 'num_micro_batches',
+                                           'recompute')
                    if p.Get(k) == AUTO)
   if best is None:
     why = '; '.join(f'{r.name} T={r.num_micro_batches}: {r.refused}'
@@ -393,6 +439,8 @@ def ResolveAuto(p: Any, log: Callable[[str], None] = logging.info) -> Any:
   q.schedule, q.num_stages_per_device = best.name, best.num_stages_per_device
   if p.num_micro_batches == AUTO:
     q.num_micro_batches = best.num_micro_batches
+  if p.recompute == AUTO:
+    q.recompute = best.recompute
   if best.cut_costs:    # the cut the prediction was made on
     q.partition_costs = list(best.cut_costs)
   runner_up = next((r for r in plan.rows[1:] if not r.refused), None)
@@ -401,9 +449,11 @@ def ResolveAuto(p: Any, log: Callable[[str], None] = logging.info) -> Any:
          'tools/benchmark --profile file for measured costs')
   log(f'TensorPipeLayer {p.name!r}: {what} -> {best.name!r} '
       f'(num_stages_per_device={best.num_stages_per_device}, '
-      f'num_micro_batches={best.num_micro_batches}), predicted '
+      f'num_micro_batches={best.num_micro_batches}, '
+      f'recompute={best.recompute}), predicted '
       f'{best.step_s * 1e3:.3g} ms/step'
-      + (f' (next: {runner_up.name} T={runner_up.num_micro_batches} '
+      + (f' (next: {runner_up.name} T={runner_up.num_micro_batches}'
+         f'{"" if runner_up.recompute else " norc"} '
          f'{runner_up.step_s * 1e3:.3g} ms)' if runner_up else '')
       + f'; {plan.regime} regime, {how}')
   return q
@@ -412,7 +462,7 @@ def ResolveAuto(p: Any, log: Callable[[str], None] = logging.info) -> Any:
 def IsAuto(p: Any) -> bool:
   """Whether TensorPipeLayer Params `p` leave the schedule or T to the
   planner."""
-  return p.schedule == AUTO or p.num_micro_batches == AUTO
+  return AUTO in (p.schedule, p.num_micro_batches, p.recompute)
 
 
 def ResolveAutoIn(params: Any,
@@ -428,6 +478,6 @@ def ResolveAutoIn(params: Any,
       mp.schedule, mp.num_stages_per_device = (q.schedule,
                                                q.num_stages_per_device)
       mp.num_micro_batches = q.num_micro_batches  # a number when 'auto'
-      mp.partition_costs = q.partition_costs
+      mp.recompute, mp.partition_costs = q.recompute, q.partition_costs
       done.append(mp.name)
   return done

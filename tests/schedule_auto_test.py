@@ -240,6 +240,60 @@ class PartitionCostsTest(tf.test.TestCase):
                   root.ToText())
 
 
+class RecomputeAutoTest(tf.test.TestCase):
+  """recompute='auto': both settings ranked, the budget decides."""
+
+  def testWithoutABudgetTheStepWithoutRecomputeWins(self):
+    p = _Pipe(recompute='auto', plan_regime='separate')
+    plan = schedule_auto.PlanFor(p)
+    self.assertEqual({r.recompute for r in plan.rows}, {True, False})
+    self.assertFalse(plan.best.recompute)
+    # Each schedule's row without recompute is faster (no forward again).
+    by = {(r.name, r.recompute): r.step_s for r in plan.rows}
+    for name, _ in schedule_auto.schedule_plan.ALL:
+      self.assertLess(by[name, False], by[name, True])
+    self.assertIn(f'{plan.best.name} norc', plan.Text())
+    lines = []
+    q = schedule_auto.ResolveAuto(p, lines.append)
+    self.assertIs(q.recompute, False)
+    self.assertIn("recompute='auto' -> ", lines[0])
+    self.assertIn('recompute=False)', lines[0])
+    self.assertIs(p.Instantiate().params.recompute, False)
+
+  def testABudgetOnlyRecomputeMeetsTurnsItOn(self):
+    plan = schedule_auto.PlanFor(_Pipe(recompute='auto'))
+    on = min(r.memory_bytes for r in plan.rows if r.recompute)
+    off = min(r.memory_bytes for r in plan.rows if not r.recompute)
+    self.assertLess(on, off)
+    q = schedule_auto.ResolveAuto(_Pipe(recompute='auto',
+                                        plan_memory_budget=on))
+    self.assertIs(q.recompute, True)
+    refused = [r for r in schedule_auto.PlanFor(_Pipe(
+        recompute='auto', plan_memory_budget=on)).rows if r.refused]
+    self.assertTrue(refused)
+    self.assertTrue(all('over the budget' in r.refused for r in refused))
+    self.assertIn(False, {r.recompute for r in refused})
+
+  def testPairwiseSumsNeedRecompute(self):
+    plan = schedule_auto.PlanFor(_Pipe(recompute='auto', grad_sum='pairwise'))
+    self.assertEqual({r.recompute for r in plan.rows}, {True})
+
+  def testParamsTxtHoldsTheChoice(self):
+    root = hyperparams.Params()
+    root.Define('model', _Pipe(schedule='1f1b', recompute='auto'), 'm')
+    self.assertEqual(schedule_auto.ResolveAutoIn(root, lambda _: None),
+                     ['pipe'])
+    self.assertIn('model.recompute : False', root.ToText())
+    self.assertIn("model.schedule : '1f1b'", root.ToText())
+
+  def testARecomputeThatIsNotABoolIsRefused(self):
+    for bad in ('yes', 1, None):
+      with self.subTest(recompute=bad):
+        with self.assertRaisesRegex(ValueError, rf"recompute={bad!r} must be "
+                                    "True, False or 'auto'"):
+          _Pipe(schedule='1f1b', recompute=bad).Instantiate()
+
+
 def _CurveFile(test, cost_at_1, cost_at_8, low=1):
   """A profile of the 4 FC layers measured at `low` (1) and 8 rows: per
   layer t_F = c, t_B = 2c, t_I = t_W = c, with c given at each size."""
@@ -266,7 +320,7 @@ class MicroBatchesAutoTest(tf.test.TestCase):
     self.assertEqual(q.num_micro_batches, 1)
     self.assertIn("schedule='auto', num_micro_batches='auto' -> ",
                   lines[0])
-    self.assertIn('num_micro_batches=1)', lines[0])
+    self.assertIn('num_micro_batches=1, recompute=True)', lines[0])
 
   def testCostsLinearInRowsOnSeparateExecutorsPickTheMostMicroBatches(self):
     # Cost proportional to the rows: the step is (T + K - 1) x f(N / T), so

@@ -37,12 +37,21 @@ def _Result(uniform, balanced, planner, tt=8, recompute=True):
 class TableTest(unittest.TestCase):
 
   def testRatiosAndRange(self):
-    text = plan_uniform.Table([_Result(0.036, 0.033, 0.030),
+    with_auto = _Result(0.036, 0.033, 0.030)
+    with_auto['measured_s']['planner_rc_auto'] = 0.024
+    with_auto['picks'] = dict(planner=['zb_h1', 1, True],
+                              planner_rc_auto=['1f1b', 1, False])
+    with_auto['predicted'] = dict(planner=0.031, planner_rc_auto=0.025)
+    text = plan_uniform.Table([with_auto,
                                _Result(0.050, 0.048, 0.040, 16, False)])
     self.assertIn('| taper16 | 2 | 8 | on | 36.0 | 33.0 | zb_h1 v=1 | '
-                  '30.0 / 31.0 | 1.20x | 1.09x |', text)
+                  '30.0 / 31.0 | 1.20x | 1.09x | 1f1b v=1 norc, 24.0 / '
+                  '25.0, 1.50x |', text)
     self.assertIn('| taper16 | 2 | 16 | off | 50.0 | 48.0 |', text)
+    self.assertIn('| 1.25x | 1.04x | - |', text)
     self.assertIn('uniform / planner: 1.20x to 1.25x over 2 settings', text)
+    self.assertIn("uniform / planner with recompute='auto': 1.50x to 1.50x "
+                  'over 1 settings', text)
     self.assertIn('taper16 T=8 uniform [[0, 8], [8, 16]], balanced '
                   '[[0, 12], [12, 16]]', text)
 

@@ -12,7 +12,10 @@ pipelines of the same layers at K and T, with the same recompute setting:
   planner   schedule='auto' with a profile of the model measured in the
             same process (`cell_profile.ProfileLayer`, calibrated on one
             step per execution mode, saved as plan_profile): the schedule
-            and v the planner picks, on the cut it makes
+            and v the planner picks, on the cut it makes (its measured
+            cells: `schedule_auto.CutCosts`)
+  planner_rc_auto  (recompute on only) the same with recompute='auto' and
+            no memory budget: the planner may also drop the recompute
 
 and times their training steps in turn, one step each per round (median of
 --steps rounds, wall and CPU). The parent prints per (model, T) the three
@@ -30,9 +33,6 @@ import statistics
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Sequence
-
-RESULT_KINDS = ('uniform', 'balanced', 'planner')
-
 
 def UniformCut(num_layers: int, num_partitions: int) -> List[range]:
   """The layers' indices cut by count into K contiguous runs (the first
@@ -69,7 +69,9 @@ def Measure(model: str, tt: int, steps: int, reps: int,
   setting = settings.ParseSetting(f'K{kk}-T{tt}-{rc}')
   profiled = runner.BuildLayer(
       settings.ParseSetting(f'K{kk}-T{tt}-1f1b-{rc}'), layer_ps, shape)
-  modes = [m for m, (_, mrc) in cost_model.MODES.items() if mrc == recompute]
+  # With recompute the planner_rc_auto layer ranks both settings.
+  modes = [m for m, (_, mrc) in cost_model.MODES.items()
+           if recompute or not mrc]
   profile = cell_profile.ProfileLayer(profiled, (x,), reps,
                                       calibrate=True, calibrate_modes=modes)
   with tempfile.TemporaryDirectory() as tmp:
@@ -77,7 +79,10 @@ def Measure(model: str, tt: int, steps: int, reps: int,
     profile.Save(path)
     planner_p = runner.PipelineParams(setting, layer_ps, shape).Set(
         schedule=schedule_auto.AUTO, plan_profile=path)
-    plan = schedule_auto.PlanFor(planner_p)
+    plans = {'planner': schedule_auto.PlanFor(planner_p)}
+    if recompute:
+      plans['planner_rc_auto'] = schedule_auto.PlanFor(
+          planner_p.Copy().Set(recompute=schedule_auto.AUTO))
     layers = {
         'uniform': runner.PipelineParams(setting, layer_ps, shape).Set(
             layers=None, partitions=[
@@ -85,15 +90,21 @@ def Measure(model: str, tt: int, steps: int, reps: int,
                 for run in UniformCut(len(layer_ps), kk)]).Instantiate(),
         'balanced': runner.BuildLayer(setting, layer_ps, shape),
         'planner': planner_p.Instantiate()}
+    if recompute:
+      layers['planner_rc_auto'] = planner_p.Copy().Set(
+          recompute=schedule_auto.AUTO).Instantiate()
   wall, cpu = _TimeInTurn(
       {k: runner.StepFn(v, x, 1e-3) for k, v in layers.items()}, x, steps)
-  pick = layers['planner'].params
-  best = plan.best
+  picks = {k: [layers[k].params.schedule,
+               layers[k].params.num_stages_per_device or 1,
+               layers[k].params.recompute] for k in plans}
   return dict(
       model=model, T=tt, K=kk, recompute=recompute,
       measured_s=wall, measured_cpu_s=cpu,
-      pick=[pick.schedule, pick.num_stages_per_device or 1],
-      predicted_s=best.step_s if best else float('nan'),
+      pick=picks['planner'][:2], picks=picks,
+      predicted={k: plan.best.step_s if plan.best else float('nan')
+                 for k, plan in plans.items()},
+      predicted_s=plans['planner'].best.step_s,
       cuts={k: [[a, b] for a, b in cell_profile.StageCut(v)]
             for k, v in layers.items()},
       load_average=os.getloadavg()[0])
@@ -131,8 +142,8 @@ def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
         action='uniform', model=model, tt=tt, steps=steps, reps=reps,
         recompute=rc, num_partitions=num_partitions), 1800)
     log(f'{model} T={tt}{"" if rc else " norc"}: ' + ', '.join(
-        f'{k} {res["measured_s"][k] * 1e3:.1f} ms' for k in RESULT_KINDS) +
-        f'; pick {res["pick"][0]} v={res["pick"][1]}')
+        f'{k} {v * 1e3:.1f} ms' for k, v in res['measured_s'].items()) +
+        f'; picks {res.get("picks", res["pick"])}')
     out.append(res)
   return out
 
@@ -141,23 +152,34 @@ def Table(results: Sequence[Dict[str, Any]]) -> str:
   """Markdown: one row per (model, T), then the worst and best ratio."""
   lines = ['| model | K | T | recompute | GPipe, uniform cut ms | GPipe, '
            'balanced cut ms | planner\'s pick | its step ms measured / '
-           'predicted | uniform / planner | uniform / balanced |',
-           '|---|---|---|---|---|---|---|---|---|---|']
-  ratios = []
+           'predicted | uniform / planner | uniform / balanced | '
+           "recompute='auto': pick, ms measured / predicted, uniform / it |",
+           '|---|---|---|---|---|---|---|---|---|---|---|']
+  ratios, auto_ratios = [], []
   for r in results:
     m = r['measured_s']
     ratios.append(m['uniform'] / m['planner'])
+    auto = '-'
+    if 'planner_rc_auto' in m:
+      s, v, rc = r['picks']['planner_rc_auto']
+      auto_ratios.append(m['uniform'] / m['planner_rc_auto'])
+      auto = (f'{s} v={v}{"" if rc else " norc"}, '
+              f'{m["planner_rc_auto"] * 1e3:.1f} / '
+              f'{r["predicted"]["planner_rc_auto"] * 1e3:.1f}, '
+              f'{auto_ratios[-1]:.2f}x')
     lines.append(
         f'| {r["model"]} | {r["K"]} | {r["T"]} | '
         f'{"on" if r["recompute"] else "off"} | {m["uniform"] * 1e3:.1f} | '
         f'{m["balanced"] * 1e3:.1f} | {r["pick"][0]} v={r["pick"][1]} | '
         f'{m["planner"] * 1e3:.1f} / {r["predicted_s"] * 1e3:.1f} | '
-        f'{ratios[-1]:.2f}x | {m["uniform"] / m["balanced"]:.2f}x |')
-  if ratios:
-    lines += ['', f'uniform / planner: {min(ratios):.2f}x to '
-              f'{max(ratios):.2f}x over {len(ratios)} settings (the bar: '
-              '1.2x)']
+        f'{ratios[-1]:.2f}x | {m["uniform"] / m["balanced"]:.2f}x | '
+        f'{auto} |')
+  for what, rs in (('planner', ratios),
+                   ("planner with recompute='auto'", auto_ratios)):
+    if rs:
+      lines += ['', f'uniform / {what}: {min(rs):.2f}x to {max(rs):.2f}x '
+                f'over {len(rs)} settings (the bar: 1.2x)']
   lines += ['', 'cuts (stage [start, end) of the layers): ' + '; '.join(
       f'{r["model"]} T={r["T"]} ' + ', '.join(
-          f'{k} {r["cuts"][k]}' for k in RESULT_KINDS) for r in results)]
+          f'{k} {c}' for k, c in r['cuts'].items()) for r in results)]
   return '\n'.join(lines)
