@@ -62,6 +62,40 @@ class CalibrationRowTest(unittest.TestCase):
     self.assertIn('over 0 predicted rows', plan_check.Table(only))
 
 
+class FitToRoundsTest(unittest.TestCase):
+
+  def testTheCalibrationRowsArePredictedBackExactly(self):
+    from tensorpipe import cost_model  # pylint: disable=g-import-not-at-top
+    from tensorpipe import schedule_builders  # pylint: disable=g-import-not-at-top
+    prof = cost_model.Profile((cost_model.LayerCost(1.0, 2.0, 1.2, 1.0),) * 4,
+                              2, tick_s=0.01, num_cores=1)
+    cut2, cut4 = [(0, 2), (2, 4)], [(0, 1), (1, 2), (2, 3), (3, 4)]
+    measured = {}
+    for name, sched, v, rc, cpu in (('a', '1f1b', 1, True, 60.0),
+                                    ('b', 'gpipe', 1, True, 80.0),
+                                    ('c', 'zb_h1', 1, False, 30.0),
+                                    ('d', 'zb_v', 2, False, 99.0)):
+      measured[name] = (schedule_builders.Build(sched, 2, 4, v),
+                        cut4 if v == 2 else cut2, rc, cpu / 1.5, cpu)
+    fitted, pairs = plan_check._FitToRounds(prof, measured, 'a',
+                                            max_cores=2)
+    # 1F1B fits the cells and the cores; GPipe and ZB-H1 without recompute
+    # their modes; ZB-V (v=2) fits nothing: it stays a prediction.
+    self.assertEqual(pairs, {('1f1b', True), ('gpipe', True),
+                             ('zb_h1', False)})
+    self.assertEqual(sorted(dict(fitted.mode_scales)),
+                     ['gpipe_rc', 'split_norc'])
+    self.assertAlmostEqual(fitted.num_cores, 1.5, delta=0.01)
+    for name in 'abc':
+      table, cut, rc, _, cpu = measured[name]
+      pred = cost_model.Predict(table, fitted, cut, rc, 'shared')
+      self.assertAlmostEqual(pred.work_s + pred.ticks * 0.01, cpu)
+    # Without modes only the base fit.
+    fitted, pairs = plan_check._FitToRounds(prof, measured, 'a', modes=False,
+                                            max_cores=2)
+    self.assertEqual((pairs, fitted.mode_scales), ({('1f1b', True)}, ()))
+
+
 class CarriedCalibrationTest(unittest.TestCase):
 
   def testTheFirstTCalibratesAndTheOthersGetItsCalibration(self):

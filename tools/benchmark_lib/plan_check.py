@@ -9,13 +9,14 @@ threads, K logical CPU devices: the benchmark's pipelined settings; K =
      (K<k>-T<t>-rc, -1f1b-rc, -i2-rc, -zbh1-rc, -zbv-rc) and, with
      --plan_check_norc, without it too (-norc),
   2. profiles the model (`cell_profile.ProfileLayer`: per-layer cells, tick
-     and transfer cost) before and after the timed steps, and averages;
-     at the first T of a model it calibrates the profile on one step per
-     execution mode (1F1B, GPipe and ZB-H1 with recompute, and without it
+     and transfer cost) before and after the timed steps, and averages,
+  3. times the five training steps in turn, one step each per round
+     (median of --steps rounds); at the first T of a model it calibrates
+     the profile on the median steps of one schedule per execution mode
+     (`_FitToRounds`: 1F1B, GPipe and ZB-H1 with recompute, and without it
      too with --plan_check_norc: those rows are marked and not counted),
      at the others it applies that calibration (every row a prediction),
-  3. times the five training steps in turn, one step each per round
-     (median of --steps rounds), and
+     and
   4. predicts each with `cost_model.Predict` in the shared regime (the
      logical devices share the process's thread pools) on the cut the
      layer made, and ranks them with `schedule_auto.Rank` (the pick).
@@ -81,9 +82,9 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   each micro-batch size, and the pick is num_micro_batches='auto''s.
 
   With `calibrate` and no `calibration` the profile is fitted to this T's
-  1F1B step with recompute and to one step per other execution mode
-  (cost_model.MODES: GPipe's, ZB-H1's and 1F1B's rows; marked as
-  calibration rows); with `calibration` (another T's: cell_scale,
+  timed 1F1B steps with recompute and to those of one schedule per other
+  execution mode (cost_model.MODES: GPipe's, ZB-H1's and 1F1B's rows;
+  marked as calibration rows); with `calibration` (another T's: cell_scale,
   num_cores, mode_scales) it is applied to this T's profile instead, and
   every row is a prediction."""
   # pylint: disable=g-import-not-at-top
@@ -114,12 +115,8 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   calib = next((n for n in names if parsed[n].schedule == '1f1b' and
                 parsed[n].recompute), names[0])
   fit = calibrate and calibration is None
-  modes = ([m for m, (_, rc) in cost_model.MODES.items()
-            if m != 'inside_rc' and rc in recompute]
-           if fit and not sweep else [])
   before = cell_profile.ProfileLayer(layers[calib], (x,), reps,
-                                     micro_batch_sizes=sizes,
-                                     calibrate=fit, calibrate_modes=modes)
+                                     micro_batch_sizes=sizes)
   fns = {n: runner.StepFn(layers[n], x, 1e-3) for n in names}
   for fn in fns.values():
     for _ in range(2):
@@ -134,15 +131,16 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
       times[n].append(_Now() - start)
       cpu[n].append(time.process_time() - start_cpu)
   profile = _Average(before, cell_profile.ProfileLayer(
-      layers[calib], (x,), reps, micro_batch_sizes=sizes, calibrate=fit))
+      layers[calib], (x,), reps, micro_batch_sizes=sizes))
   if calibration is not None:
     profile = profile.Applied(**calibration)
-  # The rows of the modes the calibration measured (a mode the layer
-  # cannot run, or whose step was too short to fit, is predicted).
-  own = cost_model.Mode(settings.ScheduleTable(parsed[calib]),
-                        parsed[calib].recompute)
-  fitted = ({cost_model.MODES[m] for m in
-             dict(before.mode_scales).keys() | {own}} if fit else set())
+  fitted = set()
+  if fit:
+    profile, fitted = _FitToRounds(
+        profile, {n: (settings.ScheduleTable(parsed[n]),
+                      cell_profile.StageCut(layers[n]), parsed[n].recompute,
+                      statistics.median(times[n]), statistics.median(cpu[n]))
+                  for n in names}, calib, modes=not sweep)
   rows = []
   for n in names:
     s = parsed[n]
@@ -173,6 +171,50 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
                     best.num_micro_batches],
               profile=profile.ToJson(), load_average=load,
               calibration=profile.Calibration())
+
+
+def _FitToRounds(profile: Any, measured: Dict[str, Any], calib: str,
+                 modes: bool = True, max_cores: Optional[float] = None):
+  """`profile` calibrated on the timed rounds themselves: on the median
+  step of `calib` (`cost_model.Profile.Calibrated`), then, with `modes`,
+  per execution mode of `cost_model.MODES` on the median CPU time of the
+  first setting that runs it (`WithMode`). A separate calibration step
+  (`cell_profile.StepTime`) ran minutes before the rounds and drifted with
+  the machine: the calibration rows predicted back were off by up to 13%.
+
+  Args:
+    profile: the uncalibrated profile.
+    measured: setting name -> (table, cut, recompute, median wall s,
+      median CPU s).
+    calib: the setting whose step fits the cells and the cores.
+    modes: whether to fit the other modes' factors too.
+    max_cores: the most cores a fit may give (None: this machine's).
+
+  Returns:
+    (the calibrated profile, the (schedule, recompute) pairs of the rows
+    it was fitted to).
+  """
+  # pylint: disable=g-import-not-at-top
+  from tensorpipe import cost_model
+  if max_cores is None:
+    from tensorpipe import cell_profile
+    max_cores = cell_profile.NumCores()
+  # pylint: enable=g-import-not-at-top
+  table, cut, rc, wall, cpu = measured[calib]
+  profile = profile.Calibrated(table, cut, rc, wall, cpu, max_cores)
+  own = cost_model.Mode(table, rc)
+  fitted = {(table.name, rc)} if profile.cell_scale != 1.0 else set()
+  for mode, pair in cost_model.MODES.items() if modes else ():
+    n = next((n for n, m in measured.items() if n != calib and
+              (m[0].name, m[2]) == pair and
+              m[0].num_stages == m[0].num_devices), None)
+    if n is None or mode == own:
+      continue
+    t, c, r, _, c_cpu = measured[n]
+    profile = profile.WithMode(t, c, r, c_cpu)
+    if dict(profile.mode_scales).get(mode) is not None:
+      fitted.add(pair)
+  return profile, fitted
 
 
 def _Profile(model: str, setting: str, reps: int,
