@@ -72,6 +72,7 @@ Usage:
 
 import dataclasses
 import json
+import math
 from typing import Dict, List, Sequence, Tuple
 
 from tensorpipe import schedules
@@ -288,6 +289,41 @@ class Profile:
       raise ValueError(f'plan_profile={path!r} is not a readable profile '
                        f'({e}); write one with tools/benchmark --profile') \
           from None
+
+
+def InterpolatedCalibration(points: Sequence[Tuple[int, Dict]],
+                            rows: int) -> Dict:
+  """A calibration (`Profile.Calibration()`, what `Applied` takes) at
+  micro-batches of `rows`, from calibrations fitted at other sizes
+  (points: (rows, calibration)): each factor (cells, cores, each mode's)
+  linear in log(rows) between the two nearest sizes, the nearest size's
+  outside them. One calibration does not carry across sizes: the cells'
+  engine-over-alone factor drifts with the micro-batch (conv16's 0.94 at
+  16 rows, 0.83 at 4), so conv16 at 4 rows was over-predicted by 13-30%
+  from a calibration at 8 (tools/benchmark --plan_check).
+
+  Raises:
+    ValueError: no points, or a size that is not a positive int.
+  """
+  pts = sorted(points, key=lambda p: p[0])
+  if not pts or any(isinstance(r, bool) or not isinstance(r, int) or r < 1
+                    for r, _ in pts):
+    raise ValueError(f'points={[r for r, _ in pts]!r} must be one or more '
+                     '(rows > 0, calibration) pairs')
+  below = [p for p in pts if p[0] <= rows]
+  above = [p for p in pts if p[0] >= rows]
+  lo = below[-1] if below else above[0]
+  hi = above[0] if above else below[-1]
+  a = (0.0 if lo[0] == hi[0] else
+       (math.log(rows) - math.log(lo[0])) / (math.log(hi[0]) -
+                                              math.log(lo[0])))
+  mix = lambda u, v: u + a * (v - u)
+  lo_m, hi_m = dict(lo[1]['mode_scales']), dict(hi[1]['mode_scales'])
+  modes = [[m, mix(lo_m.get(m, hi_m.get(m)), hi_m.get(m, lo_m.get(m)))]
+           for m in sorted(lo_m.keys() | hi_m.keys())]
+  return dict(cell_scale=mix(lo[1]['cell_scale'], hi[1]['cell_scale']),
+              num_cores=mix(lo[1]['num_cores'], hi[1]['num_cores']),
+              mode_scales=modes)
 
 
 def FlopProfile(flops: Sequence[float], out_bytes: Sequence[float],

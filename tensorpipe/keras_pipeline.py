@@ -37,7 +37,7 @@ Usage:
   pipe.fit(dataset, epochs=2, callbacks=[keras.callbacks.TensorBoard(dir)])
 """
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Union
 
 import keras
 import numpy as np
@@ -108,7 +108,7 @@ class TensorPipeModel(keras.Model):
                num_micro_batches: int = 1, batch_size: Optional[int] = None,
                input_shape: Optional[Sequence[int]] = None,
                partition_sizes: Optional[Sequence[int]] = None,
-               recompute: bool = True,
+               recompute: Union[bool, str] = True,
                devices: Optional[Sequence[str]] = None,
                partition_method: str = 'min_max', copy_weights: bool = True,
                cut_after: Optional[Sequence[str]] = None,
@@ -129,7 +129,9 @@ class TensorPipeModel(keras.Model):
       batch_size: N, the rows of a pipelined step (a multiple of T); fit,
         evaluate and predict should use this batch size. None: T.
       input_shape, partition_sizes, cut_after: as keras_params.PipelineParams.
-      recompute, devices, partition_method: TensorPipeLayer Params.
+      recompute, devices, partition_method: TensorPipeLayer Params
+        (recompute='auto': the planner's choice, as schedule='auto';
+        get_config stores the choice).
       copy_weights: start from the Keras layers' weights.
       weight_order: [Keras layer name, weight index] per weight of the
         wrapped model (get_weights order); default: read from `layers`.
@@ -185,6 +187,8 @@ class TensorPipeModel(keras.Model):
       common['schedule'] = schedule = front.pipe.params.schedule
       common['num_stages_per_device'] = (
           front.pipe.params.num_stages_per_device)
+    if recompute == 'auto':
+      common['recompute'] = front.pipe.params.recompute
     self._weight_order = front.weight_order
     self._tp_config = dict(
         layers=front.stored,

@@ -262,5 +262,41 @@ class ProfileTest(unittest.TestCase):
         cost_model.Profile.Load(path)
 
 
+class InterpolatedCalibrationTest(unittest.TestCase):
+
+  def testLinearInLogRowsBetweenAndNearestOutside(self):
+    at4 = dict(cell_scale=0.8, num_cores=1.6,
+               mode_scales=[['inside_norc', 1.0], ['gpipe_rc', 1.2]])
+    at16 = dict(cell_scale=1.0, num_cores=2.0,
+                mode_scales=[['inside_norc', 0.8]])
+    pts = [(16, at16), (4, at4)]
+    mid = cost_model.InterpolatedCalibration(pts, 8)   # halfway in log
+    self.assertAlmostEqual(mid['cell_scale'], 0.9)
+    self.assertAlmostEqual(mid['num_cores'], 1.8)
+    self.assertEqual([m for m, _ in mid['mode_scales']],
+                     ['gpipe_rc', 'inside_norc'])
+    self.assertAlmostEqual(dict(mid['mode_scales'])['inside_norc'], 0.9)
+    # A mode one point lacks takes the other's factor.
+    self.assertAlmostEqual(dict(mid['mode_scales'])['gpipe_rc'], 1.2)
+    self.assertAlmostEqual(
+        cost_model.InterpolatedCalibration(pts, 2)['cell_scale'], 0.8)
+    self.assertAlmostEqual(
+        cost_model.InterpolatedCalibration(pts, 64)['cell_scale'], 1.0)
+    self.assertEqual(cost_model.InterpolatedCalibration([(8, at4)], 2),
+                     dict(at4, mode_scales=[['gpipe_rc', 1.2],
+                                            ['inside_norc', 1.0]]))
+    # What Applied takes.
+    prof = cost_model.Profile((cost_model.LayerCost(1.0, 2.0, 1.0, 1.0),),
+                              8).Applied(**mid)
+    self.assertAlmostEqual(prof.layers[0].forward, 0.9)
+
+  def testNoPointsIsRefused(self):
+    with self.assertRaisesRegex(ValueError, r'points=\[\] must be one or '
+                                'more'):
+      cost_model.InterpolatedCalibration([], 8)
+    with self.assertRaisesRegex(ValueError, r'points=\[0\]'):
+      cost_model.InterpolatedCalibration([(0, {})], 8)
+
+
 if __name__ == '__main__':
   unittest.main()

@@ -100,6 +100,26 @@ class KerasAutoScheduleTest(tf.test.TestCase):
     self.assertIn(picked, ('gpipe', '1f1b', 'zb_h1', 'interleaved_1f1b',
                            'zb_v'))
 
+  def testRecomputeAutoIsResolvedRunAndStored(self):
+    # FLOP costs, no memory budget: the step without recompute wins.
+    auto = keras_pipeline.TensorPipeModel(
+        _Sequential(), num_partitions=2, num_micro_batches=T, batch_size=N,
+        schedule='auto', recompute='auto')
+    params = auto._pipe.params
+    self.assertIs(params.recompute, False)
+    config = auto.get_config()
+    self.assertIs(config['recompute'], False)
+    named = keras_pipeline.TensorPipeModel(
+        _Sequential(), num_partitions=2, num_micro_batches=T, batch_size=N,
+        schedule=params.schedule,
+        num_stages_per_device=params.num_stages_per_device,
+        recompute=False)
+    got, got_loss = _Fit(auto)
+    want, want_loss = _Fit(named)
+    for a, b in zip(got, want):
+      np.testing.assert_array_equal(a, b)
+    self.assertEqual(got_loss, want_loss)
+
   def testFunctionalModelIsRefusedWithTheFix(self):
     with self.assertRaisesRegex(
         ValueError, r"schedule='auto' plans the cut of a Sequential.*"

@@ -138,6 +138,12 @@ flags.DEFINE_boolean('plan_check_calibrate', True, 'With --plan_check: '
                      'one timed step per execution mode (cost_model.Mode; '
                      'those rows are marked * and left out of the error '
                      'summary) and carry that calibration to the other T.')
+flags.DEFINE_integer('plan_check_calibrate_ts', 1, 'With --plan_check: '
+                     'the first N of --plan_check_ts are each calibrated on '
+                     'their own rounds (those rows marked *); the other T '
+                     'get those calibrations interpolated at their '
+                     'micro-batch size (linear in log rows; the nearest '
+                     'outside them).', lower_bound=1)
 flags.DEFINE_boolean('plan_check_sweep_t', False, 'With --plan_check: per '
                      'model, 1F1B at every T of --plan_check_ts in one '
                      "process, and num_micro_batches='auto''s pick among "
@@ -467,7 +473,8 @@ def _Plan() -> None:
         log=lambda line: print(line, flush=True),
         sweep=FLAGS.plan_check_sweep_t,
         recompute=recompute, calibrate=FLAGS.plan_check_calibrate,
-        num_partitions=FLAGS.plan_check_k)
+        num_partitions=FLAGS.plan_check_k,
+        calibrate_ts=FLAGS.plan_check_calibrate_ts)
   except RuntimeError as e:
     sys.exit(f'benchmark: error: --plan_check: {e}')
   _WriteTable(out, 'plan_check', results, plan_check.Table(results))

@@ -98,30 +98,42 @@ class FitToRoundsTest(unittest.TestCase):
 
 class CarriedCalibrationTest(unittest.TestCase):
 
-  def testTheFirstTCalibratesAndTheOthersGetItsCalibration(self):
+  def _Run(self, *args, **kw):
     calls = []
 
     def Child(model, tt, steps, reps, sweep=(), recompute=(True,),
               calibrate=True, calibration=None, num_partitions=2):
       self.assertEqual(num_partitions, 2)
-      calls.append((model, tt, calibration))
-      return dict(_RESULTS[0], T=tt, calibration=dict(
-          cell_scale=float(tt), num_cores=1.5, mode_scales=[]))
+      # What the child passes to the interpolation: [rows, calibration].
+      calls.append((model, tt, calibration and [
+          (r, c['cell_scale']) for r, c in calibration]))
+      return dict(_RESULTS[0], T=tt, profile=dict(micro_batch_rows=64 // tt),
+                  calibration=dict(cell_scale=float(tt), num_cores=1.5,
+                                   mode_scales=[]))
     real = plan_check.RunChild
     plan_check.RunChild = Child
     try:
-      plan_check.Run(['dense16', 'conv16'], [8, 4, 16], 1, 1,
-                     log=lambda _: None)
-      self.assertEqual([(m, t, c and c['cell_scale']) for m, t, c in calls],
-                       [('dense16', 8, None), ('dense16', 4, 8.0),
-                        ('dense16', 16, 8.0), ('conv16', 8, None),
-                        ('conv16', 4, 8.0), ('conv16', 16, 8.0)])
-      calls.clear()
-      plan_check.Run(['dense16'], [8, 4], 1, 1, log=lambda _: None,
-                     calibrate=False)
-      self.assertEqual([c for _, _, c in calls], [None, None])
+      plan_check.Run(*args, log=lambda _: None, **kw)
     finally:
       plan_check.RunChild = real
+    return calls
+
+  def testTheFirstTCalibratesAndTheOthersGetItsCalibration(self):
+    self.assertEqual(self._Run(['dense16', 'conv16'], [8, 4, 16], 1, 1),
+                     [('dense16', 8, None), ('dense16', 4, [(8, 8.0)]),
+                      ('dense16', 16, [(8, 8.0)]), ('conv16', 8, None),
+                      ('conv16', 4, [(8, 8.0)]), ('conv16', 16, [(8, 8.0)])])
+    self.assertEqual([c for _, _, c in self._Run(['dense16'], [8, 4], 1, 1,
+                                                  calibrate=False)],
+                     [None, None])
+
+  def testTwoCalibratedTPassBothPointsOn(self):
+    # T=4 (16 rows) and 16 (4 rows) calibrated; T=8 and 2 get both.
+    self.assertEqual(self._Run(['dense16'], [4, 16, 8, 2], 1, 1,
+                               calibrate_ts=2),
+                     [('dense16', 4, None), ('dense16', 16, None),
+                      ('dense16', 8, [(16, 4.0), (4, 16.0)]),
+                      ('dense16', 2, [(16, 4.0), (4, 16.0)])])
 
 
 class RecomputeOffTest(unittest.TestCase):

@@ -75,7 +75,7 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
              sweep: Sequence[int] = (),
              recompute: Sequence[bool] = (True,),
              calibrate: bool = True,
-             calibration: Optional[Dict[str, Any]] = None,
+             calibration: Optional[Any] = None,
              num_partitions: int = 2) -> Dict[str, Any]:
   """The child's work (module docstring); TF not yet started. With
   `sweep` (T values) it times 1F1B at each T instead, profiles the cells at
@@ -84,7 +84,9 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   With `calibrate` and no `calibration` the profile is fitted to this T's
   timed 1F1B steps with recompute and to those of one schedule per other
   execution mode (cost_model.MODES: GPipe's, ZB-H1's and 1F1B's rows;
-  marked as calibration rows); with `calibration` (another T's: cell_scale,
+  marked as calibration rows); with `calibration` (a list of [micro-batch
+  rows, calibration] of other T: interpolated at this T's size by
+  `cost_model.InterpolatedCalibration`; or one T's: cell_scale,
   num_cores, mode_scales) it is applied to this T's profile instead, and
   every row is a prediction."""
   # pylint: disable=g-import-not-at-top
@@ -132,6 +134,9 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
       cpu[n].append(time.process_time() - start_cpu)
   profile = _Average(before, cell_profile.ProfileLayer(
       layers[calib], (x,), reps, micro_batch_sizes=sizes))
+  if isinstance(calibration, list):   # (rows, calibration) of other T
+    calibration = cost_model.InterpolatedCalibration(
+        [(r, c) for r, c in calibration], profile.micro_batch_rows)
   if calibration is not None:
     profile = profile.Applied(**calibration)
   fitted = set()
@@ -270,7 +275,7 @@ def RunChild(model: str, tt: int, steps: int = 10, reps: int = 10,
              timeout_s: float = 1800, sweep: Sequence[int] = (),
              recompute: Sequence[bool] = (True,),
              calibrate: bool = True,
-             calibration: Optional[Dict[str, Any]] = None,
+             calibration: Optional[Any] = None,
              num_partitions: int = 2) -> Dict[str, Any]:
   """`_Measure` in a fresh process.
 
@@ -401,21 +406,27 @@ def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
         log=print, sweep: bool = False,
         recompute: Sequence[bool] = (True,),
         calibrate: bool = True,
-        num_partitions: int = 2) -> List[Dict[str, Any]]:
+        num_partitions: int = 2,
+        calibrate_ts: int = 1) -> List[Dict[str, Any]]:
   """One child per (model, T), in turn, timing every schedule with each
   `recompute` setting; with `sweep` one per model over every T of `ts`
   (1F1B with recompute). With `calibrate` the profile is calibrated at
-  the first T of `ts` (its rows of the calibrated modes marked) and that
-  calibration carried to the model's other T."""
+  each of the first `calibrate_ts` T of `ts` (their rows of the calibrated
+  modes marked), and the model's other T get those calibrations
+  interpolated at their micro-batch size
+  (`cost_model.InterpolatedCalibration`; one: carried as it is)."""
   out = []
   for model in models:
-    calibration = None
-    for tt in ts[:1] if sweep else ts:
+    points = []
+    for i, tt in enumerate(ts[:1] if sweep else ts):
+      carried = calibrate and not sweep and i >= calibrate_ts
       res = RunChild(model, tt, steps, reps, sweep=ts if sweep else (),
                      recompute=recompute, calibrate=calibrate,
-                     calibration=calibration, num_partitions=num_partitions)
-      if calibrate and not sweep and calibration is None:
-        calibration = res['calibration']
+                     calibration=points if carried else None,
+                     num_partitions=num_partitions)
+      if calibrate and not sweep and not carried:
+        points.append([res['profile']['micro_batch_rows'],
+                       res['calibration']])
       log(f'{model} T={tt}: ' + ', '.join(
           f'{r["schedule"]} {r["measured_s"] * 1e3:.1f} / '
           f'{r["predicted_s"] * 1e3:.1f} ms' for r in res['rows']))
