@@ -39,7 +39,8 @@ other processes fewer than its threads).
 With `calibrate` it also times a training step of the layer itself on its
 own schedule (`StepTime`, with an SGD update) and fits the profile to it
 (`cost_model.Profile.Calibrated`: one factor on every cell, and the cores
-the step got).
+the step got), and each micro-batch size of `micro_batch_sizes` to a step
+at its T (one more factor on that size's cells).
 
 With `micro_batch_sizes` it times the cells again at those micro-batch
 sizes (the profile's points): small micro-batches cost more per row than
@@ -477,6 +478,30 @@ def _CellCosts(layer: Any, inputs: Tuple[Any, ...], tt: int, reps: int
           float(in_bytes))
 
 
+def _CalibratedPoint(layer: Any, inputs: Tuple[Any, ...],
+                     point: cost_model.Profile, batch: int, tick_s: float,
+                     reps: int) -> cost_model.Profile:
+  """`point` (cells at its micro-batch size, scaled by the layer's own
+  calibration) fitted to a step of a copy of `layer` at that size's T
+  (`Profile.Calibrated` with the profile's tick cost: one more factor on
+  its cells; its cores unused); as it is where the layer's schedule does
+  not run at that T."""
+  p = layer.params
+  tt = batch // point.micro_batch_rows
+  try:
+    at_t = p.Copy().Set(name=f'{p.name}_t{tt}', num_micro_batches=tt,
+                        micro_batch_size=None).Instantiate()
+  except ValueError:   # e.g. ZB-V with T < 2K - 1
+    return point
+  table = schedule_builders.FromParam(
+      p.schedule, len(at_t.devices), tt,
+      schedule_builders.NumStagesPerDevice(p))
+  wall, cpu = StepTime(at_t, tuple(inputs), reps)
+  fitted = dataclasses.replace(point, tick_s=tick_s).Calibrated(
+      table, StageCut(at_t), p.recompute, wall, cpu, NumCores())
+  return dataclasses.replace(fitted, tick_s=point.tick_s)
+
+
 def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
                  tick: bool = True,
                  micro_batch_sizes: Sequence[int] = (),
@@ -487,9 +512,12 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
   cells alone at each of `micro_batch_sizes` (the profile's points: the
   curve num_micro_batches='auto' plans from). With `calibrate`, fitted to
   a step of `layer` itself (`StepTime`, `cost_model.Profile.Calibrated`),
-  and per mode of `calibrate_modes` (cost_model.MODES) to a step of a copy
-  of the layer in that mode (`cost_model.Profile.WithMode`; a mode the
-  layer's settings cannot run is skipped).
+  each point to a step of a copy of the layer at that point's T (the
+  cells' engine-over-alone factor drifts with the micro-batch: conv16's
+  0.94 at 16 rows, 0.83 at 4), and per mode of `calibrate_modes`
+  (cost_model.MODES) to a step of a copy of the layer in that mode
+  (`cost_model.Profile.WithMode`; a mode the layer's settings cannot run
+  is skipped).
 
   Raises:
     ValueError: a size that does not divide the mini-batch.
@@ -531,6 +559,9 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
       schedule_builders.NumStagesPerDevice(p))
   wall, cpu = StepTime(layer, tuple(inputs), reps)
   prof = prof.Calibrated(table, cut, p.recompute, wall, cpu, NumCores())
+  prof = dataclasses.replace(prof, points=tuple(
+      _CalibratedPoint(layer, inputs, q, batch, prof.tick_s, reps)
+      for q in prof.points))
   own = cost_model.Mode(table, p.recompute)
   for mode in calibrate_modes:
     if mode == own:

@@ -122,6 +122,33 @@ class CalibrationTest(tf.test.TestCase):
     self.assertNotEqual(got.cell_scale, 1.0)
     self.assertEqual(plain.cell_scale, 1.0)
 
+  def testEachMicroBatchSizeIsFittedToAStepAtItsT(self):
+    """With micro_batch_sizes each point is fitted to a step at its own
+    T: predicted at that size (`Profile.Scaled`), the table's work plus
+    ticks is that step's CPU time."""
+    layer, x = _WidePipe(2)   # 64 rows, T=4: 16 rows per micro-batch
+    ts = []
+    real = cell_profile.StepTime
+
+    def Fake(lay, inputs, reps):
+      del inputs, reps
+      tt = lay.params.num_micro_batches
+      ts.append(tt)
+      return 0.01 * tt, 0.02 * tt
+    cell_profile.StepTime = Fake
+    try:
+      prof = cell_profile.ProfileLayer(layer, (x,), reps=2, tick=False,
+                                       calibrate=True,
+                                       micro_batch_sizes=(8, 32))
+    finally:
+      cell_profile.StepTime = real
+    self.assertEqual(ts, [4, 8, 2])   # the layer's own, then each point
+    for rows, tt in ((16, 4), (8, 8), (32, 2)):
+      table = schedule_builders.Build('gpipe', 1, tt)
+      pred = cost_model.Predict(table, prof.Scaled(rows), [(0, 2)], True,
+                                'shared')
+      self.assertAlmostEqual(pred.work_s, 0.02 * tt, places=9)
+
   def testEachModeMeasuredGetsAFactor(self):
     layer, x = _WidePipe(2)
     prof = cell_profile.ProfileLayer(
