@@ -441,6 +441,15 @@ class PlanToolTest(tf.test.TestCase):
                                          'interleaved_1f1b', 'zb_v'])
     self.assertRegex(text, r'1  1f1b +1 +4 +29 s +48 s +10 ')
 
+  def testRecomputeAutoRanksBothSettings(self):
+    text = self._Run('--plan_regime=separate', '--plan_recompute_auto')
+    rows = text[text.index('rank  schedule'):].splitlines()[1:]
+    ranked = [line.split()[1:3] for line in rows
+              if line.split() and line.split()[0].isdigit()]
+    self.assertLen(ranked, 10)   # five schedules, recompute on and off
+    self.assertEqual(ranked[0], ['zb_v', 'norc'])
+    self.assertEqual(sum(r[1] == 'norc' for r in ranked), 5)
+
   def testMemoryBudgetRefusesInTheTable(self):
     text = self._Run('--plan_memory_budget_mib=0.0001')
     self.assertEqual(self._Order(text), [])

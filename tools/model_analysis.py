@@ -144,6 +144,10 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_float('plan_memory_budget_mib', None, 'With --plan: most MiB '
                      'of activations per device; unset: no limit.',
                      flag_values=fv)
+  flags.DEFINE_bool('plan_recompute_auto', False, "With --plan: rank with "
+                    "and without recompute (recompute='auto'; rows without "
+                    "it marked 'norc') instead of --recompute only.",
+                    flag_values=fv)
 
 
 def ModelSpec(model: str, L: Optional[int] = None, H: int = 4096,
@@ -283,10 +287,14 @@ def Run(fv: flags.FlagValues) -> str:
 def _PlanText(report: model_analysis.Report, fv: flags.FlagValues) -> str:
   """--plan: schedule_auto's ranking of the analysed model."""
   budget = fv.plan_memory_budget_mib
-  plan = schedule_auto.Rank(
-      report, schedule_auto.ProfileFor(report, fv.plan_profile),
-      fv.recompute, fv.plan_regime,
-      memory_budget=budget * 2**20 if budget is not None else None)
+  profile = schedule_auto.ProfileFor(report, fv.plan_profile)
+  plan = schedule_auto.RankOverT(
+      report, lambda _: profile, [report.num_micro_batches],
+      [True, False] if fv.plan_recompute_auto else fv.recompute,
+      fv.plan_regime, schedule_plan.ALL,
+      budget * 2**20 if budget is not None else None,
+      # A measured profile cuts on its cells, as schedule='auto' does.
+      schedule_auto.CutCosts)
   note = ('' if fv.plan_profile else '\nFLOP-based costs (t_B = 2 t_F, '
           't_I = t_W, no tick cost): in the shared regime every schedule '
           'does the same work; give --plan_profile for measured costs.')
