@@ -484,8 +484,8 @@ def _CalibratedPoint(layer: Any, inputs: Tuple[Any, ...],
   """`point` (cells at its micro-batch size, scaled by the layer's own
   calibration) fitted to a step of a copy of `layer` at that size's T
   (`Profile.Calibrated` with the profile's tick cost: one more factor on
-  its cells; its cores unused); as it is where the layer's schedule does
-  not run at that T."""
+  its cells; its cores unused). A point at a T the layer's schedule cannot
+  run (ZB-V below 2K - 1) is returned uncalibrated."""
   p = layer.params
   tt = batch // point.micro_batch_rows
   try:

@@ -118,9 +118,19 @@ def _Encode(value: Any) -> str:
 
 
 
+def _IsAuto(value: Any) -> bool:
+  return isinstance(value, str) and value == 'auto'
+
+
 def _Coerce(key: str, old: Any, new: Any, text: str) -> Any:
-  """Returns `new` converted to the type of `old`, or raises ValueError."""
-  if old is None or new is None:
+  """Returns `new` converted to the type of `old`, or raises ValueError.
+
+  'auto' (a setting the planner resolves: schedule, num_micro_batches,
+  recompute) takes a value of any type and may replace one: params.txt
+  holds the resolved value of an experiment's 'auto', and an override may
+  ask for 'auto' again.
+  """
+  if old is None or new is None or _IsAuto(old) or _IsAuto(new):
     return new
   number = isinstance(new, (int, float)) and not isinstance(new, bool)
   if isinstance(old, enum.Enum):

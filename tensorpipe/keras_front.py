@@ -127,25 +127,31 @@ def LayersFront(model: Any, num_partitions: int, num_micro_batches: int,
       input_shape=list(shape), weight_order=weight_order)
 
 
-def PlanSettings(model: Any, schedule: Any, **plan) -> dict:
+def PlanSettings(model: Any, schedule: Any, recompute: Any = True,
+                 **plan) -> dict:
   """TensorPipeModel's planner settings that are set (plan_regime,
-  plan_memory_budget), checked against the schedule and the model.
+  plan_memory_budget), checked against the 'auto' settings and the model.
 
   Raises:
-    ValueError: schedule='auto' for a functional model (cut along its
-      graph before a schedule is known), or a setting without 'auto'.
+    ValueError: schedule='auto' or recompute='auto' for a functional model
+      (cut along its graph before the planner runs), or a planner setting
+      with neither 'auto'.
   """
-  if schedule == 'auto' and keras_graph_params.IsGraph(model):
+  autos = [f"{k}='auto'" for k, v in (('schedule', schedule),
+                                      ('recompute', recompute))
+           if v == 'auto']
+  if autos and keras_graph_params.IsGraph(model):
     raise ValueError(
-        "TensorPipeModel: schedule='auto' plans the cut of a Sequential "
-        'or a list of layers; a functional model is cut along its graph '
-        "first: name a schedule ('1f1b', 'zb_h1', ...: README, 'Which "
-        "schedule?')")
+        f"TensorPipeModel: {' and '.join(autos)} plans the cut of a "
+        'Sequential or a list of layers; a functional model is cut along '
+        "its graph first: name a schedule ('1f1b', 'zb_h1', ...: README, "
+        "'Which schedule?') and set recompute")
   given = {k: v for k, v in plan.items() if v is not None}
-  if given and schedule != 'auto':
+  if given and not autos:
     raise ValueError(f'TensorPipeModel: {", ".join(sorted(given))} set with '
-                     f'schedule={schedule!r}; they steer the planner of '
-                     "schedule='auto' only: drop them or use 'auto'")
+                     f'schedule={schedule!r}, recompute={recompute!r}; they '
+                     "steer the planner of schedule='auto' or "
+                     "recompute='auto' only: drop them or use 'auto'")
   return given
 
 

@@ -169,7 +169,8 @@ class TensorPipeModel(keras.Model):
                   devices=list(devices) if devices else None,
                   partition_method=partition_method, schedule=schedule,
                   num_stages_per_device=num_stages_per_device)
-    plan = keras_front.PlanSettings(layers, schedule, plan_regime=plan_regime,
+    plan = keras_front.PlanSettings(layers, schedule, recompute,
+                                    plan_regime=plan_regime,
                                     plan_memory_budget=plan_memory_budget)
     front = keras_front.Make(
         layers, num_partitions, num_micro_batches, batch_size,

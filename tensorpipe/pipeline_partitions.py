@@ -3,8 +3,8 @@
 `Resolve(p)` turns TensorPipeLayer Params into the K v lists of layer Params
 its stages hold: `partitions` as given (checked), or `layers` cut into
 K v runs of balanced FPropMeta FLOPs, or of `partition_costs` where given
-(`partitioning.Partition`, method `partition_method`), the plan logged. Each refusal is one line naming the
-value and the fix.
+(`partitioning.Partition`, method `partition_method`), the plan logged.
+Each refusal is one line naming the value and the fix.
 """
 
 import math
@@ -76,12 +76,12 @@ def Resolve(p) -> Tuple[List[List[Any]], Optional[partitioning.PartitionPlan]]:
                      f'({len(layers)}): each stage needs at least one '
                      f'layer; use num_partitions <= {len(layers) // v}')
   k *= v
-  if k == 1:
-    return [layers], None
   costs = p.partition_costs
   if costs is not None:
     costs = CheckCosts(p.name, costs, len(layers))
-  elif p.input_shapes is None:
+  if k == 1:
+    return [layers], None
+  if costs is None and p.input_shapes is None:
     raise ValueError(
         f'TensorPipeLayer {p.name!r}: automatic partitioning into {k} '
         'partitions balances FPropMeta costs, which need the input shapes; '

@@ -6,7 +6,8 @@ schedule of `schedule_plan.ALL` that applies (GPipe, 1F1B, interleaved 1F1B
 with v=2, ZB-H1, ZB-V) with the calibrated cost model (`cost_model.Predict`)
 on the cut TensorPipeLayer itself will make (`partitioning.Partition` of the
 layers' FLOPs into K v stages, or of their measured cells: `CutCosts`,
-which `ResolveAuto` hands the layer as partition_costs) and ranks them by predicted step time, ties
+which `ResolveAuto` hands the layer as partition_costs) and ranks them by
+predicted step time, ties
 (within 0.1%) broken by fewer ticks, then by the smaller activation peak
 (`schedule_plan.TableMemory`). A schedule over the per-device memory budget
 is refused, as is one the layer's other settings cannot run (the I/W split
@@ -72,6 +73,8 @@ from tensorpipe import schedule_builders
 from tensorpipe import schedule_plan
 
 AUTO = 'auto'
+# The TensorPipeLayer settings the planner resolves when 'auto'.
+AUTO_SETTINGS = ('schedule', 'num_micro_batches', 'recompute')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +135,8 @@ def CutCosts(profile: cost_model.Profile, recompute: bool,
   """The per-layer costs the layers' cut balances: `given` (the layer's
   partition_costs), else a measured profile's cells of one micro-batch
   (forward, its recompute, backward: a stage's share of the critical
-  path), to 4 significant digits (the numbers params.txt keeps), else None:
+  path), to 4 significant digits (params.txt stays readable; the layer
+  cuts on the same rounded numbers the prediction did), else None:
   the layers' FLOPs. A FLOP count misprices small layers: conv layers of 8
   to 16 channels cost more per FLOP than of 32 (taperconv16's FLOP cut
   was slower than cutting by count)."""
@@ -338,7 +342,8 @@ def ProfileFor(report: model_analysis.Report,
 
 
 def PlanFor(p: Any) -> Plan:
-  """The ranking for TensorPipeLayer Params `p` with schedule='auto'.
+  """The ranking for TensorPipeLayer Params `p` with 'auto' settings
+  (`IsAuto`).
 
   Raises:
     ValueError: Params the planner cannot plan for, naming the fix.
@@ -352,12 +357,12 @@ def PlanFor(p: Any) -> Plan:
       budget, (int, float)) or budget <= 0):
     raise ValueError(f'TensorPipeLayer {p.name!r}: plan_memory_budget='
                      f'{budget!r} must be bytes > 0 per device, or None')
-  what = ("schedule='auto'" if p.schedule == AUTO else
-           "num_micro_batches='auto'")
+  what = _AutoNames(p)
   if p.partitions is not None or not p.layers or p.input_shapes is None:
     raise ValueError(f'TensorPipeLayer {p.name!r}: {what} plans the cut '
                      'itself and needs `layers`, `num_partitions` and '
-                     '`input_shapes`; give those, or name a schedule and T')
+                     '`input_shapes`; give those, or name the schedule, T '
+                     'and recompute')
   from tensorpipe import microbatch  # pylint: disable=g-import-not-at-top
   report = model_analysis.AnalyzeLayers(
       list(p.layers), p.input_shapes, num_partitions=p.num_partitions,
@@ -415,9 +420,15 @@ def RankOverT(report: model_analysis.Report,
   return _Ranked(rows, regime, profile)
 
 
+def _AutoNames(p: Any) -> str:
+  """The 'auto' settings of `p`, for messages: "schedule='auto', ..."."""
+  return ', '.join(f"{k}='auto'" for k in AUTO_SETTINGS if p.Get(k) == AUTO)
+
+
 def ResolveAuto(p: Any, log: Callable[[str], None] = logging.info) -> Any:
-  """`p` if its schedule is not 'auto', else a copy with the planner's
-  schedule and num_stages_per_device (module docstring); logs the choice.
+  """`p` if none of its AUTO_SETTINGS is 'auto', else a copy with the
+  planner's schedule, num_stages_per_device, T, recompute and (measured
+  profile) partition_costs (module docstring); logs the choice.
 
   Raises:
     ValueError: no candidate fits (with each one's reason).
@@ -426,11 +437,10 @@ def ResolveAuto(p: Any, log: Callable[[str], None] = logging.info) -> Any:
     return p
   plan = PlanFor(p)
   best = plan.best
-  what = ', '.join(f"{k}='auto'" for k in ('schedule', 'num_micro_batches',
-                                           'recompute')
-                   if p.Get(k) == AUTO)
+  what = _AutoNames(p)
   if best is None:
-    why = '; '.join(f'{r.name} T={r.num_micro_batches}: {r.refused}'
+    why = '; '.join(f'{r.name} T={r.num_micro_batches}'
+                    f'{"" if r.recompute else " norc"}: {r.refused}'
                     for r in plan.rows)
     raise ValueError(f'TensorPipeLayer {p.name!r}: {what} found no '
                      f'setting that fits ({why}); raise plan_memory_budget, '
@@ -460,16 +470,16 @@ def ResolveAuto(p: Any, log: Callable[[str], None] = logging.info) -> Any:
 
 
 def IsAuto(p: Any) -> bool:
-  """Whether TensorPipeLayer Params `p` leave the schedule or T to the
-  planner."""
-  return AUTO in (p.schedule, p.num_micro_batches, p.recompute)
+  """Whether TensorPipeLayer Params `p` leave the schedule, T or the
+  recompute setting to the planner."""
+  return any(p.Get(k) == AUTO for k in AUTO_SETTINGS)
 
 
 def ResolveAutoIn(params: Any,
                   log: Callable[[str], None] = logging.info) -> List[str]:
-  """Resolves schedule='auto' of every TensorPipeLayer in a Params tree in
-  place (the trainer, before it writes params.txt); returns the names
-  resolved."""
+  """Resolves the 'auto' settings (AUTO_SETTINGS) of every TensorPipeLayer
+  in a Params tree in place (the trainer, before it writes params.txt);
+  returns the names resolved."""
   from tensorpipe import distribute  # pylint: disable=g-import-not-at-top
   done = []
   for mp in distribute.PipelineParamsIn(params):

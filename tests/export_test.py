@@ -38,6 +38,7 @@ from tensorpipe import optimizers
 from tensorpipe import overrides
 from tensorpipe import pipeline
 from tensorpipe import py_utils
+from tensorpipe import schedule_auto
 from tensorpipe import synthetic_input
 from tensorpipe import tasks
 from tensorpipe import test_utils
@@ -316,6 +317,26 @@ class ExportTest(tf.test.TestCase):
                                 'shedule'):
       export_run.RunParams(Tiny().ModelParams(), old_run, _KEY,
                            params_override="task.model.shedule='x.csv'")
+
+  def testAnExperimentsAutoSettingsTakeTheRunsResolvedValues(self):
+    """The trainer writes params.txt with the planner's picks
+    (schedule_auto.ResolveAutoIn); the experiment still says 'auto'."""
+    exp = Tiny().ModelParams()
+    exp.task.model.Set(schedule='auto', recompute='auto')
+    run = exp.Copy()
+    schedule_auto.ResolveAutoIn(run, lambda _: None)
+    self.assertIsInstance(run.task.model.recompute, bool)
+    logdir = os.path.join(self.tmp, 'auto_run')
+    os.makedirs(logdir)
+    with open(os.path.join(logdir, 'params.txt'), 'w') as f:
+      f.write(run.ToText())
+    got = export_run.RunParams(exp, logdir, _KEY)
+    self.assertEqual(got.task.model.schedule, run.task.model.schedule)
+    self.assertIs(got.task.model.recompute, run.task.model.recompute)
+    # An override may ask for 'auto' again.
+    got = export_run.RunParams(exp, logdir, _KEY,
+                               params_override="task.model.recompute='auto'")
+    self.assertEqual(got.task.model.recompute, 'auto')
 
   def testNonEmptyExportDirIsRefusedUnlessOverwrite(self):
     export_dir = os.path.join(self.tmp, 'taken')

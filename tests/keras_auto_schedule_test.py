@@ -128,6 +128,23 @@ class KerasAutoScheduleTest(tf.test.TestCase):
           _Functional(), num_partitions=2, num_micro_batches=T,
           batch_size=N, schedule='auto')
 
+  def testRecomputeAutoOfAFunctionalModelIsRefusedAndABudgetAllowed(self):
+    with self.assertRaisesRegex(
+        ValueError, r"recompute='auto' plans the cut of a Sequential.*"
+        'functional model'):
+      keras_pipeline.TensorPipeModel(
+          _Functional(), num_partitions=2, num_micro_batches=T,
+          batch_size=N, schedule='1f1b', recompute='auto')
+    # A budget steers recompute='auto' with a named schedule: 1 byte per
+    # device fits nothing, and the planner says so.
+    with self.assertRaisesRegex(ValueError, "recompute='auto' found no "
+                                'setting that fits.*1f1b T=2 norc: '
+                                'activation peak'):
+      keras_pipeline.TensorPipeModel(
+          _Sequential(), num_partitions=2, num_micro_batches=T,
+          batch_size=N, schedule='1f1b', recompute='auto',
+          plan_memory_budget=1)
+
   def testPlanSettingsWithoutAutoAreRefused(self):
     with self.assertRaisesRegex(
         ValueError, r"plan_regime set with schedule='1f1b'.*use 'auto'"):

@@ -193,6 +193,10 @@ class PartitionCostsTest(tf.test.TestCase):
         with self.assertRaisesRegex(ValueError, rf'partition_costs=.*{what}.*'
                                     'give 4 numbers >= 0'):
           _Pipe(schedule='1f1b', partition_costs=costs).Instantiate()
+    # One stage: nothing to cut, the costs are still checked.
+    with self.assertRaisesRegex(ValueError, 'give 4 numbers'):
+      _Pipe(schedule='1f1b', num_partitions=1,
+            partition_costs=[1, 1]).Instantiate()
     with self.assertRaisesRegex(ValueError, 'partitions` are given by hand; '
                                 'drop one of them'):
       _Pipe(schedule='1f1b', layers=None, partition_costs=[1, 1],
@@ -285,6 +289,13 @@ class RecomputeAutoTest(tf.test.TestCase):
                      ['pipe'])
     self.assertIn('model.recompute : False', root.ToText())
     self.assertIn("model.schedule : '1f1b'", root.ToText())
+
+  def testHandCutPartitionsNameTheAutoSetting(self):
+    with self.assertRaisesRegex(ValueError, "recompute='auto' plans the cut "
+                                'itself.*name the schedule, T and '
+                                'recompute'):
+      _Pipe(schedule='1f1b', recompute='auto', layers=None,
+            partitions=[_FcLayers(2), _FcLayers(2)]).Instantiate()
 
   def testARecomputeThatIsNotABoolIsRefused(self):
     for bad in ('yes', 1, None):

@@ -134,10 +134,12 @@ flags.DEFINE_integer('plan_check_k', 2, 'With --plan_check: K, the '
                      'logical devices (and inter-op threads) the schedules '
                      'run on.')
 flags.DEFINE_boolean('plan_check_calibrate', True, 'With --plan_check: '
-                     'at the first T of --plan_check_ts fit the profile to '
-                     'one timed step per execution mode (cost_model.Mode; '
-                     'those rows are marked * and left out of the error '
-                     'summary) and carry that calibration to the other T.')
+                     'at the first T of --plan_check_ts (the first '
+                     '--plan_check_calibrate_ts) fit the profile to the '
+                     'timed steps, one schedule per execution mode '
+                     '(cost_model.Mode; those rows are marked * and left '
+                     'out of the error summary), and carry that calibration '
+                     '(interpolate those) to the other T.')
 flags.DEFINE_integer('plan_check_calibrate_ts', 1, 'With --plan_check: '
                      'the first N of --plan_check_ts are each calibrated on '
                      'their own rounds (those rows marked *); the other T '

@@ -323,7 +323,8 @@ def _Write(out: str, version: str, load: float, started: float,
 
 def CheckModels(models: Sequence[str]) -> None:
   """Raises app.UsageError for a model the torch peer cannot build (the
-  worker builds FC and conv3x3 layers only), naming those it can."""
+  worker builds FC and conv3x3 layers of one width only), naming those it
+  can."""
   twins = sorted(m for m, spec in settings.BUILTIN_MODELS.items()
                  if spec.layer in ('fc', 'conv3x3') and not spec.end_dim)
   for m in models:

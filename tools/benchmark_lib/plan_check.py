@@ -15,11 +15,14 @@ threads, K logical CPU devices: the benchmark's pipelined settings; K =
      the profile on the median steps of one schedule per execution mode
      (`_FitToRounds`: 1F1B, GPipe and ZB-H1 with recompute, and without it
      too with --plan_check_norc: those rows are marked and not counted),
-     at the others it applies that calibration (every row a prediction),
-     and
+     at the others it applies that calibration (every row a prediction;
+     with --plan_check_calibrate_ts=N the first N T are calibrated and the
+     others get them interpolated at their micro-batch size), and
   4. predicts each with `cost_model.Predict` in the shared regime (the
      logical devices share the process's thread pools) on the cut the
-     layer made, and ranks them with `schedule_auto.Rank` (the pick).
+     layer made, and ranks them with `schedule_auto.Rank` (the pick) on
+     that FLOP cut too (schedule='auto' with a measured profile would cut
+     on its cells: --plan_uniform times that).
 
 The parent prints per schedule the measured and predicted step, the
 error, both ratios to 1F1B, and per (model, T) whether the planner's pick
@@ -44,7 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from tools import paths
 
@@ -119,19 +122,9 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   fit = calibrate and calibration is None
   before = cell_profile.ProfileLayer(layers[calib], (x,), reps,
                                      micro_batch_sizes=sizes)
-  fns = {n: runner.StepFn(layers[n], x, 1e-3) for n in names}
-  for fn in fns.values():
-    for _ in range(2):
-      fn(x)[0].numpy()
-  times = {n: [] for n in names}
-  cpu = {n: [] for n in names}
   load = os.getloadavg()[0]
-  for i in range(steps):
-    for n in names[i % len(names):] + names[:i % len(names)]:
-      start, start_cpu = _Now(), time.process_time()
-      fns[n](x)[0].numpy()
-      times[n].append(_Now() - start)
-      cpu[n].append(time.process_time() - start_cpu)
+  times, cpu = TimeInTurn(
+      {n: runner.StepFn(layers[n], x, 1e-3) for n in names}, x, steps)
   profile = _Average(before, cell_profile.ProfileLayer(
       layers[calib], (x,), reps, micro_batch_sizes=sizes))
   if isinstance(calibration, list):   # (rows, calibration) of other T
@@ -144,7 +137,7 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
     profile, fitted = _FitToRounds(
         profile, {n: (settings.ScheduleTable(parsed[n]),
                       cell_profile.StageCut(layers[n]), parsed[n].recompute,
-                      statistics.median(times[n]), statistics.median(cpu[n]))
+                      times[n], cpu[n])
                   for n in names}, calib, modes=not sweep)
   rows = []
   for n in names:
@@ -158,8 +151,7 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
         calibration=(n == calib if sweep else
                      (s.schedule, s.recompute) in fitted) and fit,
         T=s.num_micro_batches, recompute=s.recompute,
-        measured_s=statistics.median(times[n]),
-        measured_cpu_s=statistics.median(cpu[n]),
+        measured_s=times[n], measured_cpu_s=cpu[n],
         predicted_s=pred.step_s,
         predicted_cpu_s=pred.work_s + pred.ticks * at_t.tick_s,
         separate_s=cost_model.Predict(table, at_t, cut, s.recompute,
@@ -176,6 +168,27 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
                     best.num_micro_batches],
               profile=profile.ToJson(), load_average=load,
               calibration=profile.Calibration())
+
+
+def TimeInTurn(fns: Dict[str, Callable[[Any], Any]], x: Any, steps: int
+               ) -> Tuple[Dict[str, float], Dict[str, float]]:
+  """Median wall and CPU seconds of each step function on `x`, timed in
+  turn (one step each per round, the order rotated: this machine drifts)
+  after two warm-up steps each."""
+  for fn in fns.values():
+    for _ in range(2):
+      fn(x)[0].numpy()
+  names = list(fns)
+  wall = {n: [] for n in names}
+  cpu = {n: [] for n in names}
+  for i in range(steps):
+    for n in names[i % len(names):] + names[:i % len(names)]:
+      start, start_cpu = _Now(), time.process_time()
+      fns[n](x)[0].numpy()
+      wall[n].append(_Now() - start)
+      cpu[n].append(time.process_time() - start_cpu)
+  return ({n: statistics.median(v) for n, v in wall.items()},
+          {n: statistics.median(v) for n, v in cpu.items()})
 
 
 def _FitToRounds(profile: Any, measured: Dict[str, Any], calib: str,

@@ -3,7 +3,8 @@
 `tools/benchmark --plan_uniform` runs, for each model of --models and each
 T of --plan_check_ts, one child process (one intra-op thread, K inter-op
 threads, K logical CPU devices, as --plan_check) that builds three
-pipelines of the same layers at K and T, with the same recompute setting:
+pipelines of the same layers at K and T, with the same recompute setting
+(and with recompute on a fourth):
 
   uniform   GPipe, the layers cut by count (`UniformCut`: K runs of
             L / K layers), what a user who does not weigh the layers gets
@@ -18,8 +19,8 @@ pipelines of the same layers at K and T, with the same recompute setting:
             no memory budget: the planner may also drop the recompute
 
 and times their training steps in turn, one step each per round (median of
---steps rounds, wall and CPU). The parent prints per (model, T) the three
-steps, the pick with its predicted step, and uniform / planner (the
+--steps rounds, wall and CPU). The parent prints per (model, T) the
+steps, the picks with their predicted steps, and uniform / planner (the
 issue's bar: at least 1.2x on a deliberately uneven model; the built-in
 `taper16` has widths 256 -> 1024, its last 8 layers 77% of the FLOPs).
 
@@ -29,9 +30,7 @@ issue's bar: at least 1.2x on a deliberately uneven model; the built-in
 
 import itertools
 import os
-import statistics
 import tempfile
-import time
 from typing import Any, Callable, Dict, List, Sequence
 
 def UniformCut(num_layers: int, num_partitions: int) -> List[range]:
@@ -57,7 +56,7 @@ def Measure(model: str, tt: int, steps: int, reps: int,
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from tensorpipe import cell_profile, cost_model, devices, schedule_auto
-  from tools.benchmark_lib import runner, settings
+  from tools.benchmark_lib import plan_check, runner, settings
   # pylint: enable=g-import-not-at-top
   kk = num_partitions
   tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -79,21 +78,19 @@ def Measure(model: str, tt: int, steps: int, reps: int,
     profile.Save(path)
     planner_p = runner.PipelineParams(setting, layer_ps, shape).Set(
         schedule=schedule_auto.AUTO, plan_profile=path)
-    plans = {'planner': schedule_auto.PlanFor(planner_p)}
+    variants = {'planner': planner_p}
     if recompute:
-      plans['planner_rc_auto'] = schedule_auto.PlanFor(
-          planner_p.Copy().Set(recompute=schedule_auto.AUTO))
+      variants['planner_rc_auto'] = planner_p.Copy().Set(
+          recompute=schedule_auto.AUTO)
+    plans = {k: schedule_auto.PlanFor(q) for k, q in variants.items()}
     layers = {
         'uniform': runner.PipelineParams(setting, layer_ps, shape).Set(
             layers=None, partitions=[
                 [layer_ps[i] for i in run]
                 for run in UniformCut(len(layer_ps), kk)]).Instantiate(),
         'balanced': runner.BuildLayer(setting, layer_ps, shape),
-        'planner': planner_p.Instantiate()}
-    if recompute:
-      layers['planner_rc_auto'] = planner_p.Copy().Set(
-          recompute=schedule_auto.AUTO).Instantiate()
-  wall, cpu = _TimeInTurn(
+        **{k: q.Instantiate() for k, q in variants.items()}}
+  wall, cpu = plan_check.TimeInTurn(
       {k: runner.StepFn(v, x, 1e-3) for k, v in layers.items()}, x, steps)
   picks = {k: [layers[k].params.schedule,
                layers[k].params.num_stages_per_device or 1,
@@ -108,25 +105,6 @@ def Measure(model: str, tt: int, steps: int, reps: int,
       cuts={k: [[a, b] for a, b in cell_profile.StageCut(v)]
             for k, v in layers.items()},
       load_average=os.getloadavg()[0])
-
-
-def _TimeInTurn(fns: Dict[str, Callable[[Any], Any]], x: Any, steps: int):
-  """Median wall and CPU seconds of each step function, timed in turn
-  (one step each per round, the order rotated) after two warm-up steps."""
-  for fn in fns.values():
-    for _ in range(2):
-      fn(x)[0].numpy()
-  names = list(fns)
-  wall = {n: [] for n in names}
-  cpu = {n: [] for n in names}
-  for i in range(steps):
-    for n in names[i % len(names):] + names[:i % len(names)]:
-      start, start_cpu = time.perf_counter(), time.process_time()
-      fns[n](x)[0].numpy()
-      wall[n].append(time.perf_counter() - start)
-      cpu[n].append(time.process_time() - start_cpu)
-  return ({n: statistics.median(v) for n, v in wall.items()},
-          {n: statistics.median(v) for n, v in cpu.items()})
 
 
 def Run(models: Sequence[str], ts: Sequence[int], steps: int, reps: int,
