@@ -155,6 +155,21 @@ def PlanSettings(model: Any, schedule: Any, recompute: Any = True,
   return given
 
 
+def Resolved(pipe_params: Any, common: dict) -> dict:
+  """The 'auto' settings of `common` (schedule, its v; recompute) as the
+  layer resolved them (schedule_auto, from the layers' FLOPs): the train
+  step takes the path of the schedule it runs, and get_config stores the
+  picks, so from_config rebuilds the same pipeline without planning
+  again."""
+  out = {}
+  if common['schedule'] == 'auto':
+    out.update(schedule=pipe_params.schedule,
+               num_stages_per_device=pipe_params.num_stages_per_device)
+  if common['recompute'] == 'auto':
+    out.update(recompute=pipe_params.recompute)
+  return out
+
+
 def Make(model: Any, num_partitions: int, num_micro_batches: int,
                batch_size: int, copy_weights: bool, input_shape,
                partition_sizes, cut_after, weight_order,

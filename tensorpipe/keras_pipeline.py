@@ -180,16 +180,8 @@ class TensorPipeModel(keras.Model):
         **common, **plan)
     self._front = front
     self._pipe = front.pipe
-    if schedule == 'auto':
-      # The layer resolved it (schedule_auto, from the layers' FLOPs):
-      # the train step takes the path of the schedule it runs, and
-      # get_config stores that schedule and v, so from_config rebuilds
-      # the same pipeline without planning again.
-      common['schedule'] = schedule = front.pipe.params.schedule
-      common['num_stages_per_device'] = (
-          front.pipe.params.num_stages_per_device)
-    if recompute == 'auto':
-      common['recompute'] = front.pipe.params.recompute
+    common.update(keras_front.Resolved(front.pipe.params, common))
+    schedule = common['schedule']
     self._weight_order = front.weight_order
     self._tp_config = dict(
         layers=front.stored,
