@@ -51,6 +51,7 @@ from absl import flags
 
 from tools import paths
 from tools.benchmark_lib import analysis
+from tools.benchmark_lib import memory_check
 from tools.benchmark_lib import plan_check
 from tools.benchmark_lib import plan_uniform
 from tools.benchmark_lib import plots
@@ -158,6 +159,13 @@ flags.DEFINE_boolean('plan_uniform', False, 'Run nothing else: per '
                      'picks from a profile taken in the same process '
                      '(benchmark_lib/plan_uniform.py); writes '
                      'plan_uniform.json and plan_uniform.md under --out.')
+flags.DEFINE_boolean('memory_check', False, 'Run nothing else: per model '
+                     'of --models and T of --plan_check_ts, every schedule '
+                     'on ONE logical device (one allocator per device), '
+                     'recompute on and off: TF\'s allocator peak of a step '
+                     'against schedule_plan\'s activation model '
+                     '(benchmark_lib/memory_check.py); writes '
+                     'memory_check.json and memory_check.md under --out.')
 flags.DEFINE_boolean('step_profile', False, 'Run nothing else: each of '
                      '--settings of each of --models timed (--steps), then '
                      '--step_profile_steps more steps under TF\'s profiler: '
@@ -205,7 +213,8 @@ def _Run(argv):
   if FLAGS.tick_cost:
     _TickCost()
     return
-  if FLAGS.profile or FLAGS.plan_check or FLAGS.plan_uniform:
+  if (FLAGS.profile or FLAGS.plan_check or FLAGS.plan_uniform or
+      FLAGS.memory_check):
     _Plan()
     return
   if FLAGS.step_profile:
@@ -459,6 +468,14 @@ def _Plan() -> None:
     raise app.UsageError(f'--plan_check_ts={",".join(FLAGS.plan_check_ts)} '
                          'must be integers, e.g. 4,8') from None
   recompute = (True, False) if FLAGS.plan_check_norc else (True,)
+  if FLAGS.memory_check:
+    try:
+      results = memory_check.Run(FLAGS.models, ts,
+                                 log=lambda line: print(line, flush=True))
+    except RuntimeError as e:
+      sys.exit(f'benchmark: error: --memory_check: {e}')
+    _WriteTable(out, 'memory_check', results, memory_check.Table(results))
+    return
   if FLAGS.plan_uniform:
     try:
       results = plan_uniform.Run(

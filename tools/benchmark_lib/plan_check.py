@@ -277,10 +277,13 @@ def _Now() -> float:
 
 def ChildMain() -> None:
   """Entry point of the child: argv[1] is a JSON request."""
-  from tools.benchmark_lib import plan_uniform  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from tools.benchmark_lib import memory_check, plan_uniform
+  # pylint: enable=g-import-not-at-top
   request = json.loads(sys.argv[1])
   fn = {'profile': _Profile, 'check': _Measure,
-        'uniform': plan_uniform.Measure}[request.pop('action')]
+        'uniform': plan_uniform.Measure,
+        'memory': memory_check.Measure}[request.pop('action')]
   sys.stdout.write(RESULT_PREFIX + json.dumps(fn(**request)) + '\n')
 
 

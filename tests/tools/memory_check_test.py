@@ -1,0 +1,32 @@
+"""tools/benchmark_lib/memory_check: the table (pure Python); the child
+itself runs in tools/benchmark --memory_check."""
+
+import unittest
+
+from tools.benchmark_lib import memory_check
+
+_MIB = 2**20
+
+
+def _Row(schedule, recompute, measured, predicted, stash=0, weights=2):
+  return dict(schedule=schedule, v=1, recompute=recompute,
+              measured_bytes=measured * _MIB,
+              predicted_bytes=predicted * _MIB, stash_bytes=stash * _MIB,
+              weight_bytes=weights * _MIB)
+
+
+class TableTest(unittest.TestCase):
+
+  def testRatiosAndRange(self):
+    text = memory_check.Table([dict(model='dense32mem', T=4, rows=[
+        _Row('gpipe', True, 22, 20), _Row('zb_h1', False, 10, 20, stash=8)])])
+    self.assertIn('| dense32mem | 4 | gpipe v=1 | on | 22.0 | 20.0 (0.0) | '
+                  '1.100 | 1.000 |', text)
+    self.assertIn('| dense32mem | 4 | zb_h1 v=1 | off | 10.0 | 20.0 (8.0) | '
+                  '0.500 | 0.400 |', text)
+    self.assertIn('measured / predicted: 0.500 to 1.100 over 2 settings',
+                  text)
+
+
+if __name__ == '__main__':
+  unittest.main()

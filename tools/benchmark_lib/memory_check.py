@@ -1,0 +1,104 @@
+"""The memory model against TF's allocator, one device at a time.
+
+`tools/benchmark --memory_check` runs, per model of --models and T of
+--plan_check_ts, one child process with ONE logical CPU device (K=1: TF's
+logical CPU devices share one allocator, so only a pipeline of one device
+has a per-device peak to compare; the schedules still differ there: GPipe
+keeps every micro-batch's boundary input, 1F1B one, the zero-bubble
+tables a stash of (x, dz) pairs) that builds each schedule of
+`schedule_plan.ALL` with recompute and without, runs two steps, then one
+more with the allocator's peak reset, and reports per setting
+
+  measured    TF's CPU allocator peak during that step minus what was
+              allocated before it (weights, inputs, optimizer state)
+  predicted   `schedule_plan.TableMemory`: activation and stash bytes of
+              the device
+  weights     the weights' bytes (a step also holds their gradient sums)
+
+  python -m tools.benchmark --memory_check --models=dense32mem \\
+      --plan_check_ts=4,8
+"""
+
+import itertools
+from typing import Any, Callable, Dict, List, Sequence
+
+_SCHEDULES = (('gpipe', ''), ('1f1b', '1f1b-'), ('interleaved_1f1b', 'i2-'),
+              ('zb_h1', 'zbh1-'), ('zb_v', 'zbv-'))
+
+
+def Measure(model: str, tt: int) -> Dict[str, Any]:
+  """The child's work (module docstring); TF not yet started."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from tensorpipe import cell_profile, devices, model_analysis, schedule_plan
+  from tools.benchmark_lib import runner, settings
+  # pylint: enable=g-import-not-at-top
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_inter_op_parallelism_threads(1)
+  devices.SetNumLogicalCpuDevices(1)
+  layer_ps, shape = runner.ModelLayers(model)
+  x = tf.random.stateless_uniform(shape, seed=[1, 2])
+  report = model_analysis.AnalyzeLayers(
+      layer_ps, [shape], num_partitions=1, num_micro_batches=tt,
+      exact_optimizer_state=False)
+  rows = []
+  for (schedule, tag), rc in itertools.product(_SCHEDULES, (True, False)):
+    s = settings.ParseSetting(f'K1-T{tt}-{tag}{"rc" if rc else "norc"}')
+    try:
+      layer = runner.BuildLayer(s, layer_ps, shape)
+    except ValueError:   # a schedule that does not apply at this T
+      continue
+    step = runner.StepFn(layer, x, 1e-3)
+    for _ in range(2):
+      step(x)[0].numpy()
+    tf.config.experimental.reset_memory_stats('CPU:0')
+    before = tf.config.experimental.get_memory_info('CPU:0')['current']
+    step(x)[0].numpy()
+    peak = tf.config.experimental.get_memory_info('CPU:0')['peak'] - before
+    act, stash = schedule_plan.TableMemory(
+        report, settings.ScheduleTable(s), cell_profile.StageCut(layer), rc)
+    rows.append(dict(
+        schedule=schedule, v=s.num_stages_per_device, recompute=rc,
+        measured_bytes=int(peak), predicted_bytes=int(act[0] + stash[0]),
+        stash_bytes=int(stash[0]),
+        weight_bytes=int(sum(v.shape.num_elements() * v.dtype.size
+                             for v in layer.trainable_variables))))
+  return dict(model=model, T=tt, rows=rows)
+
+
+def Run(models: Sequence[str], ts: Sequence[int],
+        log: Callable[[str], None] = print) -> List[Dict[str, Any]]:
+  """One child per (model, T), in turn."""
+  from tools.benchmark_lib import plan_check  # pylint: disable=g-import-not-at-top
+  out = []
+  for model, tt in itertools.product(models, ts):
+    res = plan_check.Spawn(dict(action='memory', model=model, tt=tt), 1800)
+    log(f'{model} T={tt}: ' + ', '.join(
+        f'{r["schedule"]}{"" if r["recompute"] else " norc"} '
+        f'{r["measured_bytes"] / 2**20:.1f} MiB' for r in res['rows']))
+    out.append(res)
+  return out
+
+
+def Table(results: Sequence[Dict[str, Any]]) -> str:
+  """Markdown: one row per setting, then the range of measured over
+  predicted."""
+  mib = lambda b: f'{b / 2**20:.1f}'
+  lines = ['| model | T | schedule | recompute | allocator peak MiB | '
+           'predicted MiB (stash) | measured / predicted | (measured - '
+           'weights) / predicted |', '|---|---|---|---|---|---|---|---|']
+  ratios = []
+  for res in results:
+    for r in res['rows']:
+      m, p = r['measured_bytes'], r['predicted_bytes']
+      ratios.append(m / p if p else float('nan'))
+      lines.append(
+          f'| {res["model"]} | {res["T"]} | {r["schedule"]} v={r["v"]} | '
+          f'{"on" if r["recompute"] else "off"} | {mib(m)} | {mib(p)} '
+          f'({mib(r["stash_bytes"])}) | {ratios[-1]:.3f} | '
+          f'{(m - r["weight_bytes"]) / p if p else float("nan"):.3f} |')
+  if ratios:
+    lines += ['', f'measured / predicted: {min(ratios):.3f} to '
+              f'{max(ratios):.3f} over {len(ratios)} settings (the bar: '
+              'within 10%, 0.9 to 1.1)']
+  return '\n'.join(lines)
