@@ -251,9 +251,11 @@ def DefinePlanParams(p: Any) -> None:
   p.Define('plan_profile', None, "schedule='auto': path of a cost profile "
            'written by tools/benchmark --profile (measured cell, tick and '
            'transfer costs); None plans from FLOPs.')
-  p.Define('plan_memory_budget', None, "schedule='auto': most bytes of "
-           "activations per device (schedule_plan's memory model); None: no "
-           'limit.')
+  p.Define('plan_memory_budget', None, "schedule='auto' or recompute="
+           "'auto': most bytes of activations per device (schedule_plan's "
+           'memory model, a coarse one: TF\'s allocator peaks were 0.45 '
+           'to 3.0 times its figures, tools/benchmark --memory_check); '
+           'None: no limit.')
   p.Define('plan_regime', None, "schedule='auto': 'shared' (devices share "
            "one process's thread pools) or 'separate' (own executors); None: "
            'shared for CPU devices of this process, else separate.')
