@@ -478,6 +478,14 @@ def _CellCosts(layer: Any, inputs: Tuple[Any, ...], tt: int, reps: int
           float(in_bytes))
 
 
+def _OwnTable(layer: Any, tt: int) -> schedules.Schedule:
+  """The schedule table TensorPipeLayer `layer` trains with at T=tt."""
+  p = layer.params
+  return schedule_builders.FromParam(
+      p.schedule, len(layer.devices), tt,
+      schedule_builders.NumStagesPerDevice(p))
+
+
 def _CalibratedPoint(layer: Any, inputs: Tuple[Any, ...],
                      point: cost_model.Profile, batch: int, tick_s: float,
                      reps: int) -> cost_model.Profile:
@@ -493,9 +501,7 @@ def _CalibratedPoint(layer: Any, inputs: Tuple[Any, ...],
                         micro_batch_size=None).Instantiate()
   except ValueError:   # e.g. ZB-V with T < 2K - 1
     return point
-  table = schedule_builders.FromParam(
-      p.schedule, len(at_t.devices), tt,
-      schedule_builders.NumStagesPerDevice(p))
+  table = _OwnTable(at_t, tt)
   wall, cpu = StepTime(at_t, tuple(inputs), reps)
   fitted = dataclasses.replace(point, tick_s=tick_s).Calibrated(
       table, StageCut(at_t), p.recompute, wall, cpu, NumCores())
@@ -554,9 +560,7 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
                        'calibrate=True')
     return prof
   cut = StageCut(layer)
-  table = schedule_builders.FromParam(
-      p.schedule, len(layer.devices), tt,
-      schedule_builders.NumStagesPerDevice(p))
+  table = _OwnTable(layer, tt)
   wall, cpu = StepTime(layer, tuple(inputs), reps)
   prof = prof.Calibrated(table, cut, p.recompute, wall, cpu, NumCores())
   prof = dataclasses.replace(prof, points=tuple(
@@ -574,6 +578,6 @@ def ProfileLayer(layer: Any, inputs: Tuple[Any, ...], reps: int = 10,
       _, other_cpu = StepTime(other, tuple(inputs), reps)
     except ValueError:
       continue   # e.g. the I/W split without grad_sum='sequential'
-    other_table = schedule_builders.Build(schedule, len(layer.devices), tt)
-    prof = prof.WithMode(other_table, StageCut(other), recompute, other_cpu)
+    prof = prof.WithMode(_OwnTable(other, tt), StageCut(other), recompute,
+                         other_cpu)
   return prof

@@ -425,8 +425,8 @@ def _RemoteCheck() -> None:
 
 
 def _Plan() -> None:
-  """--profile (one model's profile.json), --plan_check or --plan_uniform
-  (their tables)."""
+  """--profile (one model's profile.json), --plan_check, --plan_uniform or
+  --memory_check (their tables)."""
   out = _OutDir()
   if FLAGS.profile:
     try:

@@ -30,14 +30,10 @@ def Measure(model: str, tt: int) -> Dict[str, Any]:
   """The child's work (module docstring); TF not yet started."""
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
-  from tensorpipe import cell_profile, devices, model_analysis, schedule_plan
-  from tools.benchmark_lib import runner, settings
+  from tensorpipe import cell_profile, model_analysis, schedule_plan
+  from tools.benchmark_lib import plan_check, runner, settings
   # pylint: enable=g-import-not-at-top
-  tf.config.threading.set_intra_op_parallelism_threads(1)
-  tf.config.threading.set_inter_op_parallelism_threads(1)
-  devices.SetNumLogicalCpuDevices(1)
-  layer_ps, shape = runner.ModelLayers(model)
-  x = tf.random.stateless_uniform(shape, seed=[1, 2])
+  layer_ps, shape, x = plan_check.ChildInputs(model, 1)
   report = model_analysis.AnalyzeLayers(
       layer_ps, [shape], num_partitions=1, num_micro_batches=tt,
       exact_optimizer_state=False)

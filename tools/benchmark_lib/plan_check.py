@@ -93,17 +93,12 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
   num_cores, mode_scales) it is applied to this T's profile instead, and
   every row is a prediction."""
   # pylint: disable=g-import-not-at-top
-  import tensorflow as tf
-  from tensorpipe import cell_profile, cost_model, devices, model_analysis
+  from tensorpipe import cell_profile, cost_model, model_analysis
   from tensorpipe import schedule_auto, schedule_plan
   from tools.benchmark_lib import runner, settings
   # pylint: enable=g-import-not-at-top
-  tf.config.threading.set_intra_op_parallelism_threads(1)
   kk = num_partitions
-  tf.config.threading.set_inter_op_parallelism_threads(kk)
-  devices.SetNumLogicalCpuDevices(kk)
-  layer_ps, shape = runner.BuiltinLayers(model)
-  x = tf.random.stateless_uniform(shape, seed=[1, 2])
+  layer_ps, shape, x = ChildInputs(model, kk)
   names = ([f'K{kk}-T{t}-1f1b-rc' for t in sweep] if sweep else
            [f'K{kk}-T{tt}-{s[:-2]}{"rc" if rc else "norc"}'
             for rc in recompute for s in SUFFIXES])
@@ -168,6 +163,23 @@ def _Measure(model: str, tt: int, steps: int, reps: int,
                     best.num_micro_batches],
               profile=profile.ToJson(), load_average=load,
               calibration=profile.Calibration())
+
+
+def ChildInputs(model: str, num_devices: int) -> Tuple[List[Any],
+                                                     List[int], Any]:
+  """A child's start (before any op runs): one intra-op thread and one
+  inter-op thread per device, `num_devices` logical CPU devices, then
+  (the model's layer Params, its input shape, a random input)."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from tensorpipe import devices
+  from tools.benchmark_lib import runner
+  # pylint: enable=g-import-not-at-top
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_inter_op_parallelism_threads(num_devices)
+  devices.SetNumLogicalCpuDevices(num_devices)
+  layer_ps, shape = runner.ModelLayers(model)
+  return layer_ps, shape, tf.random.stateless_uniform(shape, seed=[1, 2])
 
 
 def TimeInTurn(fns: Dict[str, Callable[[Any], Any]], x: Any, steps: int

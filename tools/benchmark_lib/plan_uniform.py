@@ -54,16 +54,11 @@ def Measure(model: str, tt: int, steps: int, reps: int,
              ) -> Dict[str, Any]:
   """The child's work (module docstring); TF not yet started."""
   # pylint: disable=g-import-not-at-top
-  import tensorflow as tf
-  from tensorpipe import cell_profile, cost_model, devices, schedule_auto
+  from tensorpipe import cell_profile, cost_model, schedule_auto
   from tools.benchmark_lib import plan_check, runner, settings
   # pylint: enable=g-import-not-at-top
   kk = num_partitions
-  tf.config.threading.set_intra_op_parallelism_threads(1)
-  tf.config.threading.set_inter_op_parallelism_threads(kk)
-  devices.SetNumLogicalCpuDevices(kk)
-  layer_ps, shape = runner.ModelLayers(model)
-  x = tf.random.stateless_uniform(shape, seed=[1, 2])
+  layer_ps, shape, x = plan_check.ChildInputs(model, kk)
   rc = 'rc' if recompute else 'norc'
   setting = settings.ParseSetting(f'K{kk}-T{tt}-{rc}')
   profiled = runner.BuildLayer(
