@@ -89,6 +89,7 @@ from tensorpipe import pipeline_train
 from tensorpipe import py_utils
 from tensorpipe import schedule_auto
 from tensorpipe import schedule_builders
+from tensorpipe import schedule_ends
 from tensorpipe import schedules
 from tensorpipe import tied_weights
 from tensorpipe import timeline
@@ -367,7 +368,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
 
   @_NoAutoGraph
   def FPropLoss(self, theta: NestedMap, inputs: Tuple[Any, ...], targets: Any,
-                loss_fn: pipeline_train.LossFn, normalizer: Any) -> NestedMap:
+                loss_fn: schedule_ends.LossFn, normalizer: Any) -> NestedMap:
     """Training with the loss inside ('1f1b' and every schedule but
     'gpipe'): the loss, differentiable by a tape.
 
@@ -402,7 +403,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
 
   @_NoAutoGraph
   def FPropLossAndGrads(self, theta: NestedMap, inputs: Tuple[Any, ...],
-                        targets: Any, loss_fn: pipeline_train.LossFn,
+                        targets: Any, loss_fn: schedule_ends.LossFn,
                         normalizer: Any) -> NestedMap:
     """As `FPropLoss`, but also returns the gradients (no tape needed).
 
@@ -424,7 +425,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
     """(the call, its schedule table) of FPropLoss / FPropLossAndGrads,
     after checking the inputs and loss_fn."""
     inputs, num_mb = self._CheckLossInsideInputs(inputs)
-    pipeline_train.CheckLossFn(loss_fn)
+    schedule_ends.CheckLossFn(loss_fn)
     return self._Call(theta, inputs, num_mb), self._LossInsideTable(num_mb)
 
   def _CheckLossInsideInputs(self, inputs) -> Tuple[Tuple[Any, ...], int]:
@@ -438,13 +439,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
                        'a tape')
     if not isinstance(inputs, tuple):
       inputs = (inputs,)
-    if not inputs:
-      raise ValueError('TensorPipeLayer.FPropLoss needs at least one input')
-    batch = microbatch.BatchSize(inputs, p.batch_dim)
-    num_mb = microbatch.NumMicroBatches(batch, p.num_micro_batches,
-                                        p.micro_batch_size)
-    self._CheckInputShapes(inputs, num_mb)
-    return inputs, num_mb
+    return inputs, self._NumMicroBatches(inputs, 'FPropLoss')
 
   def _Call(self, theta: NestedMap, inputs: Tuple[Any, ...],
             num_mb: int) -> pipeline_stage.PipelineCall:
@@ -472,8 +467,6 @@ class TensorPipeLayer(base_layer.BaseLayer):
 
   def _FPropOnBatchAxis(self, theta: NestedMap, *inputs):
     p = self.params
-    if not inputs:
-      raise ValueError('TensorPipeLayer.FProp needs at least one input')
     if schedules.LossInside(p.schedule) and py_utils.IsTraining():
       raise ValueError(
           f'TensorPipeLayer {p.name!r} has schedule='
@@ -481,10 +474,7 @@ class TensorPipeLayer(base_layer.BaseLayer):
           'trains with the loss inside the pipeline: call FPropLoss / '
           'FPropLossAndGrads (tasks do), run FProp in eval mode '
           "(py_utils.EvalMode()), or use schedule='gpipe'")
-    batch = microbatch.BatchSize(inputs, p.batch_dim)
-    num_mb = microbatch.NumMicroBatches(batch, p.num_micro_batches,
-                                        p.micro_batch_size)
-    self._CheckInputShapes(inputs, num_mb)
+    num_mb = self._NumMicroBatches(inputs, 'FProp')
     training = py_utils.IsTraining()
     # The timeline enters here, the one place: every cell stamps through it.
     probe = timeline.ActiveProbe()
@@ -525,6 +515,17 @@ class TensorPipeLayer(base_layer.BaseLayer):
       pipeline_train.ReportStats(
           [stage], [[layer for layer, _ in collected]], [flat_stats])
     return out
+
+  def _NumMicroBatches(self, inputs, entry: str) -> int:
+    """T of a call on `inputs`, after checking that their shapes chain."""
+    p = self.params
+    if not inputs:
+      raise ValueError(f'TensorPipeLayer.{entry} needs at least one input')
+    num_mb = microbatch.NumMicroBatches(
+        microbatch.BatchSize(inputs, p.batch_dim), p.num_micro_batches,
+        p.micro_batch_size)
+    self._CheckInputShapes(inputs, num_mb)
+    return num_mb
 
   def _CheckInputShapes(self, inputs, num_mb):
     """Checks shapes chain through all layers before any TF op is built."""

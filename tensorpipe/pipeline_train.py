@@ -46,12 +46,11 @@ context), so they do not depend on K, T or the schedule, and the recompute
 redraws them exactly.
 """
 
-from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
+from typing import Any, List, NamedTuple, Sequence, Tuple
 
 import tensorflow as tf
 
 from tensorpipe import grad_sum
-from tensorpipe import microbatch
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
 from tensorpipe import schedule_engine
@@ -61,11 +60,6 @@ from tensorpipe import schedule_unrolled
 from tensorpipe import schedules
 from tensorpipe.nested_map import NestedMap
 from tensorpipe.pipeline_stage import PipelineCall
-
-# A loss function: (outputs of one micro-batch, its targets or None) -> the
-# micro-batch's loss SUM (scalar), or NestedMap(loss=scalar sum,
-# metrics=NestedMap(name=(value sum, weight))).
-LossFn = Callable[[Any, Any], Any]
 
 # One clock tick in flight at a time in GPipe's loops. tf.while_loop's
 # default (10) lets later ticks start early; with per-tick weight gradients
@@ -211,105 +205,8 @@ class LossAndGrads(NamedTuple):
   stats: List[List[List[tf.Tensor]]]
 
 
-class _LossSpec(NamedTuple):
-  """What loss_fn returns, learned by tracing it once."""
-  loss: tf.TensorSpec
-  metric_names: Tuple[str, ...]
-  metric_specs: Tuple[Tuple[tf.TensorSpec, tf.TensorSpec], ...]
-
-
-def CheckLossFn(loss_fn: Any) -> None:
-  if not callable(loss_fn):
-    raise TypeError(f'loss_fn={loss_fn!r} is not callable; pass a function '
-                    '(outputs, targets) -> loss sum of one micro-batch')
-
-
-def _CheckLossResult(result: Any) -> Tuple[tf.Tensor, NestedMap]:
-  """loss_fn's result as (scalar loss sum, NestedMap of (value, weight))."""
-  fix = ('loss_fn(outputs, targets) must return the micro-batch\'s loss sum '
-         '(a scalar float tensor) or NestedMap(loss=scalar, metrics='
-         'NestedMap(name=(value sum, weight)))')
-  if isinstance(result, dict):
-    extra = sorted(set(result) - {'loss', 'metrics'})
-    if 'loss' not in result or extra:
-      raise ValueError(f'loss_fn returned a dict with keys {sorted(result)}; '
-                       f'{fix}')
-    loss, metrics = result['loss'], result.get('metrics') or NestedMap()
-  else:
-    loss, metrics = result, NestedMap()
-  if not isinstance(loss, tf.Tensor) or not (
-      loss.dtype.is_floating and loss.shape.rank == 0):
-    what = (f'a {loss.dtype.name} tensor of shape {loss.shape}'
-            if isinstance(loss, tf.Tensor) else f'{type(loss).__name__} '
-            f'{loss!r}')
-    raise ValueError(f'loss_fn returned {what} as the loss; {fix}')
-  if not isinstance(metrics, dict):
-    raise ValueError(f'loss_fn returned metrics={metrics!r}; {fix}')
-  for name, pair in metrics.items():
-    ok = (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(
-        isinstance(v, tf.Tensor) and v.shape.rank == 0 for v in pair))
-    if not ok:
-      raise ValueError(f'loss_fn returned metrics[{name!r}]={pair!r}, not a '
-                       f'(value sum, weight) pair of scalar tensors; {fix}')
-  return loss, NestedMap(metrics)
-
-
-def _TraceLoss(loss_fn: LossFn, out_struct: Any, target_specs: Any,
-               device: str) -> _LossSpec:
-  """Traces loss_fn once on one micro-batch's specs and checks its result."""
-  traced = []
-
-  def Fn(out_flat, target_flat):
-    outs = microbatch.PackTensors(out_struct, list(out_flat))
-    targets = (None if target_specs is None else
-               microbatch.PackTensors(target_specs, list(target_flat)))
-    traced.append(_CheckLossResult(loss_fn(outs, targets)))
-
-  out_specs = microbatch.FlattenTensors(out_struct)
-  tgt_specs = ([] if target_specs is None else
-               microbatch.FlattenTensors(target_specs))
-  with tf.device(device):
-    tf.function(Fn, autograph=False).get_concrete_function(
-        list(out_specs), list(tgt_specs))
-  loss, metrics = traced[-1]
-  names = tuple(sorted(metrics))
-  return _LossSpec(
-      pipeline_stage.SpecOf(loss), names,
-      tuple((pipeline_stage.SpecOf(metrics[n][0]),
-             pipeline_stage.SpecOf(metrics[n][1])) for n in names))
-
-
-def _LossOf(call: PipelineCall, targets: Any, loss_fn: LossFn
-            ) -> Tuple[schedule_ends.LossOf, _LossSpec]:
-  """(loss_of, its spec): micro-batch t's (loss sum, flat metric sums)
-  from the last stage's flat outputs, its targets split like the inputs."""
-  flat_targets, target_specs = [], None
-  if targets is not None:
-    stacked_targets = microbatch.Split(targets, call.num_mb, call.batch_dim)
-    flat_targets = microbatch.FlattenTensors(stacked_targets)
-    target_specs = microbatch.PackTensors(
-        stacked_targets, [tf.TensorSpec(x.shape[1:], x.dtype)
-                          for x in flat_targets])
-  out_struct = call.specs[-1].out_struct
-  loss_spec = _TraceLoss(loss_fn, out_struct, target_specs,
-                         call.stages[-1].device)
-
-  def LossOf(k_out, t):
-    outs = microbatch.PackTensors(out_struct, list(k_out))
-    tgt = None
-    if targets is not None:
-      tgt = microbatch.PackTensors(
-          target_specs, [tf.gather(s, t) for s in flat_targets])
-    loss, metrics = _CheckLossResult(loss_fn(outs, tgt))
-    flat = []
-    for name in loss_spec.metric_names:
-      flat.extend(metrics[name])
-    return loss, flat
-  return LossOf, loss_spec
-
-
 def LossInsideStep(call: PipelineCall, table: schedules.Schedule,
-                   targets: Any, loss_fn: LossFn,
+                   targets: Any, loss_fn: schedule_ends.LossFn,
                    normalizer: Any) -> LossAndGrads:
   """One step of a loss-inside schedule: loss, metrics and weight gradients.
 
@@ -318,7 +215,7 @@ def LossInsideStep(call: PipelineCall, table: schedules.Schedule,
     table: the schedule (`schedule_builders.FromParam`).
     targets: a structure of tensors with the batch on call.batch_dim (split
       like the inputs and handed to loss_fn), or None.
-    loss_fn: see `LossFn`.
+    loss_fn: see `schedule_ends.LossFn`.
     normalizer: scalar dividing the summed loss (and its gradients).
 
   Returns:
@@ -331,10 +228,7 @@ def LossInsideStep(call: PipelineCall, table: schedules.Schedule,
       raise AssertionError(f'stage {s} is on {stage.device}, but schedule '
                            f'{schedules.Label(table.name)!r} places it on '
                            f'{want}')
-  loss_of, loss_spec = _LossOf(call, targets, loss_fn)
-  normalizer = tf.cast(normalizer, loss_spec.loss.dtype)
-  loss_specs = [loss_spec.loss] + [s for pair in loss_spec.metric_specs
-                                   for s in pair]
+  end = schedule_ends.LossInside.Make(call, targets, loss_fn, normalizer)
   program = schedule_program.Compile(table)
   # One stage, one micro-batch: the recompute would run right after the
   # forward and save no memory (as for GPipe, recompute is ignored there).
@@ -342,23 +236,19 @@ def LossInsideStep(call: PipelineCall, table: schedules.Schedule,
     if call.grad_sum != 'sequential' and call.num_mb > 1:
       raise ValueError(f'grad_sum={call.grad_sum!r} needs recompute=True '
                        f'(the unrolled {table.name} schedule sums in Python)')
-    sums = schedule_unrolled.Run(call, program, loss_of, loss_specs,
-                                 normalizer)
+    sums = schedule_unrolled.Run(call, program, end)
   else:
-    sums = schedule_engine.Run(
-        call, program,
-        schedule_ends.LossInside(loss_of, loss_specs, normalizer),
-        grad_sum.GradSum(call.grad_sum, call.num_mb))
+    sums = schedule_engine.Run(call, program, end,
+                               grad_sum.GradSum(call.grad_sum, call.num_mb))
   with tf.device(call.stages[-1].device):
-    loss = sums.loss[0] / normalizer
-    metrics = NestedMap()
-    for i, name in enumerate(loss_spec.metric_names):
-      metrics[name] = (sums.loss[1 + 2 * i], sums.loss[2 + 2 * i])
+    loss = sums.loss[0] / end.normalizer
+    metrics = end.Metrics(sums.loss)
   return LossAndGrads(loss, metrics, sums.dthetas, sums.stats)
 
 
 def FPropLossAndGrads(call: PipelineCall, table: schedules.Schedule,
-                      targets: Any, loss_fn: LossFn, normalizer: Any,
+                      targets: Any, loss_fn: schedule_ends.LossFn,
+                      normalizer: Any,
                       training: bool) -> Tuple[LossAndGrads, List[Any]]:
   """`LossInsideStep`, the stats reported in training: (its result, per
   stage the gradients in its theta's structure)."""
@@ -370,7 +260,7 @@ def FPropLossAndGrads(call: PipelineCall, table: schedules.Schedule,
 
 
 def FPropLoss(call: PipelineCall, table: schedules.Schedule, targets: Any,
-              loss_fn: LossFn, normalizer: Any,
+              loss_fn: schedule_ends.LossFn, normalizer: Any,
               training: bool) -> Tuple[tf.Tensor, NestedMap]:
   """The loss-inside step as (loss, metrics) a tape differentiates.
 

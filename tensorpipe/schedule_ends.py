@@ -6,7 +6,8 @@ kind of run is a small `End` whose hooks the cells call:
 
   LossInside     1F1B and every loss-inside table: the last stage's F adds
                  its micro-batch's loss and metrics, its B starts from
-                 d(loss / normalizer)
+                 d(loss / normalizer); it owns the loss function's
+                 contract (`LossFn`, checked and traced once by `Make`)
   GPipeForward   GPipe's forward half (the loss outside): the last stage's
                  outputs kept per micro-batch, every stage's inputs saved
                  for the recompute (or a forward that TF's autodiff
@@ -23,11 +24,55 @@ from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
 
 import tensorflow as tf
 
+from tensorpipe import microbatch
 from tensorpipe import pipeline_stage
+from tensorpipe.nested_map import NestedMap
+from tensorpipe.pipeline_stage import PipelineCall
+from tensorpipe.pipeline_stage import SpecOf
 from tensorpipe.pipeline_stage import Sums
 
+# A loss function: (outputs of one micro-batch, its targets or None) -> the
+# micro-batch's loss SUM (scalar), or NestedMap(loss=scalar sum,
+# metrics=NestedMap(name=(value sum, weight))).
+LossFn = Callable[[Any, Any], Any]
 # loss_of(last stage's flat outputs, t) -> (loss sum, flat metric sums).
 LossOf = Callable[[List[tf.Tensor], Any], Tuple[tf.Tensor, List[tf.Tensor]]]
+
+
+def CheckLossFn(loss_fn: Any) -> None:
+  if not callable(loss_fn):
+    raise TypeError(f'loss_fn={loss_fn!r} is not callable; pass a function '
+                    '(outputs, targets) -> loss sum of one micro-batch')
+
+
+def _CheckLossResult(result: Any) -> Tuple[tf.Tensor, NestedMap]:
+  """loss_fn's result as (scalar loss sum, NestedMap of (value, weight))."""
+  fix = ('loss_fn(outputs, targets) must return the micro-batch\'s loss sum '
+         '(a scalar float tensor) or NestedMap(loss=scalar, metrics='
+         'NestedMap(name=(value sum, weight)))')
+  if isinstance(result, dict):
+    extra = sorted(set(result) - {'loss', 'metrics'})
+    if 'loss' not in result or extra:
+      raise ValueError(f'loss_fn returned a dict with keys {sorted(result)}; '
+                       f'{fix}')
+    loss, metrics = result['loss'], result.get('metrics') or NestedMap()
+  else:
+    loss, metrics = result, NestedMap()
+  if not isinstance(loss, tf.Tensor) or not (
+      loss.dtype.is_floating and loss.shape.rank == 0):
+    what = (f'a {loss.dtype.name} tensor of shape {loss.shape}'
+            if isinstance(loss, tf.Tensor) else f'{type(loss).__name__} '
+            f'{loss!r}')
+    raise ValueError(f'loss_fn returned {what} as the loss; {fix}')
+  if not isinstance(metrics, dict):
+    raise ValueError(f'loss_fn returned metrics={metrics!r}; {fix}')
+  for name, pair in metrics.items():
+    ok = (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(
+        isinstance(v, tf.Tensor) and v.shape.rank == 0 for v in pair))
+    if not ok:
+      raise ValueError(f'loss_fn returned metrics[{name!r}]={pair!r}, not a '
+                       f'(value sum, weight) pair of scalar tensors; {fix}')
+  return loss, NestedMap(metrics)
 
 
 class StageState(NamedTuple):
@@ -114,14 +159,65 @@ class End:
 class LossInside(End):
   """The loss inside the pipeline (1F1B and the other loss-inside tables):
   the last stage's F adds its micro-batch's loss and metrics, and its B
-  starts from d(loss / normalizer)."""
+  starts from d(loss / normalizer). `Make` builds it from a `LossFn`.
+
+  Attributes:
+    loss_of: (last stage's flat outputs, t) -> (loss sum, flat metric
+      sums: value, weight per name in `metric_names`).
+    loss_specs: specs of [loss sum, metric value, weight, ...].
+    normalizer: the scalar dividing the summed loss, in the loss's dtype.
+    metric_names: the metrics' names, sorted.
+  """
   keeps_slots = True
 
   def __init__(self, loss_of: LossOf, loss_specs: Sequence[tf.TensorSpec],
-               normalizer: Any):
+               normalizer: Any, metric_names: Sequence[str] = ()):
     self.loss_of = loss_of
     self.loss_specs = list(loss_specs)
     self.normalizer = normalizer
+    self.metric_names = tuple(metric_names)
+
+  @classmethod
+  def Make(cls, call: PipelineCall, targets: Any, loss_fn: LossFn,
+           normalizer: Any) -> 'LossInside':
+    """The end of `call` for `loss_fn` (traced once on one micro-batch's
+    specs and checked), its targets split like the inputs."""
+    flat_targets, target_specs = [], None
+    if targets is not None:
+      stacked = microbatch.Split(targets, call.num_mb, call.batch_dim)
+      flat_targets = microbatch.FlattenTensors(stacked)
+      target_specs = microbatch.PackTensors(
+          stacked, [tf.TensorSpec(x.shape[1:], x.dtype)
+                    for x in flat_targets])
+    out_struct = call.specs[-1].out_struct
+
+    def Apply(out_flat, target_flat):
+      outs = microbatch.PackTensors(out_struct, list(out_flat))
+      tgt = None if targets is None else microbatch.PackTensors(
+          target_specs, list(target_flat))
+      return _CheckLossResult(loss_fn(outs, tgt))
+
+    # Traced once on specs: its result checked, its structure learnt.
+    traced = []
+    with tf.device(call.stages[-1].device):
+      tf.function(lambda o, g: traced.append(Apply(o, g)),
+                  autograph=False).get_concrete_function(
+                      list(microbatch.FlattenTensors(out_struct)),
+                      [] if targets is None else
+                      list(microbatch.FlattenTensors(target_specs)))
+    loss, metrics = traced[-1]
+    names = tuple(sorted(metrics))
+
+    def LossOf(y, t):
+      l, m = Apply(y, [tf.gather(x, t) for x in flat_targets])
+      return l, [v for name in names for v in m[name]]
+    specs = [SpecOf(loss)] + [SpecOf(v) for n in names for v in metrics[n]]
+    return cls(LossOf, specs, tf.cast(normalizer, loss.dtype), names)
+
+  def Metrics(self, sums: List[tf.Tensor]) -> NestedMap:
+    """name -> (value sum, weight sum) from a run's `Sums.loss`."""
+    return NestedMap({name: (sums[1 + 2 * i], sums[2 + 2 * i])
+                      for i, name in enumerate(self.metric_names)})
 
   def AfterLastForward(self, state, y, t, valid, num_mb):
     l, m = self.loss_of(y, t)

@@ -461,18 +461,26 @@ def _SwitchingLoop(engine, tables, loop, loop_vars, parallel_iterations):
     for ops, barrier in zip(per_iteration, barriers):
       args = _Tick(engine, tables, *args, ops=ops, barrier=barrier)
     return args
-  iterations = (loop.end - loop.first) // len(per_iteration)
   parallel = (STEADY_PARALLEL_ITERATIONS if loop.steady
               else parallel_iterations)
-  if engine.num_d == 1 and not engine.end.autodiff:
-    # One device: the loop ends on its own clock, without an iteration
-    # counter (two ops less per tick, a tenth of K=1's fixed tick cost;
-    # TF's autodiff of a while loop needs the counter).
-    return tf.while_loop(lambda cs, *_: cs[0] < loop.end, Body, loop_vars,
+  return _WhileLoop(engine, Body, loop_vars,
+                    (loop.end - loop.first) // len(per_iteration), parallel,
+                    lambda cs, *_: cs[0] < loop.end)
+
+
+def _WhileLoop(engine, body, loop_vars, iterations, parallel, own_cond):
+  """tf.while_loop of `iterations` iterations of `body`. With one device
+  (and no autodiff) it ends on `own_cond`, a condition on the device's own
+  clock or micro-batch, without an iteration counter (two ops less per
+  tick, a tenth of K=1's fixed tick cost; TF's autodiff of a while loop
+  needs the counter); else its control is on the first device
+  (LOOP_DEVICE)."""
+  if engine.num_d == 1 and not engine.end.autodiff and own_cond:
+    return tf.while_loop(own_cond, body, loop_vars,
                          parallel_iterations=parallel)
-  with tf.device(engine.devices[0]):  # the loop's control: LOOP_DEVICE
+  with tf.device(engine.devices[0]):
     return tf.while_loop(
-        lambda *_: tf.constant(True), Body, loop_vars,
+        lambda *_: tf.constant(True), body, loop_vars,
         maximum_iterations=iterations, parallel_iterations=parallel)
 
 
@@ -508,19 +516,11 @@ def _CarriedLoop(engine, tables, loop, plan, loop_vars):
       bases.append(tf.constant(plan[d][0]))
   iterations = (loop.end - loop.first) // len(per_iteration)
   t0, step = plan[0][0], plan[0][1]
-  if num_d == 1 and not engine.end.autodiff and step:
-    # One device: ends on its own micro-batch (no iteration counter).
-    t_end = t0 + step * iterations
-    cond = ((lambda b, *_: b[0] < t_end) if step > 0 else
-            (lambda b, *_: b[0] > t_end))
-    out = tf.while_loop(cond, Body, (bases,) + tuple(loop_vars[1:]),
-                        parallel_iterations=STEADY_PARALLEL_ITERATIONS)
-  else:
-    with tf.device(devices[0]):  # the loop's control: LOOP_DEVICE
-      out = tf.while_loop(
-          lambda *_: tf.constant(True), Body,
-          (bases,) + tuple(loop_vars[1:]), maximum_iterations=iterations,
-          parallel_iterations=STEADY_PARALLEL_ITERATIONS)
+  t_end = t0 + step * iterations  # one device: ends on its micro-batch
+  cond = ((lambda b, *_: b[0] < t_end) if step > 0 else
+          (lambda b, *_: b[0] > t_end) if step < 0 else None)
+  out = _WhileLoop(engine, Body, (bases,) + tuple(loop_vars[1:]), iterations,
+                   STEADY_PARALLEL_ITERATIONS, cond)
   clocks = []
   for d in range(num_d):
     with tf.device(devices[d]):

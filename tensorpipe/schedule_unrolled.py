@@ -27,12 +27,11 @@ class _Cells:
   timeline row, the tensors the device's next cell waits for).
   """
 
-  def __init__(self, call, program, loss_of, loss_specs, normalizer):
+  def __init__(self, call, program, end):
     stages, thetas, specs = call.stages, call.thetas, call.specs
     mb_size = call.mb_size
     self.stages, self.thetas, self.specs = stages, thetas, specs
-    self.flat_stacked, self.loss_of = call.flat_stacked, loss_of
-    self.normalizer, self.mb_size = normalizer, mb_size
+    self.flat_stacked, self.end, self.mb_size = call.flat_stacked, end, mb_size
     self.probe = timeline.ActiveProbe()
     self.outs, self.dxs_of, self.pending, self.stashed = {}, {}, {}, {}
     self.dthetas = [[tf.zeros_like(w) for w in tf.nest.flatten(th)]
@@ -44,7 +43,7 @@ class _Cells:
                        for s in {st for _, st in self.split}}
     self.stats = [[pipeline_stage.Zeros(ss) for ss in spec.StatsSpecs()]
                   for spec in specs]
-    self.sums = pipeline_stage.Zeros(loss_specs)
+    self.sums = pipeline_stage.Zeros(end.loss_specs)
 
   def Forward(self, s, t, m):
     """F: the stage call of micro-batch t under a tape kept for its B."""
@@ -62,9 +61,9 @@ class _Cells:
     losses = []
 
     def LossHead(y, unused_dys):
-      l, metrics = self.loss_of(y, t)
+      l, metrics = self.end.loss_of(y, t)
       losses.append([l] + metrics)
-      return [l / self.normalizer], None
+      return [l / self.end.normalizer], None
     # Stage 0's inputs are data: no gradient for them.
     cell = pipeline_stage.TapedCall(
         self.stages[s], spec, self.thetas[s], x, t, self.mb_size,
@@ -117,8 +116,8 @@ class _Cells:
             list(dxs) + self.dthetas[s] + end)
 
 
-def Run(call: pipeline_stage.PipelineCall, program, loss_of, loss_specs,
-        normalizer) -> pipeline_stage.Sums:
+def Run(call: pipeline_stage.PipelineCall, program,
+        end) -> pipeline_stage.Sums:
   """A compiled schedule without recompute: the table unrolled in Python.
 
   Each forward cell runs under its own GradientTape, built when the step is
@@ -129,8 +128,8 @@ def Run(call: pipeline_stage.PipelineCall, program, loss_of, loss_specs,
   dependency on the previous cell of the same device makes each device run
   its cells in the table's order (the dataflow alone would let every
   forward run first, as in GPipe). The graph holds 2 S T stage calls, so it
-  grows with T (the loop's does not). loss_of, loss_specs, normalizer: as
-  `schedule_ends.LossInside`'s.
+  grows with T (the loop's does not). end: the
+  `schedule_ends.LossInside` of the call.
   """
   num_s, num_d = len(call.stages), program.num_devices
   devices = call.devices
@@ -142,7 +141,7 @@ def Run(call: pipeline_stage.PipelineCall, program, loss_of, loss_specs,
         'tracing slow; use recompute=True (a loop whose graph does not grow '
         'with T) or fewer micro-batches', program.table.name, num_s, num_mb,
         2 * num_s * num_mb, UNROLLED_CELLS_WARNING)
-  cells = _Cells(call, program, loss_of, loss_specs, normalizer)
+  cells = _Cells(call, program, end)
   probe = cells.probe
   previous = [[] for _ in range(num_d)]  # per device: its last cell's results
   rows = [[] for _ in range(num_d)]      # per device: timeline rows
