@@ -8,7 +8,7 @@ on the cut TensorPipeLayer itself will make (`partitioning.Partition` of the
 layers' FLOPs into K v stages, or of their measured cells: `CutCosts`,
 which `ResolveAuto` hands the layer as partition_costs) and ranks them by
 predicted step time, ties
-(within 0.1%) broken by fewer ticks, then by the smaller activation peak
+(within 0.1%) broken by fewer ticks, then by the smaller memory peak
 (`schedule_plan.TableMemory`). A schedule over the per-device memory budget
 is refused, as is one the layer's other settings cannot run (the I/W split
 needs grad_sum='sequential'; every schedule but GPipe needs
@@ -86,7 +86,7 @@ class PlanRow:
   step_s: float = 0.0
   work_s: float = 0.0
   ticks: int = 0
-  memory_bytes: int = 0        # activation peak of the fullest device
+  memory_bytes: int = 0        # step's memory peak, fullest device
   refused: str = ''
   cut_costs: Tuple[float, ...] = ()   # what the cut balanced; (): FLOPs
   recompute: bool = True
@@ -113,7 +113,7 @@ class Plan:
              + (f', {self.num_cores:.3g} cores' if self.regime == 'shared'
                 else '') + '):',
              f'{"rank":>4}  {"schedule":<{width}}{"v":>2}{"T":>4}  '
-             f'{"step":>10}  {"work":>10}  {"ticks":>5}  {"act. peak":>10}']
+             f'{"step":>10}  {"work":>10}  {"ticks":>5}  {"mem. peak":>10}']
     for i, r in enumerate(self.rows):
       name = f'{r.name} norc' if mixed and not r.recompute else r.name
       head = (f'{name:<{width}}{r.num_stages_per_device:>2}'
@@ -173,7 +173,7 @@ def _Row(report: model_analysis.Report, profile: cost_model.Profile,
                 cut_costs=tuple(cut_costs or ()), recompute=recompute)
   if budget is not None and max(act) > budget:
     return dataclasses.replace(row, refused=(
-        f'activation peak {model_analysis.FormatBytes(max(act))} is over '
+        f'memory peak {model_analysis.FormatBytes(max(act))} is over '
         f'the budget of {model_analysis.FormatBytes(budget)} per device'))
   return row
 
@@ -252,10 +252,11 @@ def DefinePlanParams(p: Any) -> None:
            'written by tools/benchmark --profile (measured cell, tick and '
            'transfer costs); None plans from FLOPs.')
   p.Define('plan_memory_budget', None, "schedule='auto' or recompute="
-           "'auto': most bytes of activations per device (schedule_plan's "
-           'memory model, a coarse one: TF\'s allocator peaks were 0.45 '
-           'to 3.0 times its figures, tools/benchmark --memory_check); '
-           'None: no limit.')
+           "'auto': most bytes a training step may allocate per device "
+           'beyond its weights and optimizer state (activations, saved '
+           'inputs, stash, gradient sums: schedule_plan.TableMemory; '
+           'against TF\'s allocator see tools/benchmark --memory_check '
+           'and the README). None: no limit.')
   p.Define('plan_regime', None, "schedule='auto': 'shared' (devices share "
            "one process's thread pools) or 'separate' (own executors); None: "
            'shared for CPU devices of this process, else separate.')

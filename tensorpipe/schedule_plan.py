@@ -5,22 +5,35 @@
 cut into S = K v stages of balanced forward FLOPs (`partitioning`, the
 report's method), the schedule's table (`schedule_builders.Build`) is
 simulated as dataflow with one core per device (`simulator.SimulateSchedule`)
-and each device's activation memory is read off the table's slots. Every
+and each device's peak memory found by a walk over the table. Every
 row is a schedule TensorPipeLayer trains with. Stated assumptions:
 
 - costs: a stage's forward costs its FLOPs, its full backward twice that,
   split evenly into I and W (t_I = t_W) for the zero-bubble tables; with
   recompute B and I first redo the forward;
-- memory per device, per micro-batch sizes of its stages s:
-    recompute:     sum_s slots_s x input_s + max_s internal_s
-                   + sum_s stash_s x internal_s
-    no recompute:  sum_s slots_s x (input_s + internal_s)
-                   + sum_s stash_s x internal_s
-  where slots_s (`Schedule.NumSlots`) counts the boundary inputs stage s
-  keeps, stash_s (`Schedule.StashSlots`) its I-to-W pairs, input_s its
-  input and internal_s its layers' outputs; the stash of one micro-batch is
-  taken as the stage's layer outputs (the weight ops' inputs and output
-  gradients), at layer granularity like `model_analysis`.
+- memory per device: the most bytes a training step allocates there
+  beyond its weights, optimizer state and inputs (`TableMemory`), from a
+  walk over the device's cells in tick order at layer granularity (a
+  stage s's input x_s, its layers' outputs internal_s, its weight layers'
+  inputs xs_s and outputs dz_s, per micro-batch). Held from cell to cell:
+    gradient sums      the weights of its stages (from its first B or I)
+    saved inputs       x_s of stage s > 0 from F to B or I (GPipe: to the
+                       step's end; stage 0 reads the data)
+    no recompute       x_s + internal_s from F to B or I (the tapes;
+                       loss inside, the unrolled table: to the cell after
+                       B, which was measured to overlap it)
+    stash              xs_s + dz_s from I to W (with recompute; without,
+                       the unrolled W takes each dz as it comes)
+    GPipe's ends       the last stage's outputs until the backward, then
+                       their gradients (all T); stage 0's input gradients
+                       (gathered at the end: twice the batch's input)
+  and at each cell what it holds while it runs: with recompute a B or I
+  cell internal_s (+ x_s gathered on stage 0), an I cell also dz_s and
+  xs_s (measured: three activations per layer, not the two of the stash);
+  every cell its largest layer input + output + weight. The cells of one
+  iteration of the engine's steady loop run in any data order, so their
+  B and I cells count together (`_Windows`). Measured against TF's
+  allocator: tools/benchmark --memory_check.
 
 A schedule that does not apply (v > 1 with more stages than layers, T not a
 multiple of K for interleaved, T < 2K - 1 for ZB-V) gets a row that says
@@ -29,11 +42,12 @@ why. Pure Python apart from the report's layer sizes; no TensorFlow op.
 
 import dataclasses
 import math
-from typing import List, Sequence, Tuple
+from typing import List, NamedTuple, Sequence, Tuple
 
 from tensorpipe import model_analysis
 from tensorpipe import partitioning
 from tensorpipe import schedule_builders
+from tensorpipe import schedule_program
 from tensorpipe import schedules
 from tensorpipe import simulator
 
@@ -51,7 +65,7 @@ class ScheduleRow:
   step: float = 0.0                 # seconds (FLOPs / device_flops)
   ratio_to_1f1b: float = 0.0        # step / 1F1B's step
   bubble: float = 0.0               # mean idle share of the devices
-  activation_bytes: Tuple[int, ...] = ()   # per device
+  activation_bytes: Tuple[int, ...] = ()   # per device: the step's peak
   stash_bytes: Tuple[int, ...] = ()        # per device, I-to-W pairs
   refused: str = ''
 
@@ -103,37 +117,125 @@ def CompareSchedules(report: model_analysis.Report,
 
 
 def TableMemory(report: model_analysis.Report, table: schedules.Schedule,
-                boundaries: Sequence[Tuple[int, int]],
-                recompute: bool) -> Tuple[List[int], List[int]]:
-  """Per device (activation bytes, stash bytes) of `table` with the
-  report's layers cut at `boundaries` (the module docstring's model)."""
+                boundaries: Sequence[Tuple[int, int]], recompute: bool,
+                unroll_ticks: int = 2) -> Tuple[List[int], List[int]]:
+  """Per device (peak bytes a training step allocates, of it the I-to-W
+  stash) of `table` with the report's layers cut at `boundaries` (the
+  module docstring's model; unroll_ticks: GPipe's, `TensorPipeLayer`)."""
   a_bytes = model_analysis.DtypeBytes(report.activation_dtype)
-  inputs = [model_analysis.NumElements(report.input_shapes) * a_bytes] + [
-      r.activation_bytes for r in report.layers]
-  return _Memory(table, boundaries, inputs,
-                 [r.activation_bytes for r in report.layers],
-                 table.num_micro_batches, recompute)
+  p_bytes = model_analysis.DtypeBytes(report.param_dtype)
+  outputs = [r.activation_bytes for r in report.layers]
+  inputs = [model_analysis.NumElements(report.input_shapes) * a_bytes
+           ] + outputs[:-1]
+  return _Memory(table, [_StageBytes(inputs, outputs, [
+      r.num_params * p_bytes for r in report.layers], start, end,
+                                     table.num_micro_batches)
+                         for start, end in boundaries],
+                 recompute, unroll_ticks)
 
 
-def _Memory(table: schedules.Schedule, boundaries, inputs: List[int],
-            outputs: List[int], num_mb: int,
-            recompute: bool) -> Tuple[List[int], List[int]]:
-  """Per device (activation bytes, stash bytes); see the module docstring."""
-  slots, stash = table.NumSlots(), table.StashSlots()
+class _Stage(NamedTuple):
+  """One stage's bytes per micro-batch (weights: per step)."""
+  x: int          # its input
+  out: int        # its output (the last layer's)
+  internal: int   # its layers' outputs
+  dz: int         # its weight layers' outputs (their gradients: the stash)
+  xs: int         # its weight layers' inputs
+  work: int       # the largest layer input + output, + the largest weight
+  weights: int    # its weights (their gradient sums)
+
+
+def _StageBytes(inputs, outputs, params, start, end, num_mb) -> _Stage:
+  mb = lambda b: int(math.ceil(b / num_mb))
+  js = range(start, end)
+  weighted = [j for j in js if params[j]]
+  return _Stage(
+      mb(inputs[start]), mb(outputs[end - 1]),
+      sum(mb(outputs[j]) for j in js), sum(mb(outputs[j]) for j in weighted),
+      sum(mb(inputs[j]) for j in weighted),
+      max(mb(inputs[j]) + mb(outputs[j]) for j in js) + max(
+          params[j] for j in js), sum(params[j] for j in js))
+
+
+def _Windows(table: schedules.Schedule, unroll_ticks: int) -> List[List[int]]:
+  """The ticks whose cells may run in any data order: one iteration of the
+  engine's steady loop, else one tick (`schedule_program.Loops`)."""
+  program = schedule_program.Compile(table)
+  out = []
+  for loop in schedule_program.Loops(program.branch, 0, table.num_ticks,
+                                     unroll_ticks=unroll_ticks):
+    n = len(loop.steady) or 1
+    out += [list(range(c, c + n)) for c in range(loop.first, loop.end, n)]
+  return out
+
+
+def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
+            recompute: bool,
+            unroll_ticks: int) -> Tuple[List[int], List[int]]:
+  """Per device (peak bytes, stash bytes); see the module docstring."""
+  inside, num_mb, last = table.loss_inside, table.num_micro_batches, len(
+      stages) - 1
+  unrolled = inside and not recompute
+  windows = ([[c] for c in range(table.num_ticks)] if unrolled else
+             _Windows(table, 1 if inside else unroll_ticks))
   device = table.StageDevice()
-  act = [0] * table.num_devices
-  peak = [0] * table.num_devices
-  held = [0] * table.num_devices
-  for s, (start, end) in enumerate(boundaries):
-    d = device[s]
-    x = int(math.ceil(inputs[start] / num_mb))
-    internal = int(math.ceil(sum(outputs[start:end]) / num_mb))
-    act[d] += slots[s] * (x if recompute else x + internal)
-    peak[d] = max(peak[d], internal)
-    held[d] += stash[s] * internal
-  if recompute:
-    act = [a + p for a, p in zip(act, peak)]
-  return [a + h for a, h in zip(act, held)], held
+  peaks, stashes = [], []
+  for d, row in enumerate(table.grid):
+    first_b = min((c for c, a in enumerate(row) if a and a.op in 'BI'),
+                  default=None)
+    grads = sum(stages[s].weights for s, e in device.items() if e == d
+                ) if first_b is not None else 0
+    held = {}  # what outlives its cell: (kind, stage, micro-batch) -> bytes
+    peak = stash = 0
+    pending = []
+    for window in windows:
+      cells = [row[c] for c in window if row[c] is not None]
+      together = apart = 0   # transients summed, and the largest
+      after, late = pending, []
+      for a in cells:
+        st, key = stages[a.stage], (a.stage, a.micro_batch)
+        if a.op == 'F':
+          if not recompute:
+            held[('act',) + key] = st.x + st.internal
+          elif a.stage > 0:
+            held[('slot',) + key] = st.x
+          if not inside and a.stage == last:
+            held[('out',) + key] = st.out
+          apart = max(apart, st.work + (st.x if a.stage == 0 else 0))
+        elif a.op in 'BI':
+          if not inside and a.stage == last:
+            held = {k: v for k, v in held.items() if k[0] != 'out'}
+            held[('dys', 0, 0)] = st.out * num_mb
+          if recompute:
+            together += st.internal + (st.x if a.stage == 0 else 0)
+          if a.op == 'I':
+            together += st.dz + (st.xs if recompute else 0)
+          apart = max(apart, st.work)
+          # Unrolled, the tape's tensors outlive the B cell by a cell.
+          late += [(('act',) + key, 0)] if unrolled else []
+          after += ([] if unrolled else [(('act',) + key, 0)]) + (
+              [(('slot',) + key, 0)] if inside else [])
+          if a.op == 'I' and recompute:
+            after.append((('stash',) + key, st.xs + st.dz))
+          if not inside and a.stage == 0:
+            after.append((('dx',) + key, st.x))
+        else:  # W: its inputs are ready as the iteration starts
+          apart = max(apart, st.work)
+          if held.pop(('stash',) + key, None) is None:
+            after.append((('stash',) + key, 0))
+      in_b = inside or (first_b is not None and window[-1] >= first_b)
+      peak = max(peak, sum(held.values()) + together + apart +
+                 (grads if in_b else 0))
+      for key, size in after:  # size 0: freed
+        held[key] = size
+        stash = max(stash, sum(v for k, v in held.items() if k[0] == 'stash'))
+      pending = late
+    if not inside and 0 in [s for s, e in device.items() if e == d]:
+      # The end: stage 0's input gradients gathered from their array.
+      peak = max(peak, grads + 2 * stages[0].x * num_mb)
+    peaks.append(peak)
+    stashes.append(stash)
+  return peaks, stashes
 
 
 def FormatTime(seconds: float) -> str:
@@ -150,7 +252,7 @@ def CompareText(rows: Sequence[ScheduleRow], num_partitions: int,
            f'T={num_micro_batches}, {"" if recompute else "no "}recompute; '
            'simulated as dataflow, t_F : t_I : t_W = 1 : 1 : 1)']
   header = ['schedule', 'v', 'step', 'vs 1F1B', 'bubble',
-            'act. peak (max device)', 'of it stash']
+            'step peak (max device)', 'of it stash']
   table = []
   for r in rows:
     if r.refused:

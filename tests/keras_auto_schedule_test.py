@@ -139,7 +139,7 @@ class KerasAutoScheduleTest(tf.test.TestCase):
     # device fits nothing, and the planner says so.
     with self.assertRaisesRegex(ValueError, "recompute='auto' found no "
                                 'setting that fits.*1f1b T=2 norc: '
-                                'activation peak'):
+                                'memory peak'):
       keras_pipeline.TensorPipeModel(
           _Sequential(), num_partitions=2, num_micro_batches=T,
           batch_size=N, schedule='1f1b', recompute='auto',

@@ -81,18 +81,20 @@ class RankTest(tf.test.TestCase):
     self.assertEqual([r.ticks for r in plan.rows], [10, 10, 13, 18, 25])
 
   def testMemoryBudgetRefusesWhatDoesNotFit(self):
-    # Fullest device without recompute (schedule_plan's model; a layer's
-    # output for one micro-batch is 2 x 8 x 4 = 64 B): 1F1B 384 B, ZB-H1
-    # 512, interleaved and GPipe 768, ZB-V 832. A budget of 512 B leaves
-    # ZB-H1 and 1F1B.
+    # The fullest device's step peak without recompute (schedule_plan's
+    # walk, checked by hand in schedule_plan_test): ZB-H1 1504 B, ZB-V
+    # 1568, 1F1B 1632, interleaved 1824, GPipe 2016. A budget of 1600 B
+    # leaves ZB-V and ZB-H1.
     plan = schedule_auto.Rank(_Report(), _Profile(), recompute=False,
-                              regime='separate', memory_budget=512)
+                              regime='separate', memory_budget=1600)
     self.assertEqual([r.name for r in plan.rows if not r.refused],
-                     ['zb_h1', '1f1b'])
+                     ['zb_v', 'zb_h1'])
+    self.assertEqual([r.memory_bytes for r in plan.rows if not r.refused],
+                     [1568, 1504])
     refused = {r.name: r.refused for r in plan.rows if r.refused}
-    self.assertEqual(sorted(refused), ['gpipe', 'interleaved_1f1b', 'zb_v'])
-    self.assertEqual(refused['zb_v'], 'activation peak 832 B is over the '
-                     'budget of 512 B per device')
+    self.assertEqual(sorted(refused), ['1f1b', 'gpipe', 'interleaved_1f1b'])
+    self.assertEqual(refused['1f1b'], 'memory peak 1.59 KiB is over the '
+                     'budget of 1.56 KiB per device')
 
   def testRefusesScheduleThatDoesNotApply(self):
     # T=3 is no multiple of K=2: interleaved is refused with the builder's
@@ -464,7 +466,7 @@ class PlanToolTest(tf.test.TestCase):
   def testMemoryBudgetRefusesInTheTable(self):
     text = self._Run('--plan_memory_budget_mib=0.0001')
     self.assertEqual(self._Order(text), [])
-    self.assertIn('n/a: activation peak', text)
+    self.assertIn('n/a: memory peak', text)
 
 
 if __name__ == '__main__':

@@ -5,6 +5,7 @@ from absl import flags
 import tensorflow as tf
 
 from tensorpipe import model_analysis
+from tensorpipe import schedule_builders
 from tensorpipe import schedule_plan
 from tensorpipe.layers import linear
 from tools import model_analysis as model_analysis_tool
@@ -25,32 +26,51 @@ def _Rows(num_layers=4, kk=2, tt=4, recompute=True):
 
 class CompareSchedulesTest(tf.test.TestCase):
 
-  def testMemoryByHand(self):
-    # 4 FC layers 8 -> 8, T=4 micro-batches of 2, float32: a layer's input
-    # or output for one micro-batch is 2 x 8 x 4 = 64 B.
-    report, rows = _Rows()
-    # GPipe and 1F1B: model_analysis' own columns (stages of 2 layers).
-    self.assertEqual(list(rows['gpipe'].activation_bytes),
-                     [r.activation_bytes_recompute for r in report.partitions])
-    self.assertEqual(list(rows['1f1b'].activation_bytes),
-                     [r.activation_bytes_1f1b_recompute
-                      for r in report.partitions])
-    self.assertEqual(rows['1f1b'].activation_bytes, (2 * 64 + 128, 64 + 128))
-    # ZB-H1: 1F1B's inputs plus a stash of k + 1 micro-batches' outputs.
-    self.assertEqual(rows['zb_h1'].stash_bytes, (128, 2 * 128))
-    self.assertEqual(rows['zb_h1'].activation_bytes,
-                     (2 * 64 + 128 + 128, 64 + 128 + 256))
-    # Interleaved v=2: one layer per stage, stages 0, 2 on device 0 keep
-    # 4 and 2 inputs, stages 1, 3 on device 1 keep 3 and 1.
-    self.assertEqual(rows['interleaved_1f1b'].activation_bytes,
-                     ((4 + 2) * 64 + 64, (3 + 1) * 64 + 64))
-    self.assertEqual(rows['gpipe'].stash_bytes, (0, 0))
+  def testMemoryWalkByHand(self):
+    # One stage per micro-batch: input 10 B, output 20, layer outputs 100,
+    # weight layers' outputs 60 and inputs 50, working set 7, weights 1000.
+    st = schedule_plan._Stage(x=10, out=20, internal=100, dz=60, xs=50,
+                              work=7, weights=1000)
 
-  def testWithoutRecomputeEveryHeldInputKeepsItsOutputs(self):
-    report, rows = _Rows(recompute=False)
-    self.assertEqual(list(rows['1f1b'].activation_bytes),
-                     [r.activation_bytes_1f1b_no_recompute
-                      for r in report.partitions])
+    def Peak(name, recompute, kk=1, stages=(st,)):
+      table = schedule_builders.Build(name, kk, 2, 1)
+      return schedule_plan._Memory(table, list(stages), recompute, 2)
+    # 1F1B, K=1, T=2: F0 B0 F1 B1, one steady iteration per (F, B). In B:
+    # the gradient sums 1000 + the recompute 100 + the gathered input 10;
+    # the iteration's largest working set is F's 7 + its gathered 10.
+    self.assertEqual(Peak('1f1b', True), ([1000 + 110 + 17], [0]))
+    # Without recompute the table is unrolled, one cell at a time; a
+    # micro-batch's tapes (10 + 100) are held from F to the cell after B,
+    # so F1 runs with two held: 1000 + 2 x 110 + 17.
+    self.assertEqual(Peak('1f1b', False), ([1000 + 220 + 17], [0]))
+    # ZB-H1 with recompute: the I cell also holds dz and the weight layers'
+    # inputs (1000 + 110 + 60 + 50 + 17); the stash (50 + 60) lives from I
+    # to W.
+    self.assertEqual(Peak('zb_h1', True), ([1000 + 220 + 17], [110]))
+    # GPipe, K=1, T=2: F0 F1 B1 B0. In B0 it holds the outputs' gradients
+    # (2 x 20), B1's input gradient (10), the recompute (110) and 7, and
+    # the gradient sums from its first B on.
+    self.assertEqual(Peak('gpipe', True), ([1000 + 40 + 10 + 110 + 7], [0]))
+    # Two devices, 1F1B, T=2: stage 1 (input 20, layers 200, weights
+    # 3000) keeps its input from F to B: 3000 + 20 + 200 + 9.
+    st1 = schedule_plan._Stage(x=20, out=30, internal=200, dz=0, xs=0,
+                               work=9, weights=3000)
+    self.assertEqual(Peak('1f1b', True, kk=2, stages=(st, st1)),
+                     ([1000 + 110 + 7, 3000 + 20 + 200 + 9], [0, 0]))
+
+  def testMemoryFromTheReport(self):
+    # 4 FC layers 8 -> 8, batch 8 in T=4 micro-batches of 2, float32, K=2:
+    # per micro-batch a layer's input or output is 2 x 8 x 4 = 64 B, its
+    # weights 72 x 4 = 288 B; a stage of 2 layers: internal 128, weights
+    # 576, working set 64 + 64 + 288 = 416.
+    report, rows = _Rows()
+    del report
+    # 1F1B device 1 (the last stage), in a steady iteration (its F, then
+    # its B): the gradient sums 576 + its input 64 + the recompute 128 +
+    # the working set 416.
+    self.assertEqual(rows['1f1b'].activation_bytes[1], 576 + 64 + 128 + 416)
+    self.assertEqual(rows['gpipe'].stash_bytes, (0, 0))
+    self.assertGreater(min(rows['zb_h1'].stash_bytes), 0)
 
   def testStepRatiosAreTheSimulatorsIdeals(self):
     # Equal layers: t_F = t_I = t_W per device, as in the issue's ideals.

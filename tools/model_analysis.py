@@ -124,14 +124,14 @@ def DefineFlags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_bool('recompute', True, 'Plan: the backward recomputes the '
                     'forward (TensorPipeLayer default).', flag_values=fv)
   flags.DEFINE_list('schedules', [], "Schedules to predict side by side "
-                    "(step, bubble, activation peak): 'all', or names from "
+                    "(step, bubble, memory peak): 'all', or names from "
                     'gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v '
                     '(schedule_plan.ALL; interleaved_1f1b and zb_v with 2 '
                     'stages per device); uses --recompute and '
                     '--device_tflops.', flag_values=fv)
   flags.DEFINE_bool('plan', False, "Rank the schedules as schedule='auto' "
                     'does (tensorpipe/schedule_auto.py): predicted step, '
-                    'work, ticks and activation peak; uses --recompute, '
+                    'work, ticks and memory peak; uses --recompute, '
                     '--plan_profile, --plan_regime, --plan_memory_budget_mib.',
                     flag_values=fv)
   flags.DEFINE_string('plan_profile', None, 'With --plan: a profile.json of '

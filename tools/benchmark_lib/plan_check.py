@@ -329,10 +329,11 @@ def ProfileChild(model: str, setting: str, reps: int = 10,
                      modes=modes), timeout_s)
 
 
-def Spawn(request: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
-  """Runs ChildMain on `request`; RuntimeError with its stderr tail if it
-  fails."""
-  env = dict(os.environ)
+def Spawn(request: Dict[str, Any], timeout_s: float,
+          extra_env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+  """Runs ChildMain on `request` (`extra_env` added to its environment);
+  RuntimeError with its stderr tail if it fails."""
+  env = dict(os.environ, **(extra_env or {}))
   env['PYTHONPATH'] = paths.REPO_ROOT
   env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   try:
