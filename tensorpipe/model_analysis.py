@@ -64,6 +64,7 @@ from tensorpipe import base_layer
 from tensorpipe import checks
 from tensorpipe import grad_sum
 from tensorpipe import partitioning
+from tensorpipe import saved_activations
 from tensorpipe import schedule_builders
 from tensorpipe import simulator
 
@@ -239,6 +240,21 @@ class Report:
   optimizer_exact: bool
   notes: List[str]
   num_trainable_params: Optional[int] = None
+  # Per layer its Params and input shapes, for `Saved`.
+  layer_inputs: List[Tuple[Any, Any]] = dataclasses.field(
+      default_factory=list, repr=False, compare=False)
+
+  def Saved(self) -> List[Optional[saved_activations.Saved]]:
+    """Per layer what its backward keeps (`saved_activations.Trace`, in
+    the activation dtype; None: not traced). Traced on first use: the
+    memory model needs it, the report's tables do not."""
+    if getattr(self, '_saved', None) is None:
+      scale = DtypeBytes(self.activation_dtype) / 4
+      self._saved = [  # pylint: disable=attribute-defined-outside-init
+          saved_activations.Scaled(saved_activations.Trace(p, shapes),
+                                   scale) for p, shapes in self.layer_inputs]
+      self._saved += [None] * (len(self.layers) - len(self._saved))
+    return self._saved
 
   @property
   def num_params(self) -> int:
@@ -468,13 +484,14 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
                      f'num_micro_batches={num_micro_batches}; use a batch size '
                      f'that is a multiple of {num_micro_batches}')
   metas = _LayerMetas(layer_params_list, shapes)
-  rows = []
+  rows, layer_inputs = [], []
   for i, (p, m) in enumerate(zip(layer_params_list, metas)):
     out = m.out_shapes
     rows.append(LayerRow(
         index=i, name=p.name, cls=p.cls.__name__, num_params=m.num_params,
         flops=m.flops, out_shapes=out[0] if len(out) == 1 else out,
         activation_bytes=NumElements(out) * a_bytes))
+    layer_inputs.append((p, shapes if i == 0 else metas[i - 1].out_shapes))
 
   notes = []
   slots = OPTIMIZER_SLOTS[optimizer]
@@ -499,7 +516,8 @@ def AnalyzeLayers(layer_params_list: Sequence[Any],
       param_dtype=tf.as_dtype(param_dtype).name,
       activation_dtype=tf.as_dtype(activation_dtype).name, method=method,
       imbalance=plan.imbalance, optimizer_exact=exact_optimizer_state,
-      notes=notes, num_trainable_params=num_trainable)
+      notes=notes, num_trainable_params=num_trainable,
+      layer_inputs=layer_inputs)
 
 
 def _ExactOptimizerElements(rows, layer_params_list, slots, notes):

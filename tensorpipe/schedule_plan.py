@@ -13,15 +13,15 @@ row is a schedule TensorPipeLayer trains with. Stated assumptions:
   recompute B and I first redo the forward;
 - memory per device: the most bytes a training step allocates there
   beyond its weights, optimizer state and inputs (`TableMemory`), from a
-  walk over the device's cells in tick order at layer granularity (a
-  stage s's input x_s, its layers' outputs internal_s, its weight layers'
-  inputs xs_s and outputs dz_s, per micro-batch). Held from cell to cell:
+  walk over the device's cells in tick order. Per micro-batch, a stage
+  s has its input x_s, what its layers' backward keeps of their forward
+  internal_s (traced on specs, `saved_activations`: a Transformer block
+  keeps many times its output; an untraced layer counts its output), and
+  its weight ops' inputs xs_s and outputs dz_s. Held from cell to cell:
     gradient sums      the weights of its stages (from its first B or I)
     saved inputs       x_s of stage s > 0 from F to B or I (GPipe: to the
                        step's end; stage 0 reads the data)
-    no recompute       x_s + internal_s from F to B or I (the tapes;
-                       loss inside, the unrolled table: to the cell after
-                       B, which was measured to overlap it)
+    no recompute       x_s + internal_s from F to B or I (the tapes)
     stash              xs_s + dz_s from I to W (with recompute; without,
                        the unrolled W takes each dz as it comes)
     GPipe's ends       the last stage's outputs until the backward, then
@@ -42,10 +42,11 @@ why. Pure Python apart from the report's layer sizes; no TensorFlow op.
 
 import dataclasses
 import math
-from typing import List, NamedTuple, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from tensorpipe import model_analysis
 from tensorpipe import partitioning
+from tensorpipe import saved_activations
 from tensorpipe import schedule_builders
 from tensorpipe import schedule_program
 from tensorpipe import schedules
@@ -127,34 +128,57 @@ def TableMemory(report: model_analysis.Report, table: schedules.Schedule,
   outputs = [r.activation_bytes for r in report.layers]
   inputs = [model_analysis.NumElements(report.input_shapes) * a_bytes
            ] + outputs[:-1]
-  return _Memory(table, [_StageBytes(inputs, outputs, [
-      r.num_params * p_bytes for r in report.layers], start, end,
+  layers = [_Layer(x, y, r.num_params * p_bytes, saved) for x, y, r, saved
+            in zip(inputs, outputs, report.layers, report.Saved())]
+  return _Memory(table, [_StageBytes(layers[start:end],
                                      table.num_micro_batches)
                          for start, end in boundaries],
                  recompute, unroll_ticks)
+
+
+class _Layer(NamedTuple):
+  """One layer's bytes for the whole batch (weights: per step)."""
+  x: int
+  y: int
+  weights: int
+  saved: Optional[saved_activations.Saved]  # None: not traced
 
 
 class _Stage(NamedTuple):
   """One stage's bytes per micro-batch (weights: per step)."""
   x: int          # its input
   out: int        # its output (the last layer's)
-  internal: int   # its layers' outputs
-  dz: int         # its weight layers' outputs (their gradients: the stash)
-  xs: int         # its weight layers' inputs
+  internal: int   # what its backward keeps of its layers' forward
+  dz: int         # its weight ops' outputs (their gradients: the stash)
+  xs: int         # its weight ops' inputs
   work: int       # the largest layer input + output, + the largest weight
   weights: int    # its weights (their gradient sums)
 
 
-def _StageBytes(inputs, outputs, params, start, end, num_mb) -> _Stage:
+def _StageBytes(layers: Sequence[_Layer], num_mb: int) -> _Stage:
+  """A stage's bytes: what each layer's backward keeps where it was
+  traced (its own tensors, and its input or output where read; a
+  boundary between two layers once), else one output per layer, and its
+  weight ops' inputs and outputs (untraced: a weighted layer's)."""
   mb = lambda b: int(math.ceil(b / num_mb))
-  js = range(start, end)
-  weighted = [j for j in js if params[j]]
+  internal = dz = xs = 0
+  for j, layer in enumerate(layers):
+    saved = layer.saved
+    if saved is None:
+      internal += mb(layer.y)
+      dz += mb(layer.y) if layer.weights else 0
+      xs += mb(layer.x) if layer.weights else 0
+      continue
+    nxt = layers[j + 1].saved if j + 1 < len(layers) else None
+    out_kept = saved.output_kept or (j + 1 < len(layers) and (
+        nxt is None or nxt.input_kept))
+    internal += mb(saved.own_bytes) + (mb(layer.y) if out_kept else 0)
+    dz += mb(saved.weight_out_bytes)
+    xs += mb(saved.weight_in_bytes)
   return _Stage(
-      mb(inputs[start]), mb(outputs[end - 1]),
-      sum(mb(outputs[j]) for j in js), sum(mb(outputs[j]) for j in weighted),
-      sum(mb(inputs[j]) for j in weighted),
-      max(mb(inputs[j]) + mb(outputs[j]) for j in js) + max(
-          params[j] for j in js), sum(params[j] for j in js))
+      mb(layers[0].x), mb(layers[-1].y), internal, dz, xs,
+      max(mb(l.x) + mb(l.y) for l in layers) + max(
+          l.weights for l in layers), sum(l.weights for l in layers))
 
 
 def _Windows(table: schedules.Schedule, unroll_ticks: int) -> List[List[int]]:
@@ -187,11 +211,10 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
                 ) if first_b is not None else 0
     held = {}  # what outlives its cell: (kind, stage, micro-batch) -> bytes
     peak = stash = 0
-    pending = []
     for window in windows:
       cells = [row[c] for c in window if row[c] is not None]
       together = apart = 0   # transients summed, and the largest
-      after, late = pending, []
+      after = []
       for a in cells:
         st, key = stages[a.stage], (a.stage, a.micro_batch)
         if a.op == 'F':
@@ -211,9 +234,7 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
           if a.op == 'I':
             together += st.dz + (st.xs if recompute else 0)
           apart = max(apart, st.work)
-          # Unrolled, the tape's tensors outlive the B cell by a cell.
-          late += [(('act',) + key, 0)] if unrolled else []
-          after += ([] if unrolled else [(('act',) + key, 0)]) + (
+          after += [(('act',) + key, 0)] + (
               [(('slot',) + key, 0)] if inside else [])
           if a.op == 'I' and recompute:
             after.append((('stash',) + key, st.xs + st.dz))
@@ -229,7 +250,6 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
       for key, size in after:  # size 0: freed
         held[key] = size
         stash = max(stash, sum(v for k, v in held.items() if k[0] == 'stash'))
-      pending = late
     if not inside and 0 in [s for s, e in device.items() if e == d]:
       # The end: stage 0's input gradients gathered from their array.
       peak = max(peak, grads + 2 * stages[0].x * num_mb)

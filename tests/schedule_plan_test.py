@@ -40,9 +40,12 @@ class CompareSchedulesTest(tf.test.TestCase):
     # the iteration's largest working set is F's 7 + its gathered 10.
     self.assertEqual(Peak('1f1b', True), ([1000 + 110 + 17], [0]))
     # Without recompute the table is unrolled, one cell at a time; a
-    # micro-batch's tapes (10 + 100) are held from F to the cell after B,
-    # so F1 runs with two held: 1000 + 2 x 110 + 17.
-    self.assertEqual(Peak('1f1b', False), ([1000 + 220 + 17], [0]))
+    # micro-batch's tapes (10 + 100) are held from its F through its B.
+    self.assertEqual(Peak('1f1b', False), ([1000 + 110 + 17], [0]))
+    # ZB-H1 without recompute, one cell at a time: its I holds the tapes
+    # (110), dz (60) and its own working set (7); no stash (the unrolled W
+    # takes each dz as it comes).
+    self.assertEqual(Peak('zb_h1', False), ([1000 + 110 + 60 + 7], [0]))
     # ZB-H1 with recompute: the I cell also holds dz and the weight layers'
     # inputs (1000 + 110 + 60 + 50 + 17); the stash (50 + 60) lives from I
     # to W.

@@ -18,14 +18,21 @@ def _Row(schedule, recompute, measured, predicted, stash=0, weights=2):
 class TableTest(unittest.TestCase):
 
   def testRatiosAndRange(self):
-    text = memory_check.Table([dict(model='dense32mem', T=4, rows=[
-        _Row('gpipe', True, 22, 20), _Row('zb_h1', False, 10, 20, stash=8)])])
+    text = memory_check.Table([
+        dict(model='dense32mem', T=4, rows=[
+            _Row('gpipe', True, 22, 20), _Row('zb_h1', False, 10, 20,
+                                              stash=8)]),
+        dict(model='conv16', T=4, rows=[_Row('1f1b', True, 19, 20)])])
     self.assertIn('| dense32mem | 4 | gpipe v=1 | on | 22.0 | 20.0 (0.0) | '
-                  '1.100 | 1.000 |', text)
+                  '1.100 |', text)
     self.assertIn('| dense32mem | 4 | zb_h1 v=1 | off | 10.0 | 20.0 (8.0) | '
-                  '0.500 | 0.400 |', text)
-    self.assertIn('measured / predicted: 0.500 to 1.100 over 2 settings',
-                  text)
+                  '0.500 |', text)
+    self.assertIn('dense32mem: measured / predicted 0.500 to 1.100, within '
+                  '10% in 1 of 2', text)
+    self.assertIn('conv16: measured / predicted 0.950 to 0.950, within 10% '
+                  'in 1 of 1', text)
+    self.assertIn('all: measured / predicted 0.500 to 1.100, within 10% in '
+                  '2 of 3', text)
 
 
 if __name__ == '__main__':

@@ -1,0 +1,142 @@
+"""What a layer's backward pass keeps from its forward pass, from Params.
+
+`Trace(layer_params, input_shapes)` builds the layer under
+`base_layer.AbstractVariables()` (no weight is allocated) and traces, on
+specs (no tensor is allocated either), its training FProp and the gradient
+of its float outputs to its float inputs and weights (`tf.gradients` in
+the trace's graph). The forward tensors that a gradient op reads are what
+TF keeps alive from the forward to the backward pass:
+
+  own_bytes         those that are neither the layer's inputs nor its
+                    outputs (a Transformer block: the projections, the
+                    attention probabilities, the feed-forward hidden ...)
+  input_kept        whether the backward reads the layer's inputs (a
+                    matmul's x)
+  output_kept       whether it reads the layer's outputs (a ReLU's y)
+  weight_in_bytes,  the inputs x and outputs z of its `py_utils.WeightOp`
+  weight_out_bytes  calls (the zero-bubble stash keeps x and dz)
+
+A gradient op that reads only a tensor's shape (Shape, ZerosLike, ...)
+does not keep it; an Identity or Reshape is followed to what it aliases. Sizes are
+for the traced batch. A layer that cannot be traced so gives None, and
+the memory model (`schedule_plan.TableMemory`) then counts one output per
+layer.
+
+Usage:
+  saved = saved_activations.Trace(fc_params, [[64, 256]])
+  saved.own_bytes, saved.input_kept, saved.output_kept
+"""
+
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+import tensorflow as tf
+
+from tensorpipe import base_layer
+from tensorpipe import py_utils
+
+# Ops whose output aliases their first input (no new buffer).
+_ALIASES = frozenset({'Identity', 'Reshape', 'Squeeze', 'ExpandDims',
+                      'StopGradient', 'Snapshot', 'EnsureShape'})
+# Gradient ops that read a tensor's shape, not its values.
+_SHAPE_ONLY = frozenset({'Shape', 'ShapeN', 'Size', 'Rank', 'ZerosLike',
+                         'OnesLike', 'BroadcastGradientArgs'})
+
+_cache: Dict[Tuple[str, str], Optional['Saved']] = {}
+
+
+class Saved(NamedTuple):
+  """What one layer's backward keeps (module docstring); bytes for the
+  traced batch."""
+  own_bytes: int
+  input_kept: bool
+  output_kept: bool
+  weight_in_bytes: int
+  weight_out_bytes: int
+
+
+def Scaled(saved: Optional[Saved], factor: float) -> Optional[Saved]:
+  """`saved` with its byte counts times `factor` (float32 traced, counted
+  in another dtype)."""
+  if saved is None or factor == 1:
+    return saved
+  return saved._replace(**{f: int(getattr(saved, f) * factor) for f in (
+      'own_bytes', 'weight_in_bytes', 'weight_out_bytes')})
+
+
+def _Bytes(t: tf.Tensor) -> int:
+  n = t.shape.num_elements()
+  return 0 if n is None else n * t.dtype.size
+
+
+def _Source(t: tf.Tensor) -> tf.Tensor:
+  """The tensor a chain of aliasing ops (Identity, Reshape, ...) reads."""
+  while t.op.type in _ALIASES and t.op.inputs:
+    t = t.op.inputs[0]
+  return t
+
+
+def Trace(layer_params: Any, input_shapes: Any) -> Optional[Saved]:
+  """`Saved` of one layer on inputs of `input_shapes` (as FPropMeta takes
+  them, float32 tensors), or None where it cannot be traced on specs."""
+  # Keyed without the name: a stack of like layers is traced once.
+  key = (layer_params.Copy().Set(name='_').ToText(), repr(input_shapes))
+  if key not in _cache:
+    _cache[key] = _Trace(layer_params, input_shapes)
+  return _cache[key]
+
+
+def _Trace(layer_params, input_shapes) -> Optional[Saved]:
+  shapes = base_layer.InputShapes(input_shapes)
+  specs = _Specs(shapes)
+  found = []
+
+  def Fn(theta, xs):
+    graph = tf.compat.v1.get_default_graph()
+    start = len(graph.get_operations())
+    # As a pipeline stage runs it: batch norm reports its statistics.
+    with py_utils.TrainingMode(), py_utils.CollectBatchStats(), \
+        py_utils.CollectWeightOps() as calls:
+      ys = layer.FProp(theta, *xs)
+    mid = len(graph.get_operations())
+    flat_ys = [y for y in tf.nest.flatten(ys)
+               if isinstance(y, tf.Tensor) and y.dtype.is_floating]
+    flat_xs = [x for x in tf.nest.flatten(xs) if x.dtype.is_floating]
+    sources = flat_xs + tf.nest.flatten(theta)
+    tf.gradients(flat_ys, sources,
+                 grad_ys=[tf.zeros(y.shape, y.dtype) for y in flat_ys])
+    ops = graph.get_operations()
+    forward = set(ops[start:mid])
+    kept = {}
+    for op in ops[mid:]:
+      if op.type in _SHAPE_ONLY:
+        continue
+      for t in op.inputs:
+        t = _Source(t)
+        if t.op in forward or any(t is x for x in flat_xs):
+          kept[id(t)] = t
+    outputs = {id(_Source(y)) for y in flat_ys}
+    inputs = {id(x) for x in flat_xs}
+    own = sum(_Bytes(t) for i, t in kept.items()
+              if i not in outputs and i not in inputs
+              and t.dtype.is_floating and t.op.type != 'Const')
+    found.append(Saved(
+        own, any(i in kept for i in inputs), any(i in kept for i in outputs),
+        sum(_Bytes(c.x) for c in calls), sum(_Bytes(c.z) for c in calls)))
+
+  try:
+    with base_layer.AbstractVariables():
+      layer = layer_params.Instantiate()
+    tf.function(Fn, autograph=False).get_concrete_function(
+        layer.theta, specs)
+  except Exception:  # pylint: disable=broad-except
+    # A refinement only: a layer that does not trace on float specs (ids,
+    # a Python branch on a value) is counted by its outputs instead.
+    return None
+  return found[-1] if found else None
+
+
+def _Specs(shapes: Any) -> Any:
+  """Float32 specs of FPropMeta input shapes (per input a TensorShape, or
+  a NestedMap of them)."""
+  return [tf.nest.map_structure(
+      lambda s: tf.TensorSpec(s, tf.float32), s) for s in shapes]
