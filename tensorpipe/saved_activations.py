@@ -17,10 +17,10 @@ TF keeps alive from the forward to the backward pass:
   weight_out_bytes  calls (the zero-bubble stash keeps x and dz)
 
 A gradient op that reads only a tensor's shape (Shape, ZerosLike, ...)
-does not keep it; an Identity or Reshape is followed to what it aliases. Sizes are
-for the traced batch. A layer that cannot be traced so gives None, and
-the memory model (`schedule_plan.TableMemory`) then counts one output per
-layer.
+does not keep it; an Identity or Reshape is followed to what it
+aliases. Sizes are for the traced batch. A layer that cannot be traced
+so gives None, and the memory model (`schedule_plan.TableMemory`) then
+counts one output per layer.
 
 Usage:
   saved = saved_activations.Trace(fc_params, [[64, 256]])

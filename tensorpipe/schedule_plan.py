@@ -24,6 +24,8 @@ row is a schedule TensorPipeLayer trains with. Stated assumptions:
     no recompute       x_s + internal_s from F to B or I (the tapes)
     stash              xs_s + dz_s from I to W (with recompute; without,
                        the unrolled W takes each dz as it comes)
+    rings              the engine's boundary rings: a stage's last outputs
+                       and input gradients (`schedule_program.Ring`)
     GPipe's ends       the last stage's outputs until the backward, then
                        their gradients (all T); stage 0's input gradients
                        (gathered at the end: twice the batch's input)
@@ -181,10 +183,11 @@ def _StageBytes(layers: Sequence[_Layer], num_mb: int) -> _Stage:
           l.weights for l in layers), sum(l.weights for l in layers))
 
 
-def _Windows(table: schedules.Schedule, unroll_ticks: int) -> List[List[int]]:
+def _Windows(program: schedule_program.Program,
+             unroll_ticks: int) -> List[List[int]]:
   """The ticks whose cells may run in any data order: one iteration of the
   engine's steady loop, else one tick (`schedule_program.Loops`)."""
-  program = schedule_program.Compile(table)
+  table = program.table
   out = []
   for loop in schedule_program.Loops(program.branch, 0, table.num_ticks,
                                      unroll_ticks=unroll_ticks):
@@ -200,8 +203,9 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
   inside, num_mb, last = table.loss_inside, table.num_micro_batches, len(
       stages) - 1
   unrolled = inside and not recompute
+  program = schedule_program.Compile(table)
   windows = ([[c] for c in range(table.num_ticks)] if unrolled else
-             _Windows(table, 1 if inside else unroll_ticks))
+             _Windows(program, 1 if inside else unroll_ticks))
   device = table.StageDevice()
   peaks, stashes = [], []
   for d, row in enumerate(table.grid):
@@ -209,6 +213,14 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
                   default=None)
     grads = sum(stages[s].weights for s, e in device.items() if e == d
                 ) if first_b is not None else 0
+    # The engine's rings: each stage's last outputs and input gradients,
+    # in its loop state the whole run.
+    rings = 0 if unrolled else sum(
+        (stages[s].out * program.out_rings[s].depth
+         if program.out_rings[s] else 0) +
+        (stages[s].x * program.dx_rings[s].depth
+         if recompute and program.dx_rings[s] else 0)
+        for s, e in device.items() if e == d)
     held = {}  # what outlives its cell: (kind, stage, micro-batch) -> bytes
     peak = stash = 0
     for window in windows:
@@ -245,7 +257,7 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
           if held.pop(('stash',) + key, None) is None:
             after.append((('stash',) + key, 0))
       in_b = inside or (first_b is not None and window[-1] >= first_b)
-      peak = max(peak, sum(held.values()) + together + apart +
+      peak = max(peak, sum(held.values()) + together + apart + rings +
                  (grads if in_b else 0))
       for key, size in after:  # size 0: freed
         held[key] = size

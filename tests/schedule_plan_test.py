@@ -55,11 +55,14 @@ class CompareSchedulesTest(tf.test.TestCase):
     # the gradient sums from its first B on.
     self.assertEqual(Peak('gpipe', True), ([1000 + 40 + 10 + 110 + 7], [0]))
     # Two devices, 1F1B, T=2: stage 1 (input 20, layers 200, weights
-    # 3000) keeps its input from F to B: 3000 + 20 + 200 + 9.
+    # 3000) keeps its input from F to B: 3000 + 20 + 200 + 9. Each device
+    # also holds its ring of depth 1 the whole run: stage 0 its last
+    # output (20), stage 1 its last input gradient (its input's size, 20).
     st1 = schedule_plan._Stage(x=20, out=30, internal=200, dz=0, xs=0,
                                work=9, weights=3000)
     self.assertEqual(Peak('1f1b', True, kk=2, stages=(st, st1)),
-                     ([1000 + 110 + 7, 3000 + 20 + 200 + 9], [0, 0]))
+                     ([1000 + 110 + 7 + 20, 3000 + 20 + 200 + 9 + 20],
+                      [0, 0]))
 
   def testMemoryFromTheReport(self):
     # 4 FC layers 8 -> 8, batch 8 in T=4 micro-batches of 2, float32, K=2:
@@ -70,8 +73,9 @@ class CompareSchedulesTest(tf.test.TestCase):
     del report
     # 1F1B device 1 (the last stage), in a steady iteration (its F, then
     # its B): the gradient sums 576 + its input 64 + the recompute 128 +
-    # the working set 416.
-    self.assertEqual(rows['1f1b'].activation_bytes[1], 576 + 64 + 128 + 416)
+    # the working set 416 + its input-gradient ring 64.
+    self.assertEqual(rows['1f1b'].activation_bytes[1],
+                     576 + 64 + 128 + 416 + 64)
     self.assertEqual(rows['gpipe'].stash_bytes, (0, 0))
     self.assertGreater(min(rows['zb_h1'].stash_bytes), 0)
 
