@@ -217,6 +217,9 @@ class BaseLayer(tf.Module):
   # the paths and keys they would have directly under its parent, so the
   # same Keras layer has the same key for any number of partitions.
   ADDS_PATH_LEVEL = True
+  # Whether FProp on abstract weights (AbstractVariables) makes the
+  # py_utils.WeightOp calls it makes on real ones (saved_activations).
+  ABSTRACT_WEIGHT_OPS = True
 
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:

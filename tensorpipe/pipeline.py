@@ -467,6 +467,8 @@ class TensorPipeLayer(base_layer.BaseLayer):
 
   def _FPropOnBatchAxis(self, theta: NestedMap, *inputs):
     p = self.params
+    if not inputs:
+      raise ValueError('TensorPipeLayer.FProp needs at least one input')
     if schedules.LossInside(p.schedule) and py_utils.IsTraining():
       raise ValueError(
           f'TensorPipeLayer {p.name!r} has schedule='

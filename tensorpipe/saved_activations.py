@@ -14,7 +14,9 @@ TF keeps alive from the forward to the backward pass:
                     matmul's x)
   output_kept       whether it reads the layer's outputs (a ReLU's y)
   weight_in_bytes,  the inputs x and outputs z of its `py_utils.WeightOp`
-  weight_out_bytes  calls (the zero-bubble stash keeps x and dz)
+  weight_out_bytes  calls (the zero-bubble stash keeps x and dz); None
+                    where FProp on abstract weights does not make them
+                    (`BaseLayer.ABSTRACT_WEIGHT_OPS`: a Keras layer)
 
 A gradient op that reads only a tensor's shape (Shape, ZerosLike, ...)
 does not keep it; an Identity or Reshape is followed to what it
@@ -50,8 +52,8 @@ class Saved(NamedTuple):
   own_bytes: int
   input_kept: bool
   output_kept: bool
-  weight_in_bytes: int
-  weight_out_bytes: int
+  weight_in_bytes: Optional[int]   # None: its weight ops are not traced
+  weight_out_bytes: Optional[int]  # (a Keras layer's: real weights only)
 
 
 def Scaled(saved: Optional[Saved], factor: float) -> Optional[Saved]:
@@ -59,8 +61,10 @@ def Scaled(saved: Optional[Saved], factor: float) -> Optional[Saved]:
   in another dtype)."""
   if saved is None or factor == 1:
     return saved
-  return saved._replace(**{f: int(getattr(saved, f) * factor) for f in (
-      'own_bytes', 'weight_in_bytes', 'weight_out_bytes')})
+  return saved._replace(**{
+      f: int(getattr(saved, f) * factor) for f in (
+          'own_bytes', 'weight_in_bytes', 'weight_out_bytes')
+      if getattr(saved, f) is not None})
 
 
 def _Bytes(t: tf.Tensor) -> int:
@@ -78,16 +82,18 @@ def _Source(t: tf.Tensor) -> tf.Tensor:
 def Trace(layer_params: Any, input_shapes: Any) -> Optional[Saved]:
   """`Saved` of one layer on inputs of `input_shapes` (as FPropMeta takes
   them, float32 tensors), or None where it cannot be traced on specs."""
-  # Keyed without the name: a stack of like layers is traced once.
-  key = (layer_params.Copy().Set(name='_').ToText(), repr(input_shapes))
+  try:
+    # Keyed without the name: a stack of like layers is traced once.
+    key = (layer_params.Copy().Set(name='_').ToText(),
+           repr(base_layer.InputShapes(input_shapes)))
+  except Exception:  # pylint: disable=broad-except
+    return None   # (see _Trace)
   if key not in _cache:
     _cache[key] = _Trace(layer_params, input_shapes)
   return _cache[key]
 
 
 def _Trace(layer_params, input_shapes) -> Optional[Saved]:
-  shapes = base_layer.InputShapes(input_shapes)
-  specs = _Specs(shapes)
   found = []
 
   def Fn(theta, xs):
@@ -119,11 +125,15 @@ def _Trace(layer_params, input_shapes) -> Optional[Saved]:
     own = sum(_Bytes(t) for i, t in kept.items()
               if i not in outputs and i not in inputs
               and t.dtype.is_floating and t.op.type != 'Const')
+    ops_seen = all(type(l).ABSTRACT_WEIGHT_OPS
+                   for l in base_layer.Layers(layer))
     found.append(Saved(
         own, any(i in kept for i in inputs), any(i in kept for i in outputs),
-        sum(_Bytes(c.x) for c in calls), sum(_Bytes(c.z) for c in calls)))
+        sum(_Bytes(c.x) for c in calls) if ops_seen else None,
+        sum(_Bytes(c.z) for c in calls) if ops_seen else None))
 
   try:
+    specs = _Specs(base_layer.InputShapes(input_shapes))
     with base_layer.AbstractVariables():
       layer = layer_params.Instantiate()
     tf.function(Fn, autograph=False).get_concrete_function(

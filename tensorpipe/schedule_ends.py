@@ -171,7 +171,7 @@ class LossInside(End):
   keeps_slots = True
 
   def __init__(self, loss_of: LossOf, loss_specs: Sequence[tf.TensorSpec],
-               normalizer: Any, metric_names: Sequence[str] = ()):
+               normalizer: Any, metric_names: Sequence[str]):
     self.loss_of = loss_of
     self.loss_specs = list(loss_specs)
     self.normalizer = normalizer

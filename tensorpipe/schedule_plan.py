@@ -22,8 +22,7 @@ row is a schedule TensorPipeLayer trains with. Stated assumptions:
     saved inputs       x_s of stage s > 0 from F to B or I (GPipe: to the
                        step's end; stage 0 reads the data)
     no recompute       x_s + internal_s from F to B or I (the tapes)
-    stash              xs_s + dz_s from I to W (with recompute; without,
-                       the unrolled W takes each dz as it comes)
+    stash              xs_s + dz_s from I to W
     rings              the engine's boundary rings: a stage's last outputs
                        and input gradients (`schedule_program.Ring`)
     GPipe's ends       the last stage's outputs until the backward, then
@@ -33,13 +32,17 @@ row is a schedule TensorPipeLayer trains with. Stated assumptions:
   cell internal_s (+ x_s gathered on stage 0), an I cell also dz_s and
   xs_s (measured: three activations per layer, not the two of the stash);
   every cell its largest layer input + output + weight. The cells of one
-  iteration of the engine's steady loop run in any data order, so their
-  B and I cells count together (`_Windows`). Measured against TF's
-  allocator: tools/benchmark --memory_check.
+  iteration of the engine's steady loop run in any data order (up to a
+  barrier on the device, `schedule_program.Barriers`), so their B and I
+  cells count together (`_Windows`). One stage and one micro-batch run
+  without recompute. Measured against TF's allocator: tools/benchmark
+  --memory_check (one device).
 
 A schedule that does not apply (v > 1 with more stages than layers, T not a
 multiple of K for interleaved, T < 2K - 1 for ZB-V) gets a row that says
-why. Pure Python apart from the report's layer sizes; no TensorFlow op.
+why. Pure Python apart from the report's layer sizes and, for memory,
+what each layer keeps (traced once on specs: `model_analysis.Report.Saved`);
+no TensorFlow op runs.
 """
 
 import dataclasses
@@ -175,8 +178,11 @@ def _StageBytes(layers: Sequence[_Layer], num_mb: int) -> _Stage:
     out_kept = saved.output_kept or (j + 1 < len(layers) and (
         nxt is None or nxt.input_kept))
     internal += mb(saved.own_bytes) + (mb(layer.y) if out_kept else 0)
-    dz += mb(saved.weight_out_bytes)
-    xs += mb(saved.weight_in_bytes)
+    traced_ops = saved.weight_out_bytes is not None
+    dz += mb(saved.weight_out_bytes if traced_ops else
+             layer.y if layer.weights else 0)
+    xs += mb(saved.weight_in_bytes if traced_ops else
+             layer.x if layer.weights else 0)
   return _Stage(
       mb(layers[0].x), mb(layers[-1].y), internal, dz, xs,
       max(mb(l.x) + mb(l.y) for l in layers) + max(
@@ -184,15 +190,29 @@ def _StageBytes(layers: Sequence[_Layer], num_mb: int) -> _Stage:
 
 
 def _Windows(program: schedule_program.Program,
-             unroll_ticks: int) -> List[List[int]]:
-  """The ticks whose cells may run in any data order: one iteration of the
-  engine's steady loop, else one tick (`schedule_program.Loops`)."""
+             unroll_ticks: int) -> List[List[List[int]]]:
+  """Per device, the runs of ticks whose cells may run in any data order:
+  one iteration of the engine's steady loop, cut where the device waits
+  for its previous tick (`schedule_program.Barriers`); else one tick."""
   table = program.table
-  out = []
+  out = [[] for _ in range(table.num_devices)]
   for loop in schedule_program.Loops(program.branch, 0, table.num_ticks,
                                      unroll_ticks=unroll_ticks):
-    n = len(loop.steady) or 1
-    out += [list(range(c, c + n)) for c in range(loop.first, loop.end, n)]
+    if not loop.steady:
+      for d in range(table.num_devices):
+        out[d] += [[c] for c in range(loop.first, loop.end)]
+      continue
+    barriers = schedule_program.Barriers(loop.steady)
+    for c in range(loop.first, loop.end, len(loop.steady)):
+      for d in range(table.num_devices):
+        run = []
+        for i in range(len(loop.steady)):
+          run.append(c + i)
+          if barriers[i][d]:
+            out[d].append(run)
+            run = []
+        if run:
+          out[d].append(run)
   return out
 
 
@@ -200,11 +220,17 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
             recompute: bool,
             unroll_ticks: int) -> Tuple[List[int], List[int]]:
   """Per device (peak bytes, stash bytes); see the module docstring."""
+  if not any(a and a.op in 'BI' for row in table.grid for a in row):
+    raise ValueError(f'table {table.name!r} has no backward cell; '
+                     'TableMemory models a training step')
   inside, num_mb, last = table.loss_inside, table.num_micro_batches, len(
       stages) - 1
+  if last == 0 and num_mb == 1:
+    recompute = False  # one stage, one micro-batch: nothing is recomputed
   unrolled = inside and not recompute
   program = schedule_program.Compile(table)
-  windows = ([[c] for c in range(table.num_ticks)] if unrolled else
+  per_tick = [[[c] for c in range(table.num_ticks)]] * table.num_devices
+  windows = (per_tick if unrolled else
              _Windows(program, 1 if inside else unroll_ticks))
   device = table.StageDevice()
   peaks, stashes = [], []
@@ -223,7 +249,7 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
         for s, e in device.items() if e == d)
     held = {}  # what outlives its cell: (kind, stage, micro-batch) -> bytes
     peak = stash = 0
-    for window in windows:
+    for window in windows[d]:
       cells = [row[c] for c in window if row[c] is not None]
       together = apart = 0   # transients summed, and the largest
       after = []
@@ -248,11 +274,12 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
           apart = max(apart, st.work)
           after += [(('act',) + key, 0)] + (
               [(('slot',) + key, 0)] if inside else [])
-          if a.op == 'I' and recompute:
+          if a.op == 'I':
             after.append((('stash',) + key, st.xs + st.dz))
           if not inside and a.stage == 0:
             after.append((('dx',) + key, st.x))
-        else:  # W: its inputs are ready as the iteration starts
+        else:  # W: its inputs are ready as the iteration starts (at
+          # K=1 a stash freed in the window did not add to its peak)
           apart = max(apart, st.work)
           if held.pop(('stash',) + key, None) is None:
             after.append((('stash',) + key, 0))
@@ -263,8 +290,10 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
         held[key] = size
         stash = max(stash, sum(v for k, v in held.items() if k[0] == 'stash'))
     if not inside and 0 in [s for s, e in device.items() if e == d]:
-      # The end: stage 0's input gradients gathered from their array.
-      peak = max(peak, grads + 2 * stages[0].x * num_mb)
+      # The end: stage 0's input gradients (held per micro-batch) gathered
+      # from their array, beside the saved inputs.
+      peak = max(peak, grads + rings + sum(
+          v for k, v in held.items() if k[0] != 'dys') + stages[0].x * num_mb)
     peaks.append(peak)
     stashes.append(stash)
   return peaks, stashes

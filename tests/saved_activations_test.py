@@ -7,6 +7,7 @@ from tensorpipe import model_analysis
 from tensorpipe import saved_activations
 from tensorpipe import schedule_plan
 from tensorpipe.layers import embedding
+from tensorpipe.layers import keras_layer
 from tensorpipe.layers import linear
 from tensorpipe.layers import transformer
 
@@ -69,6 +70,19 @@ class TraceTest(tf.test.TestCase):
     finally:
       saved_activations._Trace = real
     self.assertLen(calls, 1)
+
+  def testAKerasLayerLeavesItsWeightOpsUnknown(self):
+    # Its weight ops are bound to real weights only, so the abstract trace
+    # sees none: the memory model then counts its input and output.
+    p = keras_layer.KerasLayer.Params().Set(
+        name='dense', keras_factory='keras.layers.Dense',
+        keras_kwargs={'units': 16, 'activation': 'relu'}, input_shape=[8])
+    saved = saved_activations.Trace(p, [[B, 8]])
+    self.assertIsNone(saved.weight_in_bytes)
+    self.assertIsNone(saved.weight_out_bytes)
+    stage = schedule_plan._StageBytes(
+        [schedule_plan._Layer(B * 8 * F32, B * 16 * F32, 544, saved)], 1)
+    self.assertEqual((stage.xs, stage.dz), (B * 8 * F32, B * 16 * F32))
 
   def testALayerThatCannotBeTracedOnFloatSpecsGivesNone(self):
     # Ids are integers; the trace feeds float specs.

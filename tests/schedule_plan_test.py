@@ -7,6 +7,7 @@ import tensorflow as tf
 from tensorpipe import model_analysis
 from tensorpipe import schedule_builders
 from tensorpipe import schedule_plan
+from tensorpipe import schedule_program
 from tensorpipe.layers import linear
 from tools import model_analysis as model_analysis_tool
 
@@ -43,9 +44,9 @@ class CompareSchedulesTest(tf.test.TestCase):
     # micro-batch's tapes (10 + 100) are held from its F through its B.
     self.assertEqual(Peak('1f1b', False), ([1000 + 110 + 17], [0]))
     # ZB-H1 without recompute, one cell at a time: its I holds the tapes
-    # (110), dz (60) and its own working set (7); no stash (the unrolled W
-    # takes each dz as it comes).
-    self.assertEqual(Peak('zb_h1', False), ([1000 + 110 + 60 + 7], [0]))
+    # (110), dz (60) and its own working set (7); then the stash (50 + 60)
+    # until W.
+    self.assertEqual(Peak('zb_h1', False), ([1000 + 110 + 60 + 7], [110]))
     # ZB-H1 with recompute: the I cell also holds dz and the weight layers'
     # inputs (1000 + 110 + 60 + 50 + 17); the stash (50 + 60) lives from I
     # to W.
@@ -63,6 +64,35 @@ class CompareSchedulesTest(tf.test.TestCase):
     self.assertEqual(Peak('1f1b', True, kk=2, stages=(st, st1)),
                      ([1000 + 110 + 7 + 20, 3000 + 20 + 200 + 9 + 20],
                       [0, 0]))
+
+  def testABarrierOrdersTheCellsOfAnIteration(self):
+    # Interleaved 1F1B, K=2, v=2, T=8: the steady iteration has 8 ticks,
+    # and device 0 waits for its previous tick after ticks 1 and 5
+    # (schedule_program.Barriers), so its B cells of one iteration are
+    # split into runs that do not overlap.
+    table = schedule_builders.Build('interleaved_1f1b', 2, 8, 2)
+    program = schedule_program.Compile(table)
+    windows = schedule_plan._Windows(program, 1)
+    steady = [w for w in windows[0] if len(w) > 1]
+    self.assertTrue(steady)
+    self.assertEqual({len(w) for w in steady}, {2, 4})
+    self.assertEqual([w[0] - steady[0][0] for w in steady[:3]], [0, 2, 6])
+
+  def testAForwardOnlyTableIsRefused(self):
+    table = schedule_builders.ForwardOnly([0, 1, 0, 1], 2, 4)
+    st = schedule_plan._Stage(x=10, out=20, internal=100, dz=0, xs=0,
+                              work=7, weights=1000)
+    with self.assertRaisesRegex(ValueError, 'has no backward cell'):
+      schedule_plan._Memory(table, [st] * 4, True, 2)
+
+  def testOneStageOneMicroBatchIsNotRecomputed(self):
+    # K=1, T=1: the step runs the stage once under a tape (as without
+    # recompute), so with and without recompute predict the same.
+    st = schedule_plan._Stage(x=10, out=20, internal=100, dz=60, xs=50,
+                              work=7, weights=1000)
+    table = schedule_builders.Build('1f1b', 1, 1, 1)
+    self.assertEqual(schedule_plan._Memory(table, [st], True, 2),
+                     schedule_plan._Memory(table, [st], False, 2))
 
   def testMemoryFromTheReport(self):
     # 4 FC layers 8 -> 8, batch 8 in T=4 micro-batches of 2, float32, K=2:

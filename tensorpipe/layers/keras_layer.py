@@ -199,6 +199,7 @@ class KerasLayer(base_layer.BaseLayer):
   kwargs, e.g. 'float64' or 'mixed_bfloat16'); `dtype` and `fprop_dtype`
   of these Params are not used. The batch is on axis 0, as in Keras.
   """
+  ABSTRACT_WEIGHT_OPS = False  # weight ops are bound to real weights only
 
   @classmethod
   def Params(cls):
@@ -538,8 +539,7 @@ class KerasLayer(base_layer.BaseLayer):
                          f'{obj.name!r} does not accept inputs of one-example '
                          f'shape {per_example}: {first}') from None
       _CheckDenseSpecs(p, out)
-      out_specs = tf.nest.map_structure(lambda t: tf.TensorShape(t.shape),
-                                        out)
+      out_specs = tf.nest.map_structure(lambda t: tf.TensorShape(t.shape), out)
       if isinstance(out_specs, dict):
         out_specs = NestedMap(out_specs)
       elif isinstance(out_specs, list):

@@ -9,12 +9,12 @@ tables a stash of (x, dz) pairs) that builds each schedule of
 `schedule_plan.ALL` with recompute and without, runs two steps, then one
 more with the allocator's peak reset, and reports per setting
 
-  measured    TF's CPU allocator peak during that step minus what was
-              allocated before it (weights, inputs, optimizer state)
+  measured    the allocator's peak during that step minus what was
+              allocated before it (weights, inputs, optimizer state), on
+              TF's BFC CPU allocator (ALLOCATOR_ENV)
   predicted   `schedule_plan.TableMemory`: the step's peak on the device
               (gradient sums, activations, saved inputs and stash; of it
-              the stash)
-  weights     the weights' bytes
+              the stash); the JSON also keeps the weights' bytes
 
   python -m tools.benchmark --memory_check --models=dense32mem \\
       --plan_check_ts=4,8
