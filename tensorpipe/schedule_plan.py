@@ -278,11 +278,9 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
             after.append((('stash',) + key, st.xs + st.dz))
           if not inside and a.stage == 0:
             after.append((('dx',) + key, st.x))
-        else:  # W: its inputs are ready as the iteration starts (at
-          # K=1 a stash freed in the window did not add to its peak)
+        else:  # W
           apart = max(apart, st.work)
-          if held.pop(('stash',) + key, None) is None:
-            after.append((('stash',) + key, 0))
+          after.append((('stash',) + key, 0))
       in_b = inside or (first_b is not None and window[-1] >= first_b)
       peak = max(peak, sum(held.values()) + together + apart + rings +
                  (grads if in_b else 0))
