@@ -166,6 +166,10 @@ flags.DEFINE_boolean('memory_check', False, 'Run nothing else: per model '
                      'against schedule_plan\'s activation model '
                      '(benchmark_lib/memory_check.py); writes '
                      'memory_check.json and memory_check.md under --out.')
+flags.DEFINE_integer('memory_check_k', 1, 'With --memory_check: K logical '
+                     'devices (they share one allocator: above 1 the '
+                     'measured peak is checked to lie between the fullest '
+                     'device\'s prediction and the sum of the devices\').')
 flags.DEFINE_boolean('step_profile', False, 'Run nothing else: each of '
                      '--settings of each of --models timed (--steps), then '
                      '--step_profile_steps more steps under TF\'s profiler: '
@@ -470,7 +474,7 @@ def _Plan() -> None:
   recompute = (True, False) if FLAGS.plan_check_norc else (True,)
   if FLAGS.memory_check:
     try:
-      results = memory_check.Run(FLAGS.models, ts,
+      results = memory_check.Run(FLAGS.models, ts, FLAGS.memory_check_k,
                                  log=lambda line: print(line, flush=True))
     except RuntimeError as e:
       sys.exit(f'benchmark: error: --memory_check: {e}')

@@ -3,7 +3,9 @@
 `tools/benchmark --memory_check` runs, per model of --models and T of
 --plan_check_ts, one child process with ONE logical CPU device (K=1: TF's
 logical CPU devices share one allocator, so only a pipeline of one device
-has a per-device peak to compare; the schedules still differ there: GPipe
+has a per-device peak to compare; with --memory_check_k=2 the measured
+peak of both devices together is checked against the bracket [fullest
+device, sum of the devices]; the schedules still differ at K=1: GPipe
 keeps every micro-batch's boundary input, 1F1B one, the zero-bubble
 tables a stash of (x, dz) pairs) that builds each schedule of
 `schedule_plan.ALL` with recompute and without, runs two steps, then one
@@ -34,20 +36,21 @@ _SCHEDULES = (('gpipe', ''), ('1f1b', '1f1b-'), ('interleaved_1f1b', 'i2-'),
               ('zb_h1', 'zbh1-'), ('zb_v', 'zbv-'))
 
 
-def Measure(model: str, tt: int) -> Dict[str, Any]:
+def Measure(model: str, tt: int, kk: int = 1) -> Dict[str, Any]:
   """The child's work (module docstring); TF not yet started."""
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from tensorpipe import cell_profile, model_analysis, schedule_plan
   from tools.benchmark_lib import plan_check, runner, settings
   # pylint: enable=g-import-not-at-top
-  layer_ps, shape, x = plan_check.ChildInputs(model, 1)
+  layer_ps, shape, x = plan_check.ChildInputs(model, kk)
   report = model_analysis.AnalyzeLayers(
-      layer_ps, [shape], num_partitions=1, num_micro_batches=tt,
+      layer_ps, [shape], num_partitions=kk, num_micro_batches=tt,
       exact_optimizer_state=False)
   rows = []
   for (schedule, tag), rc in itertools.product(_SCHEDULES, (True, False)):
-    s = settings.ParseSetting(f'K1-T{tt}-{tag}{"rc" if rc else "norc"}')
+    s = settings.ParseSetting(
+        f'K{kk}-T{tt}-{tag}{"rc" if rc else "norc"}')
     try:
       layer = runner.BuildLayer(s, layer_ps, shape)
     except ValueError:   # a schedule that does not apply at this T
@@ -63,21 +66,21 @@ def Measure(model: str, tt: int) -> Dict[str, Any]:
         report, settings.ScheduleTable(s), cell_profile.StageCut(layer), rc)
     rows.append(dict(
         schedule=schedule, v=s.num_stages_per_device, recompute=rc,
-        measured_bytes=int(peak), predicted_bytes=int(act[0]),
-        stash_bytes=int(stash[0]),
+        measured_bytes=int(peak), predicted_bytes=int(max(act)),
+        predicted_devices=[int(a) for a in act], stash_bytes=int(max(stash)),
         weight_bytes=int(sum(v.shape.num_elements() * v.dtype.size
                              for v in layer.trainable_variables))))
-  return dict(model=model, T=tt, rows=rows)
+  return dict(model=model, T=tt, K=kk, rows=rows)
 
 
-def Run(models: Sequence[str], ts: Sequence[int],
+def Run(models: Sequence[str], ts: Sequence[int], kk: int = 1,
         log: Callable[[str], None] = print) -> List[Dict[str, Any]]:
-  """One child per (model, T), in turn."""
+  """One child per (model, T), in turn, with K = kk logical devices."""
   from tools.benchmark_lib import plan_check  # pylint: disable=g-import-not-at-top
   out = []
   for model, tt in itertools.product(models, ts):
-    res = plan_check.Spawn(dict(action='memory', model=model, tt=tt), 1800,
-                           extra_env=ALLOCATOR_ENV)
+    res = plan_check.Spawn(dict(action='memory', model=model, tt=tt, kk=kk),
+                           1800, extra_env=ALLOCATOR_ENV)
     log(f'{model} T={tt}: ' + ', '.join(
         f'{r["schedule"]}{"" if r["recompute"] else " norc"} '
         f'{r["measured_bytes"] / 2**20:.1f} MiB' for r in res['rows']))
@@ -87,26 +90,44 @@ def Run(models: Sequence[str], ts: Sequence[int],
 
 def Table(results: Sequence[Dict[str, Any]]) -> str:
   """Markdown: one row per setting, then per model and over all the range
-  of measured over predicted and how many are within 10%."""
+  of measured over predicted and how many are within 10%. With K > 1 the
+  devices share one allocator: the row then says whether the measured
+  peak lies between the fullest device's predicted peak and the sum of
+  every device's (`bracket`)."""
   mib = lambda b: f'{b / 2**20:.1f}'
-  lines = ['| model | T | schedule | recompute | allocator peak MiB | '
+  lines = ['| model | K | T | schedule | recompute | allocator peak MiB | '
            'predicted MiB (stash) | measured / predicted |',
-           '|---|---|---|---|---|---|---|']
+           '|---|---|---|---|---|---|---|---|']
   ratios: Dict[str, List[float]] = {}
+  bracket: Dict[str, List[bool]] = {}
   for res in results:
+    kk = res.get('K', 1)
     for r in res['rows']:
       m, p = r['measured_bytes'], r['predicted_bytes']
-      ratio = m / p if p else float('nan')
-      ratios.setdefault(res['model'], []).append(ratio)
+      total = sum(r.get('predicted_devices', [p]))
+      if kk > 1:
+        inside = p <= m <= total
+        bracket.setdefault(res['model'], []).append(inside)
+        shown = (f'{mib(p)} to {mib(total)} ({mib(r["stash_bytes"])}) | '
+                 f'{"within" if inside else "outside"} '
+                 f'({m / total if total else float("nan"):.3f} of the sum)')
+      else:
+        ratio = m / p if p else float('nan')
+        ratios.setdefault(res['model'], []).append(ratio)
+        shown = f'{mib(p)} ({mib(r["stash_bytes"])}) | {ratio:.3f}'
       lines.append(
-          f'| {res["model"]} | {res["T"]} | {r["schedule"]} v={r["v"]} | '
-          f'{"on" if r["recompute"] else "off"} | {mib(m)} | {mib(p)} '
-          f'({mib(r["stash_bytes"])}) | {ratio:.3f} |')
-  if ratios:
+          f'| {res["model"]} | {kk} | {res["T"]} | {r["schedule"]} '
+          f'v={r["v"]} | {"on" if r["recompute"] else "off"} | {mib(m)} | '
+          f'{shown} |')
+  if ratios or bracket:
     lines.append('')
+  if ratios:
     every = [x for xs in ratios.values() for x in xs]
     for name, xs in list(ratios.items()) + [('all', every)]:
       within = sum(0.9 <= x <= 1.1 for x in xs)
       lines.append(f'{name}: measured / predicted {min(xs):.3f} to '
                    f'{max(xs):.3f}, within 10% in {within} of {len(xs)}')
+  for name, xs in bracket.items():
+    lines.append(f'{name}: measured between the fullest device and the sum '
+                 f'of the devices in {sum(xs)} of {len(xs)}')
   return '\n'.join(lines)
