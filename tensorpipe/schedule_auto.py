@@ -360,6 +360,13 @@ def PlanFor(p: Any) -> Plan:
       budget, (int, float)) or budget <= 0):
     raise ValueError(f'TensorPipeLayer {p.name!r}: plan_memory_budget='
                      f'{budget!r} must be bytes > 0 per device, or None')
+  if budget is not None and p.num_partitions > 1 and p.recompute is not False:
+    logging.warning(
+        'TensorPipeLayer %r: plan_memory_budget at K=%d with recompute: on '
+        'two logical devices TF allocated 1.2-1.8x the model\'s sum of '
+        'both devices for GPipe and 1F1B (README, "Memory against TF\'s '
+        'allocator"); leave headroom in the budget', p.name,
+        p.num_partitions)
   what = _AutoNames(p)
   if p.partitions is not None or not p.layers or p.input_shapes is None:
     raise ValueError(f'TensorPipeLayer {p.name!r}: {what} plans the cut '

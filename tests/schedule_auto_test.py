@@ -155,6 +155,17 @@ class ResolveTest(tf.test.TestCase):
                                 'bytes > 0'):
       schedule_auto.ResolveAuto(_Pipe(plan_memory_budget=-1))
 
+  def testABudgetAtSeveralDevicesWithRecomputeWarns(self):
+    # The memory model under-counts GPipe and 1F1B with recompute at K > 1
+    # (README): the planner says so where a budget relies on it.
+    with self.assertLogs(level='WARNING') as logs:
+      schedule_auto.ResolveAuto(_Pipe(plan_memory_budget=1 << 30))
+    self.assertIn('plan_memory_budget at K=2 with recompute',
+                  '\n'.join(logs.output))
+    with self.assertNoLogs(level='WARNING'):
+      schedule_auto.ResolveAuto(_Pipe(plan_memory_budget=1 << 30,
+                                      recompute=False))
+
   def testLayerBuiltWithAutoHoldsTheConcreteSchedule(self):
     layer = _Pipe(plan_regime='separate').Instantiate()
     self.assertEqual(layer.params.schedule, 'zb_v')
