@@ -36,7 +36,7 @@ row is a schedule TensorPipeLayer trains with. Stated assumptions:
   barrier on the device, `schedule_program.Barriers`), so their B and I
   cells count together (`_Windows`). One stage and one micro-batch run
   without recompute. Measured against TF's allocator: tools/benchmark
-  --memory_check (one device).
+  --memory_check (one device; two against a bracket).
 
 A schedule that does not apply (v > 1 with more stages than layers, T not a
 multiple of K for interleaved, T < 2K - 1 for ZB-V) gets a row that says
@@ -222,7 +222,8 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
   """Per device (peak bytes, stash bytes); see the module docstring."""
   if not any(a and a.op in 'BI' for row in table.grid for a in row):
     raise ValueError(f'table {table.name!r} has no backward cell; '
-                     'TableMemory models a training step')
+                     'TableMemory models a training step: give the table '
+                     'the layer trains with (schedule_builders.Build)')
   inside, num_mb, last = table.loss_inside, table.num_micro_batches, len(
       stages) - 1
   if last == 0 and num_mb == 1:
@@ -235,18 +236,17 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
   device = table.StageDevice()
   peaks, stashes = [], []
   for d, row in enumerate(table.grid):
+    mine = [s for s, e in device.items() if e == d]
     first_b = min((c for c, a in enumerate(row) if a and a.op in 'BI'),
                   default=None)
-    grads = sum(stages[s].weights for s, e in device.items() if e == d
-                ) if first_b is not None else 0
+    grads = sum(stages[s].weights for s in mine)
     # The engine's rings: each stage's last outputs and input gradients,
     # in its loop state the whole run.
     rings = 0 if unrolled else sum(
         (stages[s].out * program.out_rings[s].depth
          if program.out_rings[s] else 0) +
         (stages[s].x * program.dx_rings[s].depth
-         if recompute and program.dx_rings[s] else 0)
-        for s, e in device.items() if e == d)
+         if recompute and program.dx_rings[s] else 0) for s in mine)
     held = {}  # what outlives its cell: (kind, stage, micro-batch) -> bytes
     peak = stash = 0
     for window in windows[d]:
@@ -287,7 +287,7 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
       for key, size in after:  # size 0: freed
         held[key] = size
         stash = max(stash, sum(v for k, v in held.items() if k[0] == 'stash'))
-    if not inside and 0 in [s for s, e in device.items() if e == d]:
+    if not inside and 0 in mine:
       # The end: stage 0's input gradients (held per micro-batch) gathered
       # from their array, beside the saved inputs.
       peak = max(peak, grads + rings + sum(

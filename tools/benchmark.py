@@ -161,9 +161,10 @@ flags.DEFINE_boolean('plan_uniform', False, 'Run nothing else: per '
                      'plan_uniform.json and plan_uniform.md under --out.')
 flags.DEFINE_boolean('memory_check', False, 'Run nothing else: per model '
                      'of --models and T of --plan_check_ts, every schedule '
-                     'on ONE logical device (one allocator per device), '
-                     'recompute on and off: TF\'s allocator peak of a step '
-                     'against schedule_plan\'s activation model '
+                     'on --memory_check_k logical devices (default one: '
+                     'they share one allocator), recompute on and off: '
+                     'TF\'s allocator peak of a step against '
+                     'schedule_plan\'s memory model '
                      '(benchmark_lib/memory_check.py); writes '
                      'memory_check.json and memory_check.md under --out.')
 flags.DEFINE_integer('memory_check_k', 1, 'With --memory_check: K logical '

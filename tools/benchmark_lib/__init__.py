@@ -18,8 +18,8 @@
             prediction and the planner's pick.
   plan_uniform --plan_uniform: GPipe with the layers cut by count against
             the planner's pick, on a model uneven on purpose.
-  memory_check --memory_check: the activation model against TF's
-            allocator peak, on one device.
+  memory_check --memory_check: the memory model against TF's
+            allocator peak, on one device (or two, against a bracket).
   step_profile --step_profile: a step's time with no kernel running and
             each thread's busy time, from TF's profiler.
   remote    --remote_check: stages in TF servers of their own (the
