@@ -6,8 +6,7 @@ an input-gradient cell (I) and a deferred weight-gradient cell (W)
 `py_utils.WeightOp` (keras_weight_ops.py for Keras layers). This module
 measures where the weight-gradient work of a traced step runs:
 
-  graph = tf.function(Step, autograph=False).get_concrete_function(
-      *specs).graph            # Step calls pipeline.FPropLossAndGrads
+  graph = cell_flops.Trace(Step, *specs)  # Step: pipeline.FPropLossAndGrads
   cells = schedule_program.Compile(schedule).cells
   per_cell = cell_flops.WeightGradientFlopsPerCell(graph, cells)
   share = cell_flops.WShare(per_cell)
@@ -28,6 +27,7 @@ from typing import Dict, Sequence, Tuple
 import tensorflow as tf
 
 from tensorpipe import flops
+from tensorpipe import schedule_program
 
 # (op, stage) of one cell: ('I', 1), ('W', 3), ...
 Cell = Tuple[str, int]
@@ -139,9 +139,9 @@ def WeightGradientFlopsPerCell(graph, cells: Sequence[Sequence[Cell]]
   schedule-engine step.
 
   Args:
-    graph: the step's traced graph (concrete function's); the cells are the
-      branch functions of its switching loops (device d's switch_case_<d>,
-      branch b > 0 runs cells[d][b - 1]).
+    graph: the step's traced graph (`Trace`); the cells are the branch
+      functions of its switching loops (device d's switch_case_<d>, branch
+      b > 0 runs cells[d][b - 1]).
     cells: schedule_program.Compile(schedule).cells.
 
   Raises:
@@ -171,5 +171,10 @@ def WShare(per_cell: Dict[Cell, float]) -> float:
 
 
 def Trace(fn, *specs: tf.TensorSpec) -> tf.Graph:
-  """fn's traced graph (autograph off), for WeightGradientFlopsPerCell."""
-  return tf.function(fn, autograph=False).get_concrete_function(*specs).graph
+  """fn's traced graph (autograph off), for WeightGradientFlopsPerCell:
+  every loop of the engine switches on its table there (no ramp run with
+  fixed cells, `schedule_program.RampTicks`), so each cell is a branch
+  function of its own. The cells are those the engine runs either way."""
+  with schedule_program.RampTicks(0):
+    return tf.function(fn, autograph=False).get_concrete_function(
+        *specs).graph

@@ -36,7 +36,9 @@ case); deeper rings (interleaved 1F1B) are TensorArrays in the producer's
 loop state, read on the producer's device and sent to the consumer. Ticks
 on which every device works in a repeating pattern run as a loop whose
 cells are fixed in the graph (no tf.switch_case); the others switch on the
-table (`schedule_program`). Two ticks may be in flight in a switching loop
+table (`schedule_program`), except short ones (a loss-inside table's
+ramps, `schedule_program.RAMP_TICKS`), which run once with each tick's
+cells fixed. Two ticks may be in flight in a switching loop
 (`PARALLEL_ITERATIONS`: cells of different cost on neighbouring devices
 overlap as their data allow, rather than each tick waiting for its slowest
 cell); the steady loop runs a whole period per iteration, one in flight.
@@ -169,8 +171,9 @@ class _Engine:
                                            program.num_stash[s])]
                if s in self.runs_i else []))
 
-  def Forward(self, s, state, x_in, t, slot, w, valid=None):
-    """Stage s's forward cell of micro-batch t; (state, stamps)."""
+  def Forward(self, s, state, x_in, t, slot, w, valid=None, after=()):
+    """Stage s's forward cell of micro-batch t; (state, stamps). `after`:
+    the tensors its sums wait for (`_Gates`)."""
     probe = self.probe
     if valid is not None:
       slot = tf.where(valid, slot, self.program.num_slots[s])
@@ -185,25 +188,29 @@ class _Engine:
       if valid is not None:
         stats = tf.nest.map_structure(
             lambda v: v * tf.cast(valid, v.dtype), stats)
-      stats = pipeline_stage.Add(state.stats, stats)
+      with tf.control_dependencies(after):
+        stats = pipeline_stage.Add(state.stats, stats)
       state = state._replace(slots=slots, stats=stats)
       if s < self.num_s - 1:
         state = state._replace(
             out=_Write(self.program.out_rings[s], state.out, w, y))
       else:
-        state = self.end.AfterLastForward(state, y, t, valid, self.num_mb)
+        with tf.control_dependencies(after):
+          state = self.end.AfterLastForward(state, y, t, valid, self.num_mb)
     # A forward row of the timeline is (start, -1, end).
     stamps = start + probe.Missing(1) + probe.Stamp([y, stats, state.loss])
     if valid is not None:
       stamps = probe.Mask(valid, stamps)
     return state, stamps
 
-  def Backward(self, s, state, dy_in, t, slot, w, stash_slot=None):
+  def Backward(self, s, state, dy_in, t, slot, w, stash_slot=None,
+               after=()):
     """Stage s's recompute + vjp of micro-batch t; (state, stamps).
 
     With `stash_slot` (an I cell) only the gradients of the stage's
     inputs and of its weight ops' outputs z are taken (weights outside
     weight ops get theirs here too); each op's (x, dz) goes to the stash.
+    `after`: as in `Forward`.
     """
     probe, spec, end = self.probe, self.specs[s], self.end
     theta_flat = tf.nest.flatten(self.thetas[s])
@@ -232,11 +239,13 @@ class _Engine:
           cell.dys)
     stash = state.stash
     if split:
-      dtheta = pipeline_stage.AccumulateAt(state.dtheta, watched, dws)
+      with tf.control_dependencies(after):
+        dtheta = pipeline_stage.AccumulateAt(state.dtheta, watched, dws)
       kept = [v for call, dz in zip(cell.calls, dzs) for v in (call.x, dz)]
       stash = [ta.write(stash_slot, v) for ta, v in zip(state.stash, kept)]
     else:
-      dtheta = self.acc.Add(state.dtheta, dws, t)
+      with tf.control_dependencies(after):
+        dtheta = self.acc.Add(state.dtheta, dws, t)
     dx, end_tas = state.dx, state.ends
     if s > 0:
       dx = _Write(self.program.dx_rings[s], state.dx, w, dxs)
@@ -246,12 +255,13 @@ class _Engine:
     return state._replace(dx=dx, dtheta=dtheta, ends=end_tas,
                           stash=stash), stamps
 
-  def WeightGrad(self, s, state, stash_slot):
+  def WeightGrad(self, s, state, stash_slot, after=()):
     """Stage s's W cell: each weight op's dw = vjp of fn(x, .) with dz,
-    from the (x, dz) its I cell kept; (state, stamps)."""
+    from the (x, dz) its I cell kept; (state, stamps). `after`: as in
+    `Forward`."""
     kept = [ta.read(stash_slot) for ta in state.stash]
     start = self.probe.Stamp(kept)
-    with tf.control_dependencies(start):
+    with tf.control_dependencies(start + list(after)):
       dtheta = pipeline_stage.WeightGrads(
           self.weight_ops[s], self.thetas[s], kept[0::2], kept[1::2],
           state.dtheta)
@@ -374,7 +384,8 @@ def _Carried(engine, tables, loop) -> Optional[List[Tuple[int, int,
   return plan
 
 
-def _DeviceTick(engine, tables, d, c, states, outs, dxs, cs, op, ts):
+def _DeviceTick(engine, tables, d, c, states, outs, dxs, cs, op, ts,
+                after):
   """Device d's cells of one tick: (its stages' new states, stamps)."""
   probe, program, on_device = engine.probe, engine.program, engine.on_device
   if ts is None:
@@ -391,14 +402,15 @@ def _DeviceTick(engine, tables, d, c, states, outs, dxs, cs, op, ts):
     if op == 'F':
       x_in = (_Received(engine, outs, cs, program.out_rings,
                         tables.reads[0], s - 1) if s > 0 else [])
-      new, stamps = engine.Forward(s, mine[i], x_in, t, slot, w, valid)
+      new, stamps = engine.Forward(s, mine[i], x_in, t, slot, w, valid,
+                                   after)
     elif op == 'W':
-      new, stamps = engine.WeightGrad(s, mine[i], stash_slot)
+      new, stamps = engine.WeightGrad(s, mine[i], stash_slot, after)
     else:
       dy_in = (_Received(engine, dxs, cs, program.dx_rings, tables.reads[1],
                          s + 1) if s < engine.num_s - 1 else [])
       new, stamps = engine.Backward(s, mine[i], dy_in, t, slot, w,
-                                    stash_slot if op == 'I' else None)
+                                    stash_slot if op == 'I' else None, after)
     return mine[:i] + (new,) + mine[i + 1:], stamps
   # Branches the run does not use are idle (never taken, not traced).
   idle = lambda: (mine, probe.Missing(3))
@@ -416,7 +428,8 @@ def _DeviceTick(engine, tables, d, c, states, outs, dxs, cs, op, ts):
   return probe.SwitchCase(tables.Column(d, 0, c), fns)
 
 
-def _Tick(engine, tables, cs, states, logs, ops, barrier=None, ts=None):
+def _Tick(engine, tables, cs, states, logs, ops, barrier=None, ts=None,
+          after=None):
   """One tick. ops: per device its branch when the loop knows it (steady
   ticks, or a branch that does not change in a switching loop), else None
   (looked up in the table). barrier: per device, whether its next tick
@@ -430,7 +443,7 @@ def _Tick(engine, tables, cs, states, logs, ops, barrier=None, ts=None):
     with tf.device(engine.devices[d]):
       c = cs[d]
       mine, stamps = _DeviceTick(engine, tables, d, c, states, outs, dxs, cs,
-                                 ops[d], ts)
+                                 ops[d], ts, after[d] if after else [])
       for s, st in zip(engine.on_device[d], mine):
         new_states[s] = st
       new_logs.append(engine.probe.Log(logs[d], c - engine.first, stamps))
@@ -446,6 +459,18 @@ def _Tick(engine, tables, cs, states, logs, ops, barrier=None, ts=None):
   return new_cs, new_states, new_logs
 
 
+def _Gates(engine, barriers, i, states, gates):
+  """Per device, what the sums of tick i of a loop body wait for: the
+  state the device left at its last barrier before tick i (`states`: the
+  state after tick i - 1), so Grappler cannot merge a sum's additions
+  across the barrier even where no cell reads the clock or micro-batch
+  the barrier delays (a last stage without targets)."""
+  if not i:
+    return gates
+  return [TensorsOn(engine.devices[d], [states[s] for s in engine.on_device[d]])
+          if barriers[i - 1][d] else gates[d] for d in range(engine.num_d)]
+
+
 def _SwitchingLoop(engine, tables, loop, loop_vars, parallel_iterations):
   """A loop over ticks [loop.first, loop.end): its steady ticks with each
   device's cell fixed, or one tick per iteration switching on the table."""
@@ -458,8 +483,11 @@ def _SwitchingLoop(engine, tables, loop, loop_vars, parallel_iterations):
   barriers = schedule_program.Barriers(per_iteration)
 
   def Body(*args):
-    for ops, barrier in zip(per_iteration, barriers):
-      args = _Tick(engine, tables, *args, ops=ops, barrier=barrier)
+    gates = [[] for _ in range(engine.num_d)]
+    for i, (ops, barrier) in enumerate(zip(per_iteration, barriers)):
+      gates = _Gates(engine, barriers, i, args[1], gates)
+      args = _Tick(engine, tables, *args, ops=ops, barrier=barrier,
+                   after=gates)
     return args
   parallel = (STEADY_PARALLEL_ITERATIONS if loop.steady
               else parallel_iterations)
@@ -492,19 +520,19 @@ def _CarriedLoop(engine, tables, loop, plan, loop_vars):
   num_d, devices = engine.num_d, engine.devices
 
   def Body(bases, states, logs):
+    gates = [[] for _ in range(num_d)]
     for i, ops in enumerate(per_iteration):
+      gates = _Gates(engine, barriers, i, states, gates)
       ts = []
       for d in range(num_d):
         # At a barrier the next tick's micro-batch on device d waits for
         # this tick's state there (schedule_program.Barriers, _Tick).
-        deps = (TensorsOn(devices[d],
-                          [states[s] for s in engine.on_device[d]])
-                if i and barriers[i - 1][d] else [])
+        deps = gates[d] if i and barriers[i - 1][d] else []
         with tf.device(devices[d]), tf.control_dependencies(deps):
           off = plan[d][2][i]
           ts.append(bases[d] + off if i and (off or deps) else bases[d])
       _, states, logs = _Tick(engine, tables, bases, states, logs, ops=ops,
-                              ts=ts)
+                              ts=ts, after=gates)
     new_bases = []
     for d in range(num_d):
       with tf.device(devices[d]):
@@ -565,8 +593,9 @@ def Run(call: pipeline_stage.PipelineCall, program: schedule_program.Program,
       logs.append(probe.NewLog(last - first, 3))
   loop_vars = (tables.clocks, states, logs)
   one_loop = probe.recording or bool(end.autodiff)
+  ramps = schedule_program.RAMP_TICKS if program.table.loss_inside else 0
   for loop in schedule_program.Loops(program.branch, first, last, one_loop,
-                                     unroll_ticks):
+                                     unroll_ticks, ramps):
     plan = _Carried(engine, tables, loop) if loop.steady else None
     if plan is not None:
       loop_vars = _CarriedLoop(engine, tables, loop, plan, loop_vars)

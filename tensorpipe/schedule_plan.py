@@ -32,7 +32,8 @@ row is a schedule TensorPipeLayer trains with. Stated assumptions:
   cell internal_s (+ x_s gathered on stage 0), an I cell also dz_s and
   xs_s (measured: three activations per layer, not the two of the stash);
   every cell its largest layer input + output + weight. The cells of one
-  iteration of the engine's steady loop run in any data order (up to a
+  iteration of a loop with fixed cells (the engine's steady loop; a
+  loss-inside table's ramps) run in any data order (up to a
   barrier on the device, `schedule_program.Barriers`), so their B and I
   cells count together (`_Windows`). One stage and one micro-batch run
   without recompute. Measured against TF's allocator: tools/benchmark
@@ -192,12 +193,15 @@ def _StageBytes(layers: Sequence[_Layer], num_mb: int) -> _Stage:
 def _Windows(program: schedule_program.Program,
              unroll_ticks: int) -> List[List[List[int]]]:
   """Per device, the runs of ticks whose cells may run in any data order:
-  one iteration of the engine's steady loop, cut where the device waits
-  for its previous tick (`schedule_program.Barriers`); else one tick."""
+  one iteration of a loop with its cells fixed (the steady loop; a
+  loss-inside table's ramps), cut where the device waits for its previous
+  tick (`schedule_program.Barriers`); else one tick."""
   table = program.table
   out = [[] for _ in range(table.num_devices)]
+  ramps = schedule_program.RAMP_TICKS if table.loss_inside else 0
   for loop in schedule_program.Loops(program.branch, 0, table.num_ticks,
-                                     unroll_ticks=unroll_ticks):
+                                     unroll_ticks=unroll_ticks,
+                                     unroll_ramps=ramps):
     if not loop.steady:
       for d in range(table.num_devices):
         out[d] += [[c] for c in range(loop.first, loop.end)]

@@ -31,15 +31,20 @@ from, in pure Python (no TF), so every decision here has a literal test:
   a fixed period p run as a loop of p ticks per iteration with each
   device's cell fixed in the graph (`steady`); the ticks before and after
   run one tick per iteration and switch on `branch` (tf.switch_case), whose
-  lowered form visits every op of every branch on every tick. Where a
-  device runs one (op, stage) twice in an iteration (interleaved 1F1B's
-  period: F and B of one stage alternate), `Barriers` makes the second
-  wait for the state the first left, so Grappler finds no two additions of
-  one sum in a loop body to fuse into an AddN (which adds in another
-  order).
+  lowered form visits every op of every branch on every tick; under a
+  loss-inside table the ramps of at most `RAMP_TICKS` ticks run once
+  instead, with each tick's cells fixed (one iteration of their own).
+  Where a device runs one (op, stage) twice in an iteration (interleaved
+  1F1B's period: F and B of one stage alternate; a ramp), `Barriers` makes
+  the second wait for the state the first left: its clock or micro-batch,
+  and every later sum of the device in the iteration
+  (`schedule_engine._Gates`: a cell may read neither), so Grappler finds
+  no two additions of one sum in a loop body to fuse into an AddN (which
+  adds in another order).
 """
 
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+import contextlib
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from tensorpipe import schedules
 
@@ -47,6 +52,31 @@ IDLE = 0
 # Periods tried for the steady loop, in units of ticks (more gives a bigger
 # loop body, traced once).
 MAX_PERIOD = 16
+# A loss-inside table's switching loops of at most this many ticks (the
+# ramps before and after the steady loop) run as one iteration with every
+# tick's cells fixed in the graph (`Loops`, unroll_ramps): a lowered
+# switch_case visits every op of every branch on every tick, and tracing a
+# ramp's cells costs less than optimizing the case. The bound keeps the
+# graph from growing with K x T on long ramps. Measured in one process,
+# alternating, K=2, T=8, recompute, median step fixed / switching:
+# 4 FC layers of 256 (2 per device), 1F1B 0.85, ZB-H1 0.78, ZB-V 0.57,
+# interleaved 1F1B 0.65; 32 such layers, 0.92 / 0.85 / 0.70 / 0.84, and
+# the first step's trace 1.4-1.9x faster.
+RAMP_TICKS = 48
+
+
+@contextlib.contextmanager
+def RampTicks(ticks: int) -> Iterator[None]:
+  """`RAMP_TICKS` = ticks for what is traced inside (the engine reads it at
+  trace time). 0: every ramp switches on the table, each cell a branch
+  function of its own (cell_flops finds the cells there; tools/benchmark
+  --ramp_check times the two forms)."""
+  global RAMP_TICKS
+  old, RAMP_TICKS = RAMP_TICKS, ticks
+  try:
+    yield
+  finally:
+    RAMP_TICKS = old
 
 
 class Ring(NamedTuple):
@@ -221,7 +251,7 @@ def Barriers(steady: Sequence[Sequence[int]]) -> List[Tuple[bool, ...]]:
     row = []
     for d in range(kk):
       seen[d].add(ops[d])
-      wait = nxt is not None and nxt[d] in seen[d]
+      wait = nxt is not None and nxt[d] != IDLE and nxt[d] in seen[d]
       if wait:
         seen[d] = set()
       row.append(wait)
@@ -230,25 +260,39 @@ def Barriers(steady: Sequence[Sequence[int]]) -> List[Tuple[bool, ...]]:
 
 
 def Loops(branch: Sequence[Sequence[int]], first: int, end: int,
-          one_loop: bool = False, unroll_ticks: int = 1) -> List[Loop]:
+          one_loop: bool = False, unroll_ticks: int = 1,
+          unroll_ramps: int = 0) -> List[Loop]:
   """The loops over ticks [first, end) (module docstring: loops).
 
   The steady loop runs max(1, unroll_ticks // p) periods per iteration
   (all of them if it has fewer); the periods its iterations leave over run
-  at the end of the switching loop before it.
+  at the end of the switching loop before it. A switching loop of at most
+  `unroll_ramps` ticks becomes one iteration with every tick's cells
+  fixed (idle cells included): no switch, each of its cells traced.
   """
   sliced = [row[first:end] for row in branch]
   run = None if one_loop or end <= first else SteadyRun(sliced)
   if run is None:
-    return [Loop(first, end, ())]
-  a, b, p = run
-  per = min(max(1, unroll_ticks // p), (b - a) // p)
-  a += ((b - a) // p % per) * p
-  steady = tuple(tuple(sliced[d][a + i] for d in range(len(sliced)))
-                 for i in range(p)) * per
-  loops = [Loop(first, first + a, ()), Loop(first + a, first + b, steady),
-           Loop(first + b, end, ())]
-  return [loop for loop in loops if loop.end > loop.first]
+    loops = [Loop(first, end, ())]
+  else:
+    a, b, p = run
+    per = min(max(1, unroll_ticks // p), (b - a) // p)
+    a += ((b - a) // p % per) * p
+    steady = tuple(tuple(sliced[d][a + i] for d in range(len(sliced)))
+                   for i in range(p)) * per
+    loops = [Loop(first, first + a, ()), Loop(first + a, first + b, steady),
+             Loop(first + b, end, ())]
+  out = []
+  for loop in loops:
+    if loop.end <= loop.first:
+      continue
+    if (not one_loop and not loop.steady and
+        loop.end - loop.first <= unroll_ramps):
+      loop = Loop(loop.first, loop.end, tuple(
+          tuple(row[c] for row in branch)
+          for c in range(loop.first, loop.end)))
+    out.append(loop)
+  return out
 
 
 def Compile(table: schedules.Schedule, one_loop: bool = False) -> Program:

@@ -49,8 +49,7 @@ class GPT2WeightGradientShareTest(tf.test.TestCase):
     # The flattened model's inputs: the dict's keys, sorted.
     specs = [tf.TensorSpec([BATCH, LENGTH], tf.int32)] * 2
     with py_utils.TrainingMode(True):
-      graph = tf.function(Step, autograph=False).get_concrete_function(
-          *specs).graph
+      graph = cell_flops.Trace(Step, *specs)
     cells = schedule_program.Compile(
         schedule_builders.Build('zb_v', 2, T, 2)).cells
     per_cell = cell_flops.WeightGradientFlopsPerCell(graph, cells)

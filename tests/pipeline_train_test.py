@@ -330,7 +330,10 @@ class SteadyLoopTest(tf.test.TestCase):
             schedule_builders.Build('1f1b', 2, 8), one_loop=True).loops],
         [(0, 18, ())])
 
-  def testSteadyLoopBodyHasNoSwitch(self):
+  def testLoopBodiesHaveNoSwitch(self):
+    """The steady loop and, under a loss-inside table, the short ramps
+    before and after it (schedule_program.RAMP_TICKS) hold their cells
+    themselves, with no switch_case."""
     layer = pipeline.TensorPipeLayer.Params().Set(
         name='TensorPipe', layers=_DenseModel(), num_partitions=2,
         num_micro_batches=4, input_shapes=[[BATCH, 5]], schedule='1f1b',
@@ -349,12 +352,11 @@ class SteadyLoopTest(tf.test.TestCase):
     bodies = {name: o for name, o in ops.items() if '_body_' in name}
     self.assertLen(bodies, 3)  # warm-up, steady, cool-down
     cases = ('Case', 'StatelessCase')
-    without = [name for name, o in bodies.items()
-               if not any(op in cases for op in o)]
-    self.assertLen(without, 1)
-    # The steady body holds its cells itself (in the switching bodies they
-    # are in the branch functions).
-    self.assertGreater(ops[without[0]].count('MatMul'), 0)
+    for name, o in bodies.items():
+      self.assertFalse(any(op in cases for op in o), name)
+      # Each body holds its cells itself (a switching body has them in
+      # its branch functions).
+      self.assertGreater(o.count('MatMul'), 0, name)
 
 
 def _TaskParams(schedule, num_micro_batches=2):

@@ -143,6 +143,27 @@ class CompileTest(tf.test.TestCase):
     self.assertEqual(schedule_program.SteadyRun([[1, 2, 1, 3, 1, 2, 1, 3]]),
                      (0, 8, 4))
 
+  def testShortSwitchingLoopsRunOnceWithTheirCellsFixed(self):
+    # 1F1B, K=2, T=3 (testOneFOneBLiteral): ramps of 3 ticks before and
+    # after the steady loop. With unroll_ramps >= 3 each is one iteration
+    # of its ticks' branches, idle cells (0) included; a longer ramp
+    # switches.
+    branch = [[1, 1, 0, 2, 1, 2, 0, 2], [0, 1, 2, 1, 2, 1, 2, 0]]
+    loops = schedule_program.Loops(branch, 0, 8, unroll_ramps=3)
+    self.assertEqual([tuple(x) for x in loops],
+                     [(0, 3, ((1, 0), (1, 1), (0, 2))),
+                      (3, 5, ((2, 1), (1, 2))),
+                      (5, 8, ((2, 1), (0, 2), (2, 0)))])
+    self.assertEqual([x.steady for x in schedule_program.Loops(
+        branch, 0, 8, unroll_ramps=2)][::2], [(), ()])
+    # Recorded steps keep one switching loop.
+    self.assertEqual(schedule_program.Loops(branch, 0, 8, True, 1, 8),
+                     [schedule_program.Loop(0, 8, ())])
+    # In a ramp a device repeats a cell (device 0's F on ticks 0 and 1):
+    # a barrier between; idle ticks never need one.
+    self.assertEqual(schedule_program.Barriers(loops[0].steady),
+                     [(True, False), (False, False), (False, False)])
+
   def testZeroBubbleStashSlotsLiteral(self):
     # ZB-H1, K=2, T=2 (schedule_builders.Build('zb_h1', 2, 2).Grid()):
     #   tick    0   1   2   3   4   5   6

@@ -35,6 +35,8 @@ the first model (Chrome trace JSON + Gantt PNG + figure-4 breakdown).
       --settings=K2-T8-1f1b-rc,K2-T8-zbh1-rc,K2-T8-i2-rc,K2-T8-zbv-rc
   python -m tools.benchmark --remote_check --models=dense16,conv16 \
       --settings=K2-T8-1f1b-rc,K2-T8-zbh1-rc
+  python -m tools.benchmark --ramp_check --models=dense4w256,xfmr8 \
+      --settings=K2-T8-1f1b-rc,K2-T8-zbv-rc
   python -m tools.benchmark --models=conv16 \
       --settings=K2-T32-1f1b-rc,K2-T32-1f1b-norc \
       --memory_settings=K2-T32-rc,K2-T32-1f1b-rc --timeline=
@@ -55,6 +57,7 @@ from tools.benchmark_lib import memory_check
 from tools.benchmark_lib import plan_check
 from tools.benchmark_lib import plan_uniform
 from tools.benchmark_lib import plots
+from tools.benchmark_lib import ramp_check
 from tools.benchmark_lib import remote
 from tools.benchmark_lib import report as report_lib
 from tools.benchmark_lib import results as results_lib
@@ -189,6 +192,13 @@ flags.DEFINE_boolean('remote_check', False, 'Run nothing else: each of '
                      'model\'s step with separate executors (from a '
                      '--profile of the setting); writes remote_check.json '
                      'and remote_check.md under --out.')
+flags.DEFINE_boolean('ramp_check', False, 'Run nothing else: each of '
+                     '--settings (loss-inside, recompute) of each of '
+                     '--models timed in one process, in rotation, with its '
+                     'ramps run with fixed cells (the engine\'s default) '
+                     'and switching on the table '
+                     '(benchmark_lib/ramp_check.py); writes ramp_check.json '
+                     'and ramp_check.md under --out.')
 flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
                      '(needed by the simulator predictions).')
 
@@ -227,6 +237,9 @@ def _Run(argv):
     return
   if FLAGS.remote_check:
     _RemoteCheck()
+    return
+  if FLAGS.ramp_check:
+    _RampCheck()
     return
   settings = FLAGS.settings or settings_lib.GridSettings()
   for s in settings + FLAGS.memory_settings + FLAGS.timeline:
@@ -366,6 +379,37 @@ def _StepProfile() -> None:
   _WriteTable(out, 'step_profile',
               [dict(r, profile=r['profile'].ToJson()) for r in rows],
               step_profile.Table(rows))
+
+
+def _RampCheck() -> None:
+  """--ramp_check: ramps with fixed cells against switching ramps."""
+  if not FLAGS.settings:
+    raise app.UsageError('--ramp_check needs --settings, e.g. '
+                         '--settings=K2-T8-1f1b-rc,K2-T8-zbv-rc')
+  parsed = _ParsedSettings()
+  for setting in parsed:
+    try:
+      ramp_check.CheckSetting(setting)
+    except ValueError as e:
+      raise app.UsageError(str(e)) from None
+  out = _OutDir()
+  rows = []
+  for model in FLAGS.models:
+    for setting in parsed:
+      try:
+        r = spawn.RunSettingSubprocess(
+            model, setting.name, steps=FLAGS.steps, warmup=FLAGS.warmup,
+            partition_costs=False, switching_ramps=True)
+      except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f'SKIPPED {model} {setting.name}: {spawn.FailureReason(e)}',
+              file=sys.stderr, flush=True)
+        continue
+      row = ramp_check.Row(model, r, ramp_check.RampTicks(setting))
+      print(f'{model} {setting.name}: fixed {row["fixed_ms"]:.2f} ms, '
+            f'switching {row["switching_ms"]:.2f} ms '
+            f'({row["ratio"]:.3f})', flush=True)
+      rows.append(row)
+  _WriteTable(out, 'ramp_check', rows, ramp_check.Table(rows))
 
 
 def _RemoteCheck() -> None:

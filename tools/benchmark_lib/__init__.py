@@ -24,6 +24,8 @@
             each thread's busy time, from TF's profiler.
   remote    --remote_check: stages in TF servers of their own (the
             multi-host path) against one process, and the transfer floor.
+  ramp_check --ramp_check: a loss-inside table's ramps run with fixed
+            cells against switching ramps, in one process.
 
 Importing the package imports none of them (in particular no TensorFlow).
 """

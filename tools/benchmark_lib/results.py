@@ -235,6 +235,8 @@ class Result:
     steps, warmup: timed and warm-up steps.
     trace_s, warmup_s: seconds to trace the step and to run the warm-up.
     paired: baselines timed in the same rotation, by setting name.
+    paired_trace_s: seconds to trace a paired baseline's step, where
+      measured (--ramp_check's switching-ramps twin).
     timeline: the recorded step, for --timeline settings.
     partition_costs_s: each partition timed alone on one micro-batch.
     stage_costs_s: the cells recorded inside the running pipeline.
@@ -252,6 +254,7 @@ class Result:
   trace_s: float = 0.0
   warmup_s: float = 0.0
   paired: Dict[str, StepTimes] = dataclasses.field(default_factory=dict)
+  paired_trace_s: Dict[str, float] = dataclasses.field(default_factory=dict)
   timeline: Optional[TimelineRecord] = None
   partition_costs_s: Optional[PhaseCosts] = None
   stage_costs_s: Optional[StageCosts] = None
@@ -297,6 +300,8 @@ class Result:
         'warmup_s': self.warmup_s,
         'paired': {name: p.ToJson() for name, p in self.paired.items()},
         'memory': self.memory.ToJson()}
+    if self.paired_trace_s:
+      out['paired_trace_s'] = dict(self.paired_trace_s)
     for key, value in (('timeline', self.timeline),
                        ('partition_costs_s', self.partition_costs_s),
                        ('stage_costs_s', self.stage_costs_s)):
@@ -334,6 +339,7 @@ class Result:
         warmup_s=d.get('warmup_s', 0.0),
         paired={name: StepTimes.FromJson(p)
                 for name, p in (d.get('paired') or {}).items()},
+        paired_trace_s=dict(d.get('paired_trace_s') or {}),
         timeline=Opt('timeline', TimelineRecord.FromJson),
         partition_costs_s=Opt('partition_costs_s', PhaseCosts.FromJson),
         stage_costs_s=Opt('stage_costs_s', StageCosts.FromJson),

@@ -37,6 +37,7 @@ from tensorpipe import hyperparams
 from tensorpipe import microbatch
 from tensorpipe import model_registry
 from tensorpipe import pipeline
+from tensorpipe import schedule_program
 from tensorpipe import schedules
 from tensorpipe import timeline
 from tensorpipe.layers import composite
@@ -45,6 +46,7 @@ from tensorpipe.layers import linear
 from tensorpipe.layers import transformer
 from tensorpipe.nested_map import NestedMap
 from tools.benchmark_lib import plots
+from tools.benchmark_lib import ramp_check
 from tools.benchmark_lib import results as results_lib
 from tools.benchmark_lib import settings
 from tools.benchmark_lib import step_profile
@@ -450,7 +452,8 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
                learning_rate: float = 1e-3,
                pair_with: Optional[Sequence[str]] = None,
                step_profile_steps: int = 0,
-               remote_workers: Optional[Sequence[str]] = None
+               remote_workers: Optional[Sequence[str]] = None,
+               switching_ramps: bool = False
                ) -> results_lib.Result:
   """Runs one setting in this process (TensorFlow must not have run yet).
 
@@ -466,6 +469,11 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   With `step_profile_steps`, that many more steps run under TF's profiler
   after the timed rounds (`step_profile`: the median step's time with no
   kernel running and each thread's busy time).
+
+  With `switching_ramps`, the same pipeline traced with its ramps
+  switching on the table (`schedule_program.RAMP_TICKS` = 0) is timed in
+  the rotation too, as the baseline `ramp_check.SWITCHING_RAMPS` (its trace seconds
+  in `result.paired_trace_s`): tools/benchmark --ramp_check.
 
   Returns:
     The result: step times, memory (peak RSS above idle and TF's allocator),
@@ -498,6 +506,17 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   memory, warmup_s, raw = _WarmUpMeasuringMemory(Runner(step_fn), warmup)
 
   fns = {setting.name: Runner(step_fn)}
+  paired_trace_s = {}
+  if switching_ramps:
+    twin = BuildLayer(setting, layer_ps, input_shape, stage_devices)
+    for a, b in zip(layer.variables, twin.variables):
+      b.assign(a)
+    t0 = time.perf_counter()
+    with schedule_program.RampTicks(0):
+      fns[ramp_check.SWITCHING_RAMPS] = Runner(StepFn(twin, x, learning_rate))
+    paired_trace_s[ramp_check.SWITCHING_RAMPS] = time.perf_counter() - t0
+    for _ in range(max(1, warmup)):
+      fns[ramp_check.SWITCHING_RAMPS]()
   for p in pairs:
     fns[p.name] = Runner(StepFn(BuildLayer(p, layer_ps, input_shape), x,
                                 learning_rate))
@@ -530,8 +549,10 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
       step_time_s=statistics.median(times[setting.name]), memory=memory,
       step_times_s=times[setting.name], steps=steps, warmup=warmup,
       trace_s=trace_s, warmup_s=warmup_s,
-      paired={p.name: results_lib.StepTimes(
-          statistics.median(times[p.name]), times[p.name]) for p in pairs})
+      paired={name: results_lib.StepTimes(
+          statistics.median(times[name]), times[name])
+              for name in [p.name for p in pairs] + list(paired_trace_s)},
+      paired_trace_s=paired_trace_s)
   if timeline_dir and recorder is not None:
     result.timeline = _WriteTimeline(
         recorder, raw, setting, model, timeline_dir,
