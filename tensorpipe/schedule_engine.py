@@ -480,7 +480,8 @@ def _SwitchingLoop(engine, tables, loop, loop_vars, parallel_iterations):
       row[loop.first] if len(set(row[loop.first:loop.end])) == 1 else None
       for row in engine.program.branch)
   per_iteration = loop.steady or (fixed,)
-  barriers = schedule_program.Barriers(per_iteration)
+  barriers = (schedule_program.LoopBarriers(loop) if loop.steady
+              else schedule_program.Barriers(per_iteration))
 
   def Body(*args):
     gates = [[] for _ in range(engine.num_d)]
@@ -516,7 +517,7 @@ def _CarriedLoop(engine, tables, loop, plan, loop_vars):
   """A steady loop that carries each device's micro-batch (t0 + step per
   iteration, + offset on later ticks): no table gather per tick."""
   per_iteration = loop.steady
-  barriers = schedule_program.Barriers(per_iteration)
+  barriers = schedule_program.LoopBarriers(loop)
   num_d, devices = engine.num_d, engine.devices
 
   def Body(bases, states, logs):

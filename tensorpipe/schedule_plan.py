@@ -206,7 +206,7 @@ def _Windows(program: schedule_program.Program,
       for d in range(table.num_devices):
         out[d] += [[c] for c in range(loop.first, loop.end)]
       continue
-    barriers = schedule_program.Barriers(loop.steady)
+    barriers = schedule_program.LoopBarriers(loop)
     for c in range(loop.first, loop.end, len(loop.steady)):
       for d in range(table.num_devices):
         run = []

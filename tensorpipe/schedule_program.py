@@ -33,7 +33,8 @@ from, in pure Python (no TF), so every decision here has a literal test:
   run one tick per iteration and switch on `branch` (tf.switch_case), whose
   lowered form visits every op of every branch on every tick; under a
   loss-inside table the ramps of at most `RAMP_TICKS` ticks run once
-  instead, with each tick's cells fixed (one iteration of their own).
+  instead, with each tick's cells fixed (one iteration of their own) and
+  each device's cells one at a time (`LoopBarriers`).
   Where a device runs one (op, stage) twice in an iteration (interleaved
   1F1B's period: F and B of one stage alternate; a ramp), `Barriers` makes
   the second wait for the state the first left: its clock or micro-batch,
@@ -236,12 +237,14 @@ def SteadyRun(branch: Sequence[Sequence[int]], max_period: int = MAX_PERIOD
   return best
 
 
-def Barriers(steady: Sequence[Sequence[int]]) -> List[Tuple[bool, ...]]:
+def Barriers(steady: Sequence[Sequence[int]],
+             every_tick: bool = False) -> List[Tuple[bool, ...]]:
   """Per tick i of a steady loop's iteration, per device d: whether d's
   tick i + 1 waits for the state its tick i left (module docstring:
   loops): where d runs on tick i + 1 an (op, stage) it ran since its last
-  barrier. Between the periods of an unrolled iteration, and never after
-  the iteration's last tick (the loop's own iterations are ordered).
+  barrier, or with `every_tick` any cell after one it ran since then.
+  Between the periods of an unrolled iteration, and never after the
+  iteration's last tick (the loop's own iterations are ordered).
   """
   kk = len(steady[0]) if steady else 0
   seen: List[set] = [set() for _ in range(kk)]
@@ -251,12 +254,24 @@ def Barriers(steady: Sequence[Sequence[int]]) -> List[Tuple[bool, ...]]:
     row = []
     for d in range(kk):
       seen[d].add(ops[d])
-      wait = nxt is not None and nxt[d] != IDLE and nxt[d] in seen[d]
+      wait = nxt is not None and nxt[d] != IDLE and (
+          nxt[d] in seen[d] or (every_tick and bool(seen[d] - {IDLE})))
       if wait:
         seen[d] = set()
       row.append(wait)
     out.append(tuple(row))
   return out
+
+
+def LoopBarriers(loop: Loop) -> List[Tuple[bool, ...]]:
+  """`Barriers` of a loop with fixed cells. One that runs once (a ramp,
+  `RAMP_TICKS`) waits at every tick of a device: one cell at a time per
+  device, as the switching loop it replaces ran them (before repeats only,
+  a ramp's cells ran as their data allowed: K=2, ZB-V with recompute
+  measured 8-20% above the switching ramps' peak, and no faster than
+  this). A steady loop waits before repeats only."""
+  return Barriers(loop.steady,
+                  every_tick=loop.end - loop.first == len(loop.steady))
 
 
 def Loops(branch: Sequence[Sequence[int]], first: int, end: int,

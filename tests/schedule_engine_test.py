@@ -163,6 +163,17 @@ class CompileTest(tf.test.TestCase):
     # a barrier between; idle ticks never need one.
     self.assertEqual(schedule_program.Barriers(loops[0].steady),
                      [(True, False), (False, False), (False, False)])
+    # A loop that runs once (a ramp; here the steady loop too, of one
+    # period) waits at every tick after a cell (device 1's B after its
+    # F): one cell at a time per device. A loop of several iterations
+    # waits only before repeats.
+    self.assertEqual(schedule_program.LoopBarriers(loops[0]),
+                     [(True, False), (False, True), (False, False)])
+    self.assertEqual(schedule_program.LoopBarriers(loops[1]),
+                     [(True, True), (False, False)])
+    twice = schedule_program.Loop(3, 7, loops[1].steady)
+    self.assertEqual(schedule_program.LoopBarriers(twice),
+                     [(False, False), (False, False)])
 
   def testZeroBubbleStashSlotsLiteral(self):
     # ZB-H1, K=2, T=2 (schedule_builders.Build('zb_h1', 2, 2).Grid()):

@@ -59,14 +59,13 @@ class CompareSchedulesTest(tf.test.TestCase):
     # 3000) keeps its input from F to B: 3000 + 20 + 200 + 9. Each device
     # also holds its ring of depth 1 the whole run: stage 0 its last
     # output (20), stage 1 its last input gradient (its input's size, 20).
-    # The table is all ramp, run as one iteration with its cells fixed
-    # (schedule_program.RAMP_TICKS): device 0's F1 and B0 (ticks 1 and 3,
-    # no barrier between) count together, F1's gathered input (10) beside
-    # B0's recompute.
+    # The table is all ramp, run once with its cells fixed
+    # (schedule_program.RAMP_TICKS) and a barrier at every tick of a
+    # device (LoopBarriers): one cell at a time, as in a switching loop.
     st1 = schedule_plan._Stage(x=20, out=30, internal=200, dz=0, xs=0,
                                work=9, weights=3000)
     self.assertEqual(Peak('1f1b', True, kk=2, stages=(st, st1)),
-                     ([1000 + 110 + 7 + 20 + 10, 3000 + 20 + 200 + 9 + 20],
+                     ([1000 + 110 + 7 + 20, 3000 + 20 + 200 + 9 + 20],
                       [0, 0]))
 
   def testABarrierOrdersTheCellsOfAnIteration(self):
