@@ -172,9 +172,9 @@ def WShare(per_cell: Dict[Cell, float]) -> float:
 
 def Trace(fn, *specs: tf.TensorSpec) -> tf.Graph:
   """fn's traced graph (autograph off), for WeightGradientFlopsPerCell:
-  every loop of the engine switches on its table there (no ramp run with
-  fixed cells, `schedule_program.RampTicks`), so each cell is a branch
-  function of its own. The cells are those the engine runs either way."""
+  every ramp switches on its table there (`schedule_program.RampTicks`),
+  so each cell of a ramp is a branch function of its own. The cells are
+  those the engine runs either way."""
   with schedule_program.RampTicks(0):
     return tf.function(fn, autograph=False).get_concrete_function(
         *specs).graph

@@ -38,9 +38,10 @@ on which every device works in a repeating pattern run as a loop whose
 cells are fixed in the graph (no tf.switch_case); the others switch on the
 table (`schedule_program`), except short ones (a loss-inside table's
 ramps, `schedule_program.RAMP_TICKS`), which run once with each tick's
-cells fixed. Two ticks may be in flight in a switching loop
-(`PARALLEL_ITERATIONS`: cells of different cost on neighbouring devices
-overlap as their data allow, rather than each tick waiting for its slowest
+cells fixed, waiting after each cell of a device (`LoopBarriers`). Two
+ticks may be in flight in a switching loop (`PARALLEL_ITERATIONS`:
+cells of different cost on neighbouring devices overlap as their data
+allow, rather than each tick waiting for its slowest
 cell); the steady loop runs a whole period per iteration, one in flight.
 
 Without recompute nothing public in TensorFlow carries a stage's autodiff
@@ -357,7 +358,7 @@ def _Received(engine, bufs, cs, rings, read_table, s) -> List[tf.Tensor]:
 
 def _Carried(engine, tables, loop) -> Optional[List[Tuple[int, int,
                                                           List[int]]]]:
-  """Per device (t0, step, offsets) when a steady loop can carry each
+  """Per device (t0, step, offsets) when a fixed loop can carry each
   device's micro-batch instead of its clock: on tick j of iteration n it is
   t0 + step n + offsets[j], and the device's other columns are constants
   or its micro-batch (GPipe). Else None."""
@@ -447,7 +448,7 @@ def _Tick(engine, tables, cs, states, logs, ops, barrier=None, ts=None,
       for s, st in zip(engine.on_device[d], mine):
         new_states[s] = st
       new_logs.append(engine.probe.Log(logs[d], c - engine.first, stamps))
-      # At a barrier of a steady body (schedule_program.Barriers) the
+      # At a barrier of a fixed body (schedule_program.LoopBarriers) the
       # next tick's clock on device d waits for this tick's state there,
       # so Grappler cannot merge this tick's additions to a sum with a
       # later tick's into one AddN (it leaves nodes that drive a control
@@ -472,8 +473,9 @@ def _Gates(engine, barriers, i, states, gates):
 
 
 def _SwitchingLoop(engine, tables, loop, loop_vars, parallel_iterations):
-  """A loop over ticks [loop.first, loop.end): its steady ticks with each
-  device's cell fixed, or one tick per iteration switching on the table."""
+  """A loop over ticks [loop.first, loop.end): its ticks with each
+  device's cell fixed (a steady loop or a ramp), or one tick per iteration
+  switching on the table."""
   # A switching loop fixes the branch of a device whose branch does not
   # change on its ticks (K = 1; a partition busy all ramp-up long).
   fixed = tuple(
@@ -594,7 +596,7 @@ def Run(call: pipeline_stage.PipelineCall, program: schedule_program.Program,
       logs.append(probe.NewLog(last - first, 3))
   loop_vars = (tables.clocks, states, logs)
   one_loop = probe.recording or bool(end.autodiff)
-  ramps = schedule_program.RAMP_TICKS if program.table.loss_inside else 0
+  ramps = schedule_program.RampTicksOf(program.table)
   for loop in schedule_program.Loops(program.branch, first, last, one_loop,
                                      unroll_ticks, ramps):
     plan = _Carried(engine, tables, loop) if loop.steady else None

@@ -34,7 +34,7 @@ row is a schedule TensorPipeLayer trains with. Stated assumptions:
   every cell its largest layer input + output + weight. The cells of one
   iteration of a loop with fixed cells (the engine's steady loop; a
   loss-inside table's ramps) run in any data order (up to a
-  barrier on the device, `schedule_program.Barriers`), so their B and I
+  barrier on the device, `schedule_program.LoopBarriers`), so their B and I
   cells count together (`_Windows`). One stage and one micro-batch run
   without recompute. Measured against TF's allocator: tools/benchmark
   --memory_check (one device; two against a bracket).
@@ -195,10 +195,10 @@ def _Windows(program: schedule_program.Program,
   """Per device, the runs of ticks whose cells may run in any data order:
   one iteration of a loop with its cells fixed (the steady loop; a
   loss-inside table's ramps), cut where the device waits for its previous
-  tick (`schedule_program.Barriers`); else one tick."""
+  tick (`schedule_program.LoopBarriers`); else one tick."""
   table = program.table
   out = [[] for _ in range(table.num_devices)]
-  ramps = schedule_program.RAMP_TICKS if table.loss_inside else 0
+  ramps = schedule_program.RampTicksOf(table)
   for loop in schedule_program.Loops(program.branch, 0, table.num_ticks,
                                      unroll_ticks=unroll_ticks,
                                      unroll_ramps=ramps):

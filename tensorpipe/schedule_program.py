@@ -36,12 +36,12 @@ from, in pure Python (no TF), so every decision here has a literal test:
   instead, with each tick's cells fixed (one iteration of their own) and
   each device's cells one at a time (`LoopBarriers`).
   Where a device runs one (op, stage) twice in an iteration (interleaved
-  1F1B's period: F and B of one stage alternate; a ramp), `Barriers` makes
-  the second wait for the state the first left: its clock or micro-batch,
-  and every later sum of the device in the iteration
-  (`schedule_engine._Gates`: a cell may read neither), so Grappler finds
-  no two additions of one sum in a loop body to fuse into an AddN (which
-  adds in another order).
+  1F1B's period: F and B of one stage alternate), `Barriers` makes the
+  second wait for the state the first left: its clock or micro-batch, and
+  every later sum of the device in the iteration (`schedule_engine.
+  _Gates`: a cell may read neither), so Grappler finds no two additions of
+  one sum in a loop body to fuse into an AddN (which adds in another
+  order). A ramp waits so after every cell of a device (`LoopBarriers`).
 """
 
 import contextlib
@@ -58,12 +58,16 @@ MAX_PERIOD = 16
 # tick's cells fixed in the graph (`Loops`, unroll_ramps): a lowered
 # switch_case visits every op of every branch on every tick, and tracing a
 # ramp's cells costs less than optimizing the case. The bound keeps the
-# graph from growing with K x T on long ramps. Measured in one process,
-# alternating, K=2, T=8, recompute, median step fixed / switching:
-# 4 FC layers of 256 (2 per device), 1F1B 0.85, ZB-H1 0.78, ZB-V 0.57,
-# interleaved 1F1B 0.65; 32 such layers, 0.92 / 0.85 / 0.70 / 0.84, and
-# the first step's trace 1.4-1.9x faster.
+# graph from growing with K x T on long ramps. Measured (tools/benchmark
+# --ramp_check, README "The ramps without a switch"): steps 0.56-0.98 of
+# the switching ramps' at K=2 and K=4.
 RAMP_TICKS = 48
+
+
+def RampTicksOf(table: schedules.Schedule) -> int:
+  """The `Loops` unroll_ramps the engine runs `table` with: RAMP_TICKS for
+  a loss-inside table, else 0 (GPipe's loops keep their switch)."""
+  return RAMP_TICKS if table.loss_inside else 0
 
 
 @contextlib.contextmanager
@@ -91,10 +95,12 @@ class Ring(NamedTuple):
 class Loop(NamedTuple):
   """Ticks [first, end); steady: per tick of one iteration (one or more
   periods), per device, its branch, or () for a switching loop (one tick
-  per iteration)."""
+  per iteration); ramp: a switching loop run once with its cells fixed
+  instead (`Loops`, unroll_ramps)."""
   first: int
   end: int
   steady: Tuple[Tuple[int, ...], ...]
+  ramp: bool = False
 
 
 class Program(NamedTuple):
@@ -116,7 +122,8 @@ class Program(NamedTuple):
     out_rings: per stage s < S - 1, the ring of its outputs to stage s + 1.
     dx_rings: per stage s > 0, the ring of its input gradients to s - 1.
     real: per table label m, the micro-batch it runs.
-    loops: the loops over all ticks, in order.
+    loops: the loops over all ticks, in order, every ramp switching (the
+      engine fixes a loss-inside table's ramps: `RampTicksOf`).
   """
   table: schedules.Schedule
   stage_device: List[int]
@@ -264,14 +271,14 @@ def Barriers(steady: Sequence[Sequence[int]],
 
 
 def LoopBarriers(loop: Loop) -> List[Tuple[bool, ...]]:
-  """`Barriers` of a loop with fixed cells. One that runs once (a ramp,
-  `RAMP_TICKS`) waits at every tick of a device: one cell at a time per
-  device, as the switching loop it replaces ran them (before repeats only,
-  a ramp's cells ran as their data allowed: K=2, ZB-V with recompute
-  measured 8-20% above the switching ramps' peak, and no faster than
-  this). A steady loop waits before repeats only."""
-  return Barriers(loop.steady,
-                  every_tick=loop.end - loop.first == len(loop.steady))
+  """`Barriers` of a loop with fixed cells. A ramp (`RAMP_TICKS`) waits
+  after every cell of a device: the next one's micro-batch and sums wait
+  for the state it left, as the switching loop it replaces ordered them
+  (a cell that reads neither can still start on its data). Waiting only
+  before repeats, a ramp's cells ran as their data allowed: ZB-V with
+  recompute, K=2, measured 8-20% above the switching ramps' peak, and no
+  faster. A steady loop waits before repeats only."""
+  return Barriers(loop.steady, every_tick=loop.ramp)
 
 
 def Loops(branch: Sequence[Sequence[int]], first: int, end: int,
@@ -305,7 +312,7 @@ def Loops(branch: Sequence[Sequence[int]], first: int, end: int,
         loop.end - loop.first <= unroll_ramps):
       loop = Loop(loop.first, loop.end, tuple(
           tuple(row[c] for row in branch)
-          for c in range(loop.first, loop.end)))
+          for c in range(loop.first, loop.end)), ramp=True)
     out.append(loop)
   return out
 

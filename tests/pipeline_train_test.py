@@ -310,10 +310,11 @@ class SteadyLoopTest(tf.test.TestCase):
         steady = [loop for loop in loops if loop.steady]
         if t_total <= k_total and k_total > 1:
           # No two ticks in a row on which every partition works.
-          self.assertEqual([tuple(x) for x in loops], [(0, ticks, ())], case)
+          self.assertEqual(loops, [schedule_program.Loop(0, ticks, ())],
+                           case)
           continue
         self.assertLen(steady, 1)
-        first, end, ops = steady[0]
+        first, end, ops = steady[0].first, steady[0].end, steady[0].steady
         # K > 1: ticks 2K - 1 .. 2T - 2; K = 1 works on every tick.
         want = (2 * k_total - 1, 2 * t_total - 1) if k_total > 1 else (
             0, ticks)
@@ -326,9 +327,9 @@ class SteadyLoopTest(tf.test.TestCase):
             cell = program.cells[k][ops[(c - first) % 2][k] - 1]
             self.assertEqual(cell, (action.op, k), (case, c, k))
     self.assertEqual(
-        [tuple(x) for x in schedule_program.Compile(
-            schedule_builders.Build('1f1b', 2, 8), one_loop=True).loops],
-        [(0, 18, ())])
+        schedule_program.Compile(
+            schedule_builders.Build('1f1b', 2, 8), one_loop=True).loops,
+        [schedule_program.Loop(0, 18, ())])
 
   def testLoopBodiesHaveNoSwitch(self):
     """The steady loop and, under a loss-inside table, the short ramps
@@ -357,6 +358,15 @@ class SteadyLoopTest(tf.test.TestCase):
       # Each body holds its cells itself (a switching body has them in
       # its branch functions).
       self.assertGreater(o.count('MatMul'), 0, name)
+    # After a barrier a device's sums wait for the state it left
+    # (schedule_engine._Gates): in the ramps, where a device runs a cell
+    # after another, some gradient sums (AddN) have control inputs, which
+    # keep Grappler from merging two additions of one sum into another
+    # order. Without the gates none has.
+    gated = [n.name for f in graph_def.library.function
+             if '_body_' in f.signature.name for n in f.node_def
+             if n.op == 'AddN' and any(i.startswith('^') for i in n.input)]
+    self.assertNotEmpty(gated)
 
 
 def _TaskParams(schedule, num_micro_batches=2):

@@ -51,7 +51,8 @@ class CompileTest(tf.test.TestCase):
     self.assertEqual([r.depth for r in program.out_rings[:1]], [1])
     self.assertEqual([r.depth for r in program.dx_rings[1:]], [1])
     self.assertEqual([tuple(x) for x in program.loops],
-                     [(0, 3, ()), (3, 5, ((2, 1), (1, 2))), (5, 8, ())])
+                     [(0, 3, (), False), (3, 5, ((2, 1), (1, 2)), False),
+                      (5, 8, (), False)])
 
   def testGPipeTableKeepsItsLabels(self):
     # GPipe's backward runs T-1 .. 0 already.
@@ -151,9 +152,9 @@ class CompileTest(tf.test.TestCase):
     branch = [[1, 1, 0, 2, 1, 2, 0, 2], [0, 1, 2, 1, 2, 1, 2, 0]]
     loops = schedule_program.Loops(branch, 0, 8, unroll_ramps=3)
     self.assertEqual([tuple(x) for x in loops],
-                     [(0, 3, ((1, 0), (1, 1), (0, 2))),
-                      (3, 5, ((2, 1), (1, 2))),
-                      (5, 8, ((2, 1), (0, 2), (2, 0)))])
+                     [(0, 3, ((1, 0), (1, 1), (0, 2)), True),
+                      (3, 5, ((2, 1), (1, 2)), False),
+                      (5, 8, ((2, 1), (0, 2), (2, 0)), True)])
     self.assertEqual([x.steady for x in schedule_program.Loops(
         branch, 0, 8, unroll_ramps=2)][::2], [(), ()])
     # Recorded steps keep one switching loop.
@@ -163,16 +164,12 @@ class CompileTest(tf.test.TestCase):
     # a barrier between; idle ticks never need one.
     self.assertEqual(schedule_program.Barriers(loops[0].steady),
                      [(True, False), (False, False), (False, False)])
-    # A loop that runs once (a ramp; here the steady loop too, of one
-    # period) waits at every tick after a cell (device 1's B after its
-    # F): one cell at a time per device. A loop of several iterations
-    # waits only before repeats.
+    # A ramp waits after every cell of a device (device 1's B after its
+    # F), as its switching loop ordered them; the steady loop (here of
+    # one iteration) only before repeats.
     self.assertEqual(schedule_program.LoopBarriers(loops[0]),
                      [(True, False), (False, True), (False, False)])
     self.assertEqual(schedule_program.LoopBarriers(loops[1]),
-                     [(True, True), (False, False)])
-    twice = schedule_program.Loop(3, 7, loops[1].steady)
-    self.assertEqual(schedule_program.LoopBarriers(twice),
                      [(False, False), (False, False)])
 
   def testZeroBubbleStashSlotsLiteral(self):

@@ -85,6 +85,16 @@ class CompareSchedulesTest(tf.test.TestCase):
     self.assertEqual({len(w) for w in steady}, {2, 4})
     self.assertEqual([w[0] - steady[0][0] for w in steady[:3]], [0, 2, 6])
 
+  def testARampWaitsAtEveryTickOfADevice(self):
+    # 1F1B, K=2, T=2 is all ramp (one loop that runs once):
+    #   device 0: F0 F1 .  B0 .  B1     device 1: .  F0 B0 F1 B1 .
+    # A device waits after each cell it ran (schedule_program.
+    # LoopBarriers), so no two of its cells share a window; waiting only
+    # before repeats would give device 0 the window [1, 2, 3, 4] (F1, B0).
+    program = schedule_program.Compile(schedule_builders.Build('1f1b', 2, 2))
+    self.assertEqual(schedule_plan._Windows(program, 1),
+                     [[[0], [1, 2], [3, 4], [5]], [[0, 1], [2], [3], [4, 5]]])
+
   def testAForwardOnlyTableIsRefused(self):
     table = schedule_builders.ForwardOnly([0, 1, 0, 1], 2, 4)
     st = schedule_plan._Stage(x=10, out=20, internal=100, dz=0, xs=0,

@@ -1,4 +1,4 @@
-"""Ramps with fixed cells against switching ramps (tools/benchmark --ramp_check).
+"""Fixed ramps against switching ramps (tools/benchmark --ramp_check).
 
 The engine runs a loss-inside table's short switching loops (the ramps
 before and after the steady loop, at most `schedule_program.RAMP_TICKS`
@@ -6,7 +6,9 @@ ticks) as one iteration with every tick's cells fixed in the graph instead
 of one tf.switch_case per tick. This check times both forms of one setting
 in one process, in rotation (`runner.RunSetting(switching_ramps=True)`: the
 twin is the same pipeline, its weights copied, traced with RAMP_TICKS = 0),
-so the ratio is not moved by the machine's drift between processes.
+so the ratio is not moved by the machine's drift between processes. The
+twin is traced second: its trace time leaves out the process's one-time
+costs, which the first trace pays.
 
 Usage:
   python -m tools.benchmark --ramp_check --models=dense4w256,xfmr8 \
@@ -38,7 +40,7 @@ def RampTicks(setting: settings.Setting) -> List[int]:
   program = schedule_program.Compile(settings.ScheduleTable(setting))
   loops = schedule_program.Loops(
       program.branch, 0, program.num_ticks,
-      unroll_ramps=schedule_program.RAMP_TICKS)
+      unroll_ramps=schedule_program.RampTicksOf(program.table))
   steady = schedule_program.Loops(program.branch, 0, program.num_ticks)
   steady_ticks = sum(x.end - x.first for x in steady if x.steady)
   fixed = sum(x.end - x.first for x in loops if x.steady) - steady_ticks

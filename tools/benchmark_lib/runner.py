@@ -472,8 +472,8 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
 
   With `switching_ramps`, the same pipeline traced with its ramps
   switching on the table (`schedule_program.RAMP_TICKS` = 0) is timed in
-  the rotation too, as the baseline `ramp_check.SWITCHING_RAMPS` (its trace seconds
-  in `result.paired_trace_s`): tools/benchmark --ramp_check.
+  the rotation too, as the baseline `ramp_check.SWITCHING_RAMPS` (its
+  trace seconds in `result.paired_trace_s`): tools/benchmark --ramp_check.
 
   Returns:
     The result: step times, memory (peak RSS above idle and TF's allocator),
@@ -509,7 +509,7 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   paired_trace_s = {}
   if switching_ramps:
     twin = BuildLayer(setting, layer_ps, input_shape, stage_devices)
-    for a, b in zip(layer.variables, twin.variables):
+    for a, b in zip(layer.variables, twin.variables, strict=True):
       b.assign(a)
     t0 = time.perf_counter()
     with schedule_program.RampTicks(0):
