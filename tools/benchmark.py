@@ -350,6 +350,24 @@ def _ParsedSettings() -> list:
     raise app.UsageError(str(e)) from None
 
 
+def _EachSettingChild(parsed, **kwargs):
+  """(model, setting, result) of each of `parsed` of each of --models, run
+  in a child of its own (spawn.RunSettingSubprocess with --steps,
+  --warmup, no partition costs and `kwargs`); a failed child is reported
+  and skipped."""
+  for model in FLAGS.models:
+    for setting in parsed:
+      try:
+        r = spawn.RunSettingSubprocess(
+            model, setting.name, steps=FLAGS.steps, warmup=FLAGS.warmup,
+            partition_costs=False, **kwargs)
+      except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f'SKIPPED {model} {setting.name}: {spawn.FailureReason(e)}',
+              file=sys.stderr, flush=True)
+        continue
+      yield model, setting, r
+
+
 def _StepProfile() -> None:
   """--step_profile: per setting, the step's time with no kernel running."""
   if not FLAGS.settings:
@@ -358,24 +376,15 @@ def _StepProfile() -> None:
   parsed = _ParsedSettings()
   out = _OutDir()
   rows = []
-  for model in FLAGS.models:
-    for setting in parsed:
-      try:
-        r = spawn.RunSettingSubprocess(
-            model, setting.name, steps=FLAGS.steps, warmup=FLAGS.warmup,
-            partition_costs=False,
-            step_profile_steps=FLAGS.step_profile_steps)
-      except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f'SKIPPED {model} {setting.name}: {spawn.FailureReason(e)}',
-              file=sys.stderr, flush=True)
-        continue
-      row = dict(model=model, setting=setting.name,
-                 ticks=step_profile.Ticks(setting),
-                 step_time_s=r.step_time_s, profile=r.step_profile)
-      print(f'{model} {setting.name}: {r.step_time_s * 1e3:.1f} ms/step, '
-            f'{r.step_profile.no_kernel_s * 1e3:.2f} ms with no kernel '
-            f'running ({row["ticks"]} ticks)', flush=True)
-      rows.append(row)
+  for model, setting, r in _EachSettingChild(
+      parsed, step_profile_steps=FLAGS.step_profile_steps):
+    row = dict(model=model, setting=setting.name,
+               ticks=step_profile.Ticks(setting),
+               step_time_s=r.step_time_s, profile=r.step_profile)
+    print(f'{model} {setting.name}: {r.step_time_s * 1e3:.1f} ms/step, '
+          f'{r.step_profile.no_kernel_s * 1e3:.2f} ms with no kernel '
+          f'running ({row["ticks"]} ticks)', flush=True)
+    rows.append(row)
   _WriteTable(out, 'step_profile',
               [dict(r, profile=r['profile'].ToJson()) for r in rows],
               step_profile.Table(rows))
@@ -394,21 +403,12 @@ def _RampCheck() -> None:
       raise app.UsageError(str(e)) from None
   out = _OutDir()
   rows = []
-  for model in FLAGS.models:
-    for setting in parsed:
-      try:
-        r = spawn.RunSettingSubprocess(
-            model, setting.name, steps=FLAGS.steps, warmup=FLAGS.warmup,
-            partition_costs=False, switching_ramps=True)
-      except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f'SKIPPED {model} {setting.name}: {spawn.FailureReason(e)}',
-              file=sys.stderr, flush=True)
-        continue
-      row = ramp_check.Row(model, r, ramp_check.RampTicks(setting))
-      print(f'{model} {setting.name}: fixed {row["fixed_ms"]:.2f} ms, '
-            f'switching {row["switching_ms"]:.2f} ms '
-            f'({row["ratio"]:.3f})', flush=True)
-      rows.append(row)
+  for model, setting, r in _EachSettingChild(parsed, switching_ramps=True):
+    row = ramp_check.Row(model, r, ramp_check.RampTicks(setting))
+    print(f'{model} {setting.name}: fixed {row["fixed_ms"]:.2f} ms, '
+          f'switching {row["switching_ms"]:.2f} ms '
+          f'({row["ratio"]:.3f})', flush=True)
+    rows.append(row)
   _WriteTable(out, 'ramp_check', rows, ramp_check.Table(rows))
 
 
