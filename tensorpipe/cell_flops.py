@@ -146,11 +146,19 @@ def WeightGradientFlopsPerCell(graph, cells: Sequence[Sequence[Cell]]
 
   Raises:
     AssertionError: a cell traced twice (several loops) with other FLOPs.
+    ValueError: no cell found (a step traced with its ramps fixed, not
+      by `Trace`): an empty result would read as no work anywhere.
   """
   found = {}
   for cell, sub in _CellGraphs(graph, cells):
     n = CellWeightGradientFlops(sub)
     assert found.setdefault(cell, n) == n, (cell, found[cell], n)
+  if not found and any(cells):
+    raise ValueError(
+        'WeightGradientFlopsPerCell found none of the cells '
+        f'{sorted({c for row in cells for c in row})} as a switch_case '
+        'branch of the graph: trace the step with cell_flops.Trace, which '
+        'keeps every ramp switching (schedule_program.RampTicks(0))')
   return found
 
 

@@ -40,6 +40,14 @@ class CellFlopsTest(tf.test.TestCase):
         ('transformer_layer_0/feedforward_output_dense', 'MatMul'): 120.0,
         (cell_flops.SUMS, 'AddN'): 15.0})
 
+  def testAGraphWithoutCellBranchesIsRefused(self):
+    # A step traced with its ramps fixed has no branch per cell: counting
+    # it would give no cell at all, read as no work.
+    graph = cell_flops.Trace(_Cell, _X, _DZ, _SUM)
+    with self.assertRaisesRegex(ValueError, r"none of the cells \[\('I', 0\), "
+                                r"\('W', 0\)\].*cell_flops.Trace"):
+      cell_flops.WeightGradientFlopsPerCell(graph, [[('W', 0), ('I', 0)]])
+
   def testWShare(self):
     self.assertAlmostEqual(cell_flops.WShare(
         {('F', 0): 7.0, ('I', 0): 1.0, ('W', 0): 6.0, ('W', 1): 3.0}), 0.9)
