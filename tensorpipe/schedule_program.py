@@ -33,8 +33,7 @@ from, in pure Python (no TF), so every decision here has a literal test:
   run one tick per iteration and switch on `branch` (tf.switch_case), whose
   lowered form visits every op of every branch on every tick; under a
   loss-inside table the ramps of at most `RAMP_TICKS` ticks run once
-  instead, with each tick's cells fixed (one iteration of their own) and
-  each device's cells one at a time (`LoopBarriers`).
+  instead, with each tick's cells fixed (one iteration of their own).
   Where a device runs one (op, stage) twice in an iteration (interleaved
   1F1B's period: F and B of one stage alternate), `Barriers` makes the
   second wait for the state the first left: its clock or micro-batch, and

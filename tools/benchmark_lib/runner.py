@@ -551,7 +551,7 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
       trace_s=trace_s, warmup_s=warmup_s,
       paired={name: results_lib.StepTimes(
           statistics.median(times[name]), times[name])
-              for name in [p.name for p in pairs] + list(paired_trace_s)},
+              for name in fns if name not in (setting.name, 'timeline')},
       paired_trace_s=paired_trace_s)
   if timeline_dir and recorder is not None:
     result.timeline = _WriteTimeline(
