@@ -68,6 +68,16 @@ def Matches(spec: tf.DeviceSpec, device: tf.DeviceSpec) -> bool:
              for field, value in have.items())
 
 
+def NumProcesses(devices: Sequence[str]) -> int:
+  """The processes (job, replica, task) the devices sit in; a name without
+  a job is this process's ('/CPU:1': localhost, task 0)."""
+  keys = set()
+  for name in devices:
+    spec = tf.DeviceSpec.from_string(name)
+    keys.add((spec.job or 'localhost', spec.replica or 0, spec.task or 0))
+  return len(keys)
+
+
 def SharedDevices(devices: Sequence[str]) -> List[Tuple[str, List[int]]]:
   """The devices named more than once, with the positions naming each.
 

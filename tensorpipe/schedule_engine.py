@@ -117,6 +117,10 @@ class _Engine:
     self.num_s, self.num_d = len(stages), program.num_devices
     self.num_mb = program.table.num_micro_batches
     self.probe = timeline.ActiveProbe()
+    # Stages in other processes: the ticks in one pass, no loop (_WhileLoop).
+    self.inline = not (self.probe.recording or end.autodiff) and (
+        schedule_program.UnrollsAll(last - first,
+                                    devices_lib.NumProcesses(call.devices)))
     dev_of = program.stage_device
     self.on_device = [[s for s in range(self.num_s) if dev_of[s] == d]
                       for d in range(self.num_d)]
@@ -505,7 +509,11 @@ def _WhileLoop(engine, body, loop_vars, iterations, parallel, own_cond):
   clock or micro-batch, without an iteration counter (two ops less per
   tick, a tenth of K=1's fixed tick cost; TF's autodiff of a while loop
   needs the counter); else its control is on the first device
-  (LOOP_DEVICE)."""
+  (LOOP_DEVICE). Where the engine runs the whole table unrolled (stages
+  in other processes, `schedule_program.UnrollsAll`), no loop: the body
+  once."""
+  if engine.inline:
+    return body(*loop_vars)
   if engine.num_d == 1 and not engine.end.autodiff and own_cond:
     return tf.while_loop(own_cond, body, loop_vars,
                          parallel_iterations=parallel)
@@ -598,7 +606,7 @@ def Run(call: pipeline_stage.PipelineCall, program: schedule_program.Program,
   one_loop = probe.recording or bool(end.autodiff)
   ramps = schedule_program.RampTicksOf(program.table)
   for loop in schedule_program.Loops(program.branch, first, last, one_loop,
-                                     unroll_ticks, ramps):
+                                     unroll_ticks, ramps, engine.inline):
     plan = _Carried(engine, tables, loop) if loop.steady else None
     if plan is not None:
       loop_vars = _CarriedLoop(engine, tables, loop, plan, loop_vars)

@@ -61,12 +61,28 @@ MAX_PERIOD = 16
 # --ramp_check, README "The ramps without a switch"): steps 0.56-0.98 of
 # the switching ramps' at K=2 and K=4.
 RAMP_TICKS = 48
+# Stages in other processes (distribute.ConnectRemoteStages): each
+# tf.while_loop iteration there costs a round of messages between the
+# processes (the `tiny` model, K=2, T=4: about 2 ms an iteration on
+# 127.0.0.1), so the engine runs a table of at most this many ticks as one
+# pass with every tick's cells fixed and no loop (`Loops`, unroll_all;
+# `UnrollsAll`): K=2, T=8, two servers, steps 0.69-0.85 of the looped
+# engine's (README "Stages in other processes"). The graph then grows with
+# the ticks, so a longer table keeps its loops.
+UNROLL_ACROSS_PROCESSES_TICKS = 256
 
 
 def RampTicksOf(table: schedules.Schedule) -> int:
   """The `Loops` unroll_ramps the engine runs `table` with: RAMP_TICKS for
   a loss-inside table, else 0 (GPipe's loops keep their switch)."""
   return RAMP_TICKS if table.loss_inside else 0
+
+
+def UnrollsAll(num_ticks: int, num_processes: int) -> bool:
+  """Whether the engine runs `num_ticks` ticks whose devices sit in
+  `num_processes` processes as one pass with every cell fixed
+  (UNROLL_ACROSS_PROCESSES_TICKS)."""
+  return num_processes > 1 and num_ticks <= UNROLL_ACROSS_PROCESSES_TICKS
 
 
 @contextlib.contextmanager
@@ -282,17 +298,19 @@ def LoopBarriers(loop: Loop) -> List[Tuple[bool, ...]]:
 
 def Loops(branch: Sequence[Sequence[int]], first: int, end: int,
           one_loop: bool = False, unroll_ticks: int = 1,
-          unroll_ramps: int = 0) -> List[Loop]:
+          unroll_ramps: int = 0, unroll_all: bool = False) -> List[Loop]:
   """The loops over ticks [first, end) (module docstring: loops).
 
   The steady loop runs max(1, unroll_ticks // p) periods per iteration
   (all of them if it has fewer); the periods its iterations leave over run
   at the end of the switching loop before it. A switching loop of at most
   `unroll_ramps` ticks becomes one iteration with every tick's cells
-  fixed (idle cells included): no switch, each of its cells traced.
+  fixed (idle cells included): no switch, each of its cells traced. With
+  `unroll_all` (and not one_loop) every tick is one such ramp.
   """
   sliced = [row[first:end] for row in branch]
-  run = None if one_loop or end <= first else SteadyRun(sliced)
+  run = (None if one_loop or unroll_all or end <= first else
+         SteadyRun(sliced))
   if run is None:
     loops = [Loop(first, end, ())]
   else:
@@ -307,8 +325,8 @@ def Loops(branch: Sequence[Sequence[int]], first: int, end: int,
   for loop in loops:
     if loop.end <= loop.first:
       continue
-    if (not one_loop and not loop.steady and
-        loop.end - loop.first <= unroll_ramps):
+    if not one_loop and not loop.steady and (
+        unroll_all or loop.end - loop.first <= unroll_ramps):
       loop = Loop(loop.first, loop.end, tuple(
           tuple(row[c] for row in branch)
           for c in range(loop.first, loop.end)), ramp=True)

@@ -91,6 +91,36 @@ class CrossHostStagesTest(tf.test.TestCase):
     test_utils.AssertAllCloseScaled(self, grads, want_grads, rtol,
                                     scale=test_utils.MaxAbs(want_grads))
 
+    # A loss-inside schedule of two stages per server (ZB-V's V) runs its
+    # whole table in one pass, with no tf.while_loop to cost a round of
+    # messages per iteration (schedule_program.UnrollsAll).
+    zbv = pipeline.TensorPipeLayer.Params().Set(
+        name='TensorPipe', layers=layers, num_partitions=2,
+        num_micro_batches=4, input_shapes=[[8, 4]], devices=devices,
+        schedule='zb_v', dtype=tf.float64).Instantiate()
+    sum_sq = lambda y, unused_targets: tf.reduce_sum(tf.square(y))
+
+    @tf.function(autograph=False)
+    def ZbvStep(x):
+      with tf.GradientTape() as tape:
+        loss = zbv.FPropLoss(zbv.theta, (x,), None, sum_sq, 1.0).loss
+      return loss, tape.gradient(loss, zbv.trainable_variables)
+    graph = ZbvStep.get_concrete_function(x).graph
+    ops = [op.type for g in [graph] + [
+        f.graph for f in graph._functions.values()] for op in  # pylint: disable=protected-access
+           g.get_operations()]
+    self.assertNotIn('While', ops)
+    self.assertNotIn('StatelessWhile', ops)
+    self.assertEqual(
+        [v.name for v in zbv.trainable_variables],
+        [v.name for v in pipe.trainable_variables])
+    for a, b in zip(pipe.variables, zbv.variables):
+      b.assign(a)
+    got_l, got_grads = ZbvStep(x)
+    test_utils.AssertAllCloseScaled(self, got_l, want_l, rtol)
+    test_utils.AssertAllCloseScaled(self, got_grads, want_grads, rtol,
+                                    scale=test_utils.MaxAbs(want_grads))
+
 
 if __name__ == '__main__':
   tf.test.main()

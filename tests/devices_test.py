@@ -31,6 +31,20 @@ class SharedDevicesTest(tf.test.TestCase):
          '/device:CPU:1']), [('/cpu:1', [0, 2, 3])])
 
 
+class NumProcessesTest(tf.test.TestCase):
+
+  def testLogicalDevicesAreOneProcessAndEachServerTaskAnother(self):
+    self.assertEqual(devices.NumProcesses(
+        ['/CPU:0', '/device:CPU:1',
+         '/job:localhost/replica:0/task:0/device:CPU:2']), 1)
+    self.assertEqual(devices.NumProcesses(
+        ['/job:worker/replica:0/task:0/device:CPU:0',
+         '/job:worker/replica:0/task:1/device:CPU:0',
+         '/job:worker/replica:0/task:1/device:CPU:1']), 2)
+    self.assertEqual(devices.NumProcesses(
+        ['/CPU:0', '/job:worker/task:0/device:CPU:0']), 2)
+
+
 class ResolveDevicesTest(tf.test.TestCase):
 
   def testExistingDevicesAreAcceptedInAnySpelling(self):

@@ -6,15 +6,19 @@ same stages: the engine relabels micro-batches so that every stage sums its
 weight gradients in GPipe's backward order (schedule_program.Labels). The
 zero-bubble schedules (ZB-H1, ZB-V) are also checked against the float64
 micro-batch oracle, and their I-to-W stash slots against a literal table.
+With stages in other processes every schedule runs its whole table in one
+pass, without a tf.while_loop, with the looped engine's bits.
 """
 
 import os
+from unittest import mock
 
 import tensorflow as tf
 
 from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import schedule_builders
+from tensorpipe import schedule_engine
 from tensorpipe import schedule_program
 from tensorpipe import schedules
 from tensorpipe import test_utils
@@ -171,6 +175,22 @@ class CompileTest(tf.test.TestCase):
                      [(True, False), (False, True), (False, False)])
     self.assertEqual(schedule_program.LoopBarriers(loops[1]),
                      [(False, False), (False, False)])
+
+  def testAcrossProcessesTheWholeTableIsOneFixedPass(self):
+    # Stages in other processes (UnrollsAll): every tick of the run, the
+    # steady ones too, in one ramp; a recorded step keeps its one loop.
+    branch = [[1, 1, 0, 2, 1, 2, 0, 2], [0, 1, 2, 1, 2, 1, 2, 0]]
+    self.assertEqual(
+        schedule_program.Loops(branch, 2, 8, unroll_all=True),
+        [schedule_program.Loop(2, 8, ((0, 2), (2, 1), (1, 2), (2, 1),
+                                      (0, 2), (2, 0)), True)])
+    self.assertEqual(schedule_program.Loops(branch, 0, 8, True,
+                                            unroll_all=True),
+                     [schedule_program.Loop(0, 8, ())])
+    bound = schedule_program.UNROLL_ACROSS_PROCESSES_TICKS
+    self.assertTrue(schedule_program.UnrollsAll(bound, 2))
+    self.assertFalse(schedule_program.UnrollsAll(bound + 1, 2))
+    self.assertFalse(schedule_program.UnrollsAll(8, 1))
 
   def testZeroBubbleStashSlotsLiteral(self):
     # ZB-H1, K=2, T=2 (schedule_builders.Build('zb_h1', 2, 2).Grid()):
@@ -399,6 +419,52 @@ def _DensePipe(schedule, k=2, t=2):
       schedule=schedule).Instantiate()
 
 
+def _WhileOps(graph):
+  """The while loops of a traced step, its nested functions included."""
+  loops, todo = [], [graph]
+  while todo:
+    g = todo.pop()
+    loops += [op for op in g.get_operations()
+              if op.type in ('While', 'StatelessWhile')]
+    todo += [f.graph for f in getattr(g, '_functions', {}).values()
+             if getattr(f, 'graph', None) is not None]
+  return loops
+
+
+class AcrossProcessesTest(tf.test.TestCase):
+  """Stages in other processes (what the engine sees through
+  devices_lib.NumProcesses) run the whole table in one pass with every
+  cell fixed and no tf.while_loop (schedule_program.UnrollsAll), with the
+  looped engine's bits."""
+
+  def testNoLoopAndTheLoopedEnginesBits(self):
+    x = tf.random.stateless_normal([BATCH, 8, 8, 2], seed=[5, 6])
+    remote = mock.patch.object(schedule_engine.devices_lib, 'NumProcesses',
+                               return_value=2)
+    # K=4, T=8: where a 1-ulp difference once showed (schedule_engine.
+    # _Gates).
+    for name, k, v, t in (('gpipe', 2, 1, 4), ('1f1b', 2, 1, 4),
+                          ('zb_h1', 2, 1, 4), ('interleaved_1f1b', 2, 2, 4),
+                          ('zb_v', 2, 2, 4), ('gpipe', 4, 1, 8),
+                          ('1f1b', 4, 1, 8)):
+      looped, unrolled = _Pipe(name, k, v, t), _Pipe(name, k, v, t)
+      for a, b in zip(looped.variables, unrolled.variables):
+        b.assign(a)
+      step = _GPipeStep if name == 'gpipe' else _EngineStep
+      want_fn, got_fn = step(looped), step(unrolled)
+      self.assertNotEmpty(_WhileOps(want_fn.get_concrete_function(x).graph))
+      with remote:
+        graph = got_fn.get_concrete_function(x).graph
+      self.assertEmpty(_WhileOps(graph), name)
+      with py_utils.TrainingMode(True), py_utils.StepSeed(4):
+        want, got = want_fn(x), got_fn(x)
+      self.assertLen(got, 1 + 7)
+      for i, (a, b) in enumerate(zip(want, got)):
+        self.assertAllEqual(a, b, msg=f'{name} K={k} output {i}')
+      for a, b in zip(looped.variables, unrolled.variables):
+        self.assertAllEqual(a, b, msg=f'{name} K={k} {a.name}')
+
+
 class LoopDeviceTest(tf.test.TestCase):
 
   def testEveryLoopIsControlledFromThePipelinesFirstDevice(self):
@@ -414,15 +480,7 @@ class LoopDeviceTest(tf.test.TestCase):
           devices=['/CPU:1', '/CPU:0'], random_seed=3).Instantiate()
       step = (_EngineStep(pipe) if schedule == '1f1b' else
               _GPipeStep(pipe))
-      graph = step.get_concrete_function(x).graph
-      loops = []
-      todo = [graph]
-      while todo:
-        g = todo.pop()
-        loops += [op for op in g.get_operations()
-                  if op.type in ('While', 'StatelessWhile')]
-        todo += [f.graph for f in getattr(g, '_functions', {}).values()
-                 if getattr(f, 'graph', None) is not None]
+      loops = _WhileOps(step.get_concrete_function(x).graph)
       self.assertGreaterEqual(len(loops), 2, schedule)
       for op in loops:
         self.assertEqual(tf.DeviceSpec.from_string(op.device).device_index,

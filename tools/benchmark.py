@@ -464,7 +464,10 @@ def _RemoteCheck() -> None:
                  crossings=remote.Crossings(setting),
                  remote_s=floor['remote_s'], local_s=floor['local_s'],
                  predicted_separate_s=remote.SeparatePrediction(
-                     setting, prof['profile'], prof['cut']))
+                     setting, prof['profile'], prof['cut']),
+                 predicted_transfers_s=remote.SeparatePrediction(
+                     setting, prof['profile'], prof['cut'],
+                     floor['remote_s'], floor['bytes']))
       print(f'{model} {setting.name}: {local.step_time_s * 1e3:.1f} ms in '
             f'one process, {far.step_time_s * 1e3:.1f} ms in '
             f'{setting.num_partitions} servers; a transfer '

@@ -45,17 +45,39 @@ class TableTest(unittest.TestCase):
                local_step_s=0.100, remote_step_s=0.180, crossings=16,
                remote_s=250e-6, local_s=5e-6)
     zb = dict(row, setting='K2-T8-zbh1-rc', remote_step_s=0.171,
-              predicted_separate_s=0.095)
-    lines = remote.Table([dict(row, predicted_separate_s=0.100), zb,
+              predicted_separate_s=0.095, predicted_transfers_s=0.099)
+    lines = remote.Table([dict(row, predicted_separate_s=0.100,
+                               predicted_transfers_s=0.110), zb,
                           dict(zb, model='conv16')]).splitlines()[2:]
     # 16 crossings x 250 us = 4 ms of floor; 80 ms more than in process.
     self.assertEqual(
         lines[0], '| dense16 | K2-T8-1f1b-rc | 100.0 | 180.0 | 1.80 | '
-        '100.0 | 1.000 / 1.000 | 8x1024 | 250 / 5 | 16 | 4.0 | 80.0 |')
-    # ZB-H1 over the same model's 1F1B: 171 / 180, predicted 95 / 100.
-    self.assertIn('| 95.0 | 0.950 / 0.950 | 8x1024 |', lines[1])
+        '100.0 / 110.0 | 1.000 / 1.000 / 1.000 | 8x1024 | 250 / 5 | 16 | '
+        '4.0 | 80.0 |')
+    # ZB-H1 over the same model's 1F1B: 171 / 180, predicted 95 / 100
+    # without transfers, 99 / 110 with.
+    self.assertIn('| 95.0 / 99.0 | 0.950 / 0.950 / 0.900 | 8x1024 |',
+                  lines[1])
     # No 1F1B row of conv16: nothing to compare with.
-    self.assertIn('| 95.0 |  | 8x1024 |', lines[2])
+    self.assertIn('| 95.0 / 99.0 |  | 8x1024 |', lines[2])
+
+  def testMeasuredTransferCostsEachCrossing(self):
+    # Two layers of equal cost, K=2, T=2, 1F1B: with a transfer of 1 s
+    # per crossing the separate prediction grows by the crossings on the
+    # critical path; without one it is the profile's own.
+    from tensorpipe import cost_model  # pylint: disable=g-import-not-at-top
+    layer = cost_model.LayerCost(forward=1.0, backward=2.0, input_grad=1.0,
+                                 weight_grad=1.0, out_bytes=4.0)
+    profile = cost_model.Profile(layers=(layer, layer), micro_batch_rows=4,
+                                 input_bytes=4.0).ToJson()
+    setting = _Setting('K2-T2-1f1b-norc')
+    base = remote.SeparatePrediction(setting, profile, [[0, 1], [1, 2]])
+    far = remote.SeparatePrediction(setting, profile, [[0, 1], [1, 2]],
+                                    transfer_s=1.0, boundary_bytes=4.0)
+    self.assertGreater(far, base + 1.0)
+    with self.assertRaisesRegex(ValueError, 'boundary_bytes=0.0 must be > 0'):
+      remote.SeparatePrediction(setting, profile, [[0, 1], [1, 2]],
+                                transfer_s=1.0)
 
 
 class FlagsTest(unittest.TestCase):

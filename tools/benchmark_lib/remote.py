@@ -228,27 +228,30 @@ def _Key(row: Dict[str, Any]) -> Tuple[str, str, str]:
 
 def Table(rows: Sequence[Dict[str, Any]]) -> str:
   """Markdown table of --remote_check rows; 'over 1F1B' compares each
-  setting's two-process step (and its 'separate' prediction) with that of
-  the 1F1B setting of the same model, K and T in the rows, if any."""
+  setting's two-process step (and its 'separate' predictions, without and
+  with the measured transfers) with that of the 1F1B setting of the same
+  model, K and T in the rows, if any."""
   out = ['| model | setting | in process ms | two processes ms | ratio | '
-         'predicted (separate) ms | over 1F1B measured / predicted | '
-         'boundary | transfer µs (servers / in process) | crossings | '
-         'floor ms | extra ms |',
+         'predicted (separate) ms, without / with transfers | over 1F1B '
+         'measured / predicted without / with | boundary | transfer µs '
+         '(servers / in process) | crossings | floor ms | extra ms |',
          '|---|---|---|---|---|---|---|---|---|---|---|---|']
   ones = {_Key(r): r for r in rows if '-1f1b-' in r['setting']}
+  keys = ('predicted_separate_s', 'predicted_transfers_s')
   for r in rows:
-    pred = r.get('predicted_separate_s')
+    preds = [r.get(k) for k in keys]
     base = ones.get(_Key(r))
     over = ''
     if base is not None:
-      over = f'{r["remote_step_s"] / base["remote_step_s"]:.3f}'
-      if pred and base.get('predicted_separate_s'):
-        over += f' / {pred / base["predicted_separate_s"]:.3f}'
+      over = ' / '.join(
+          [f'{r["remote_step_s"] / base["remote_step_s"]:.3f}'] +
+          [f'{p / base[k]:.3f}' for p, k in zip(preds, keys)
+           if p and base.get(k)])
     cells = [
         r['model'], r['setting'], f'{r["local_step_s"] * 1e3:.1f}',
         f'{r["remote_step_s"] * 1e3:.1f}',
         f'{r["remote_step_s"] / r["local_step_s"]:.2f}',
-        f'{pred * 1e3:.1f}' if pred else '', over,
+        ' / '.join(f'{p * 1e3:.1f}' for p in preds if p), over,
         'x'.join(str(n) for n in r['shape']),
         f'{r["remote_s"] * 1e6:.0f} / {r["local_s"] * 1e6:.0f}',
         str(r['crossings']),
@@ -268,13 +271,26 @@ def Crossings(setting) -> int:
 
 
 def SeparatePrediction(setting, profile_json: Dict[str, Any],
-                       cut: Sequence[Sequence[int]]) -> float:
+                       cut: Sequence[Sequence[int]],
+                       transfer_s: float = 0.0,
+                       boundary_bytes: float = 0.0) -> float:
   """The calibrated cost model's step of `setting` with each device its
   own executor (`cost_model.Predict(..., 'separate')`: the table's
-  dataflow with its bubbles; no transfer cost), from a profile of the
-  setting's layer (`plan_check.ProfileChild`) cut at `cut`."""
+  dataflow with its bubbles), from a profile of the setting's layer
+  (`plan_check.ProfileChild`) cut at `cut`. With `transfer_s`, the
+  measured time of one crossing of a boundary tensor of `boundary_bytes`
+  between the servers (`TransferFloor`) is the profile's transfer cost
+  (every boundary of a built-in model has that shape), added to each cell
+  that sends or receives one; else the profile's own (in process)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
   from tensorpipe import cost_model  # pylint: disable=g-import-not-at-top
   profile = cost_model.Profile.FromJson(profile_json)
+  if transfer_s:
+    if boundary_bytes <= 0:
+      raise ValueError(f'boundary_bytes={boundary_bytes!r} must be > 0 with '
+                       f'transfer_s={transfer_s!r}')
+    profile = dataclasses.replace(
+        profile, transfer_s_per_byte=transfer_s / boundary_bytes)
   return cost_model.Predict(settings.ScheduleTable(setting), profile,
                             [tuple(c) for c in cut], setting.recompute,
                             'separate').step_s
