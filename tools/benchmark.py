@@ -446,9 +446,9 @@ def _RemoteCheck() -> None:
         local = spawn.RunSettingSubprocess(model, setting.name, **kwargs)
         procs, addresses = remote.StartServers(setting.num_partitions)
         try:
-          far = spawn.RunSettingSubprocess(model, setting.name,
-                                           remote_workers=addresses,
-                                           **kwargs)
+          far = spawn.RunSettingSubprocess(
+              model, setting.name, remote_workers=addresses,
+              cpu_pids=[p.pid for p in procs], **kwargs)
           [floor] = remote.TransferFloorSubprocess(addresses[:2], [shape])
         finally:
           remote.StopServers(procs)
@@ -463,6 +463,8 @@ def _RemoteCheck() -> None:
                  remote_step_s=far.step_time_s,
                  crossings=remote.Crossings(setting),
                  remote_s=floor['remote_s'], local_s=floor['local_s'],
+                 local_cpu_s=local.cpu_s,
+                 remote_cpu_s=[far.cpu_s] + far.pid_cpu_s,
                  predicted_separate_s=remote.SeparatePrediction(
                      setting, prof['profile'], prof['cut']),
                  predicted_transfers_s=remote.SeparatePrediction(

@@ -318,7 +318,7 @@ _FULL_RESULT_JSON = {
                                 'backward': [0.5, 0.5]},
                       'forward': [0.5, 0.5], 'recompute': [0.5, 0.5],
                       'backward': [1.0, 1.0]},
-    'recorded_step_time_s': 0.5,
+    'recorded_step_time_s': 0.5, 'cpu_s': 0.7, 'pid_cpu_s': [0.3, 0.4],
     'speedup_vs': 'plain', 'speedup': 4 / 3, 'speedup_paired': True,
     'predicted_step_s': 0.5, 'predicted_isolated_step_s': 0.625,
     'predicted_ideal_step_s': 0.5, 'predicted_bubble_fraction': 0.25,
@@ -336,11 +336,13 @@ class ResultsJsonTest(unittest.TestCase):
     self.assertEqual(r.memory.activation_peak_bytes, 5)
     self.assertEqual(r.PairedTime('plain'), 0.5)
     self.assertEqual(r.prediction.source, 'pipeline')
+    self.assertEqual((r.cpu_s, r.pid_cpu_s), (0.7, [0.3, 0.4]))
 
   def testUnpipelinedResultHasNoPredictionKeys(self):
     plain = {k: v for k, v in _FULL_RESULT_JSON.items()
              if not k.startswith(('predict', 'calibration', 'timeline',
-                                  'partition', 'stage', 'recorded'))}
+                                  'partition', 'stage', 'recorded', 'cpu',
+                                  'pid_cpu'))}
     plain.update(setting='plain', kind='plain', K=1, T=1, recompute=False,
                  threads={'intra_op': 1, 'inter_op': 1})
     r = results.Result.FromJson(plain)

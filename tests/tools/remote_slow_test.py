@@ -3,18 +3,12 @@ transfer floor child, a pipelined setting with its stages on the servers
 (they do its work), and the servers ended on every path."""
 
 import math
-import os
 import unittest
 from unittest import mock
 
 from tools.benchmark_lib import remote
+from tools.benchmark_lib import runner
 from tools.benchmark_lib import spawn
-
-
-def _CpuSeconds(pid: int) -> float:
-  with open(f'/proc/{pid}/stat') as f:
-    fields = f.read().rsplit(')', 1)[1].split()
-  return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
 
 
 class RemoteCheckTest(unittest.TestCase):
@@ -29,15 +23,22 @@ class RemoteCheckTest(unittest.TestCase):
       self.assertEqual(row['bytes'], 64)
       for key in ('remote_s', 'local_s'):
         self.assertTrue(math.isfinite(row[key]) and row[key] > 0, row)
-      before = [_CpuSeconds(p.pid) for p in procs]
+      before = [runner.ProcessCpuS(p.pid) for p in procs]
       r = spawn.RunSettingSubprocess('dense4w256', 'K2-T4-1f1b-rc', steps=3,
                                      warmup=1, partition_costs=False,
-                                     remote_workers=addresses)
+                                     remote_workers=addresses,
+                                     cpu_pids=[p.pid for p in procs])
       self.assertEqual(len(r.step_times_s), 3)
       # Both servers ran kernels of the step (tracing alone is the
-      # client's): each used CPU while the client ran its steps.
-      used = [_CpuSeconds(p.pid) - b for p, b in zip(procs, before)]
+      # client's): each used CPU while the client ran its steps, and the
+      # child measured each one's CPU over its timed steps.
+      used = [runner.ProcessCpuS(p.pid) - b for p, b in zip(procs, before)]
       self.assertTrue(all(u > 0 for u in used), used)
+      self.assertEqual(len(r.pid_cpu_s), 2)
+      for per_step, total in zip(r.pid_cpu_s, used):
+        self.assertGreaterEqual(per_step, 0.0)
+        self.assertLessEqual(per_step * 3, total + 1e-9)
+      self.assertGreater(r.cpu_s, 0.0)
       # A setting the remote mode cannot run is refused by the child with
       # the reason, not run locally.
       with self.assertRaisesRegex(RuntimeError, 'remote_workers runs one '

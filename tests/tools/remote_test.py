@@ -47,13 +47,18 @@ class TableTest(unittest.TestCase):
     zb = dict(row, setting='K2-T8-zbh1-rc', remote_step_s=0.171,
               predicted_separate_s=0.095, predicted_transfers_s=0.099)
     lines = remote.Table([dict(row, predicted_separate_s=0.100,
-                               predicted_transfers_s=0.110), zb,
+                               predicted_transfers_s=0.110,
+                               local_cpu_s=0.190,
+                               remote_cpu_s=[0.004, 0.150, 0.160]), zb,
                           dict(zb, model='conv16')]).splitlines()[2:]
     # 16 crossings x 250 us = 4 ms of floor; 80 ms more than in process.
+    # CPU: 190 ms in 100 ms of one process (1.90 cores), 314 ms in 180 ms
+    # of the client and two servers (1.74).
     self.assertEqual(
         lines[0], '| dense16 | K2-T8-1f1b-rc | 100.0 | 180.0 | 1.80 | '
         '100.0 / 110.0 | 1.000 / 1.000 / 1.000 | 8x1024 | 250 / 5 | 16 | '
-        '4.0 | 80.0 |')
+        '4.0 | 80.0 | 190.0 / 4.0 + 150.0 + 160.0 | 1.90 / 1.74 |')
+    self.assertTrue(lines[1].endswith('| 71.0 |  |  |'), lines[1])
     # ZB-H1 over the same model's 1F1B: 171 / 180, predicted 95 / 100
     # without transfers, 99 / 110 with.
     self.assertIn('| 95.0 / 99.0 | 0.950 / 0.950 / 0.900 | 8x1024 |',
@@ -78,6 +83,27 @@ class TableTest(unittest.TestCase):
     with self.assertRaisesRegex(ValueError, 'boundary_bytes=0.0 must be > 0'):
       remote.SeparatePrediction(setting, profile, [[0, 1], [1, 2]],
                                 transfer_s=1.0)
+
+
+class ProcessCpuTest(unittest.TestCase):
+
+  def testAProcessCpuTimeGrowsWithItsWorkAndAMissingOneIsNamed(self):
+    from tools.benchmark_lib import runner  # pylint: disable=g-import-not-at-top
+    proc = subprocess.Popen(
+        [sys.executable, '-c',
+         'import sys, time\nt = time.process_time()\n'
+         'while time.process_time() - t < 0.3: pass\n'
+         'print("done", flush=True)\nsys.stdin.read()'],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+      self.assertEqual(proc.stdout.readline().strip(), 'done')
+      self.assertGreaterEqual(runner.ProcessCpuS(proc.pid), 0.29)
+    finally:
+      proc.kill()
+      proc.wait(timeout=30)
+    with self.assertRaisesRegex(ValueError,
+                                f'process {proc.pid} .*running processes'):
+      runner.ProcessCpuS(proc.pid)
 
 
 class FlagsTest(unittest.TestCase):

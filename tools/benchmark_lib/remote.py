@@ -230,12 +230,16 @@ def Table(rows: Sequence[Dict[str, Any]]) -> str:
   """Markdown table of --remote_check rows; 'over 1F1B' compares each
   setting's two-process step (and its 'separate' predictions, without and
   with the measured transfers) with that of the 1F1B setting of the same
-  model, K and T in the rows, if any."""
+  model, K and T in the rows, if any. CPU: per step over the timed rounds
+  (runner.RunSetting's cpu_s, pid_cpu_s), and that over the step's wall
+  time: the cores kept busy."""
   out = ['| model | setting | in process ms | two processes ms | ratio | '
          'predicted (separate) ms, without / with transfers | over 1F1B '
          'measured / predicted without / with | boundary | transfer µs '
-         '(servers / in process) | crossings | floor ms | extra ms |',
-         '|---|---|---|---|---|---|---|---|---|---|---|---|']
+         '(servers / in process) | crossings | floor ms | extra ms | CPU ms '
+         'per step, one process / client + servers | cores busy, one process '
+         '/ two processes |',
+         '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   ones = {_Key(r): r for r in rows if '-1f1b-' in r['setting']}
   keys = ('predicted_separate_s', 'predicted_transfers_s')
   for r in rows:
@@ -257,6 +261,15 @@ def Table(rows: Sequence[Dict[str, Any]]) -> str:
         str(r['crossings']),
         f'{r["crossings"] * r["remote_s"] * 1e3:.1f}',
         f'{(r["remote_step_s"] - r["local_step_s"]) * 1e3:.1f}']
+    local_cpu, remote_cpu = r.get('local_cpu_s'), r.get('remote_cpu_s')
+    if local_cpu is not None and remote_cpu and None not in remote_cpu:
+      cells += [
+          f'{local_cpu * 1e3:.1f} / ' + ' + '.join(
+              f'{c * 1e3:.1f}' for c in remote_cpu),
+          f'{local_cpu / r["local_step_s"]:.2f} / '
+          f'{sum(remote_cpu) / r["remote_step_s"]:.2f}']
+    else:
+      cells += ['', '']
     out.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(out)
 

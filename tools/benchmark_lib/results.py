@@ -242,6 +242,11 @@ class Result:
     stage_costs_s: the cells recorded inside the running pipeline.
     recorded_step_time_s: median wall time of the recorded steps.
     step_profile: the median profiled step (step_profile.StepProfile).
+    cpu_s: this process's CPU seconds per timed step (user + system),
+      where the rotation timed the setting alone; else None.
+    pid_cpu_s: per process of `runner.RunSetting`'s cpu_pids (the TF
+      servers of stages in other processes), its CPU seconds per timed
+      step, read from /proc around the same rounds.
   """
   model: str
   setting: settings.Setting
@@ -262,6 +267,8 @@ class Result:
   speedup: Optional[Speedup] = None
   prediction: Optional[Prediction] = None
   step_profile: Optional[step_profile_lib.StepProfile] = None
+  cpu_s: Optional[float] = None
+  pid_cpu_s: List[float] = dataclasses.field(default_factory=list)
 
   @property
   def num_partitions(self) -> int:
@@ -311,6 +318,10 @@ class Result:
       out['recorded_step_time_s'] = self.recorded_step_time_s
     if self.step_profile is not None:
       out['step_profile'] = self.step_profile.ToJson()
+    if self.cpu_s is not None:
+      out['cpu_s'] = self.cpu_s
+    if self.pid_cpu_s:
+      out['pid_cpu_s'] = list(self.pid_cpu_s)
     if self.speedup is not None:
       out.update(speedup_vs=self.speedup.vs, speedup=self.speedup.value,
                  speedup_paired=self.speedup.paired)
@@ -346,7 +357,8 @@ class Result:
         recorded_step_time_s=d.get('recorded_step_time_s'),
         speedup=speedup, prediction=Prediction.FromJson(d),
         step_profile=Opt('step_profile',
-                         step_profile_lib.StepProfile.FromJson))
+                         step_profile_lib.StepProfile.FromJson),
+        cpu_s=d.get('cpu_s'), pid_cpu_s=list(d.get('pid_cpu_s') or []))
 
 
 @dataclasses.dataclass(frozen=True)

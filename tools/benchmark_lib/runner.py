@@ -430,6 +430,30 @@ def _WantsCells(setting: settings.Setting, partition_costs: bool,
           and not timeline_dir)
 
 
+def _OwnCpuS() -> float:
+  """This process's user + system CPU seconds so far."""
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  return usage.ru_utime + usage.ru_stime
+
+
+def ProcessCpuS(pid: int) -> float:
+  """User + system CPU seconds of process `pid` (on this machine) so far,
+  from /proc/<pid>/stat.
+
+  Raises:
+    ValueError: no such process (it ended, or is on another machine).
+  """
+  try:
+    with open(f'/proc/{pid}/stat', encoding='ascii') as f:
+      fields = f.read().rsplit(')', 1)[1].split()
+  except OSError as e:
+    raise ValueError(f'cannot read the CPU time of process {pid} ({e}); '
+                     'cpu_pids must be running processes on this '
+                     'machine') from None
+  # utime and stime: fields 14 and 15 of stat(5), 12 and 13 after the name.
+  return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
 def _TimeInRotation(fns: Dict[str, Callable[[], Any]], steps: int
                     ) -> Tuple[Dict[str, List[float]], Dict[str, List[Any]]]:
   """`steps` rounds of one step of each function, the order rotated each
@@ -453,7 +477,8 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
                pair_with: Optional[Sequence[str]] = None,
                step_profile_steps: int = 0,
                remote_workers: Optional[Sequence[str]] = None,
-               switching_ramps: bool = False
+               switching_ramps: bool = False,
+               cpu_pids: Sequence[int] = ()
                ) -> results_lib.Result:
   """Runs one setting in this process (TensorFlow must not have run yet).
 
@@ -474,6 +499,11 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   switching on the table (`schedule_program.RAMP_TICKS` = 0) is timed in
   the rotation too, as the baseline `ramp_check.SWITCHING_RAMPS` (its
   trace seconds in `result.paired_trace_s`): tools/benchmark --ramp_check.
+
+  Where the setting is timed alone (nothing paired, no recorded twin),
+  its CPU seconds per step are measured over the timed rounds: this
+  process's (`result.cpu_s`) and each of `cpu_pids`' (processes on this
+  machine, e.g. the TF servers of `remote_workers`: `result.pid_cpu_s`).
 
   Returns:
     The result: step times, memory (peak RSS above idle and TF's allocator),
@@ -540,7 +570,14 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
       fns['timeline'] = Runner(StepFn(rec_layer, x, learning_rate))
     for _ in range(max(1, warmup)):
       fns['timeline']()
+  alone = len(fns) == 1 and steps > 0
+  cpu_before = (_OwnCpuS(), [ProcessCpuS(p) for p in cpu_pids])
   times, raws = _TimeInRotation(fns, steps)
+  cpu_s, pid_cpu_s = None, []
+  if alone:
+    cpu_s = (_OwnCpuS() - cpu_before[0]) / steps
+    pid_cpu_s = [(ProcessCpuS(p) - c) / steps
+                 for p, c in zip(cpu_pids, cpu_before[1])]
   if steps:
     raw = raws[setting.name][-1]
 
@@ -552,7 +589,7 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
       paired={name: results_lib.StepTimes(
           statistics.median(times[name]), times[name])
               for name in fns if name not in (setting.name, 'timeline')},
-      paired_trace_s=paired_trace_s)
+      paired_trace_s=paired_trace_s, cpu_s=cpu_s, pid_cpu_s=pid_cpu_s)
   if timeline_dir and recorder is not None:
     result.timeline = _WriteTimeline(
         recorder, raw, setting, model, timeline_dir,
