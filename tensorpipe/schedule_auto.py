@@ -306,11 +306,11 @@ def CheckRecompute(p: Any) -> None:
 
 
 def Regime(device_names: Sequence[str]) -> str:
-  """'shared' when every device is a CPU device of one process, else
-  'separate'."""
-  names = [d.upper() for d in device_names]
-  tasks = {d.split('/DEVICE:')[0] for d in names if '/JOB:' in d}
-  if all('CPU' in d for d in names) and len(tasks) <= 1:
+  """'shared' when every device is a CPU device of one process
+  (`devices.NumProcesses`), else 'separate'."""
+  from tensorpipe import devices as devices_lib  # pylint: disable=g-import-not-at-top
+  if (all('CPU' in d.upper() for d in device_names) and
+      devices_lib.NumProcesses(device_names) <= 1):
     return 'shared'
   return 'separate'
 

@@ -130,6 +130,13 @@ class ResolveTest(tf.test.TestCase):
     self.assertEqual(schedule_auto.Regime(
         ['/job:worker/replica:0/task:0/device:CPU:0',
          '/job:worker/replica:0/task:1/device:CPU:0']), 'separate')
+    # This process's CPU and a server's: two processes.
+    self.assertEqual(schedule_auto.Regime(
+        ['/CPU:0', '/job:worker/replica:0/task:0/device:CPU:0']),
+                     'separate')
+    self.assertEqual(schedule_auto.Regime(
+        ['/CPU:0', '/job:localhost/replica:0/task:0/device:CPU:1']),
+                     'shared')
 
   def testResolveAutoWithFlopCostsPicks1F1BAndSaysWhy(self):
     lines = []
