@@ -1,6 +1,6 @@
 """The pipeline's ends: what a schedule_engine run does at its two ends.
 
-The engine's cells (schedule_engine: F, B or I, W) are the same for every
+The engine's cells (schedule_cells: F, B or I, W) are the same for every
 caller; what happens at the pipeline's first and last stage is not. Each
 kind of run is a small `End` whose hooks the cells call:
 

@@ -1,0 +1,223 @@
+"""A run's cells: what one device does for one stage on one tick.
+
+The schedule engine (schedule_engine.py) runs a compiled table tick by
+tick; on each tick a device runs at most one cell of one of its stages:
+
+  F  the stage's forward pass of micro-batch t: its input from the stacked
+     inputs (stage 0) or the previous stage's ring, kept in a boundary
+     slot (s > 0, where the end keeps slots), its output written to the
+     ring of the next stage (or handed to the end: the loss inside, or
+     GPipe's saved outputs), its batch-norm statistics summed;
+  B  the recomputed forward and its vjp: the input gradient written to
+     the previous stage's ring (or handed to the end at stage 0), the
+     weight gradients summed;
+  I  B without the weight ops' weight gradients: each weight op's input x
+     and output gradient dz go to the stash;
+  W  the weight ops' weight gradients from a stash entry, summed.
+
+`Cells` holds one run's facts (stages, thetas, specs, the program, the
+end, the gradient sum) and its cells, each a method from a stage's loop
+state (`schedule_ends.StageState`) to (new state, timeline stamps). The
+cells use the stage's cell algebra (pipeline_stage: `CellCall`,
+`TapedCall`, `Vjp`, `WeightGrads`, `AccumulateAt`) and the end's hooks
+(schedule_ends); `after` holds the tensors a cell's sums wait for
+(`schedule_engine._Gates`).
+"""
+
+from typing import Any, List
+
+import tensorflow as tf
+
+from tensorpipe import devices as devices_lib
+from tensorpipe import pipeline_stage
+from tensorpipe import schedule_ends
+from tensorpipe import schedule_program
+from tensorpipe import timeline
+
+
+def Ring(ring, specs) -> List[Any]:
+  """A ring's initial state: zeros, or TensorArrays of zeros."""
+  if ring.depth == 1:
+    return pipeline_stage.Zeros(specs)
+  return [tf.TensorArray(s.dtype, size=ring.depth, element_shape=s.shape)
+          .unstack(tf.zeros([ring.depth] + s.shape.as_list(), s.dtype))
+          for s in specs]
+
+
+def Write(ring, buffers, index, values) -> List[Any]:
+  if ring.depth == 1:
+    return list(values)
+  return [ta.write(index, v) for ta, v in zip(buffers, values)]
+
+
+class Cells:
+  """One run's facts and its cells (F, B or I, W), each a method that
+  takes a stage's state and returns (new state, timeline stamps)."""
+
+  def __init__(self, call: pipeline_stage.PipelineCall, program, end, acc,
+               first, last):
+    stages, thetas, specs = call.stages, call.thetas, call.specs
+    mb_size = call.mb_size
+    self.stages, self.thetas, self.specs = stages, thetas, specs
+    self.flat_stacked, self.devices = call.flat_stacked, call.devices
+    self.program, self.end, self.acc, self.mb_size = program, end, acc, mb_size
+    self.first, self.last = first, last
+    self.num_s, self.num_d = len(stages), program.num_devices
+    self.num_mb = program.table.num_micro_batches
+    self.probe = timeline.ActiveProbe()
+    # Stages in other processes: the ticks in one pass, no loop (_WhileLoop).
+    self.inline = not (self.probe.recording or end.autodiff) and (
+        schedule_program.UnrollsAll(last - first,
+                                    devices_lib.NumProcesses(call.devices)))
+    dev_of = program.stage_device
+    self.on_device = [[s for s in range(self.num_s) if dev_of[s] == d]
+                      for d in range(self.num_d)]
+    acts = [program.table.grid[d][first:last] for d in range(self.num_d)]
+    # Per device, the branches its cells in the run take.
+    self.used = [sorted({b for b in program.branch[d][first:last] if b})
+                 for d in range(self.num_d)]
+    self.runs_f = {a.stage for row in acts for a in row if a and a.op == 'F'}
+    self.runs_b = {a.stage for row in acts for a in row
+                   if a and a.op in 'BIW'}
+    self.runs_i = {a.stage for row in acts for a in row if a and a.op == 'I'}
+    if self.runs_i and acc is not None and acc.mode != 'sequential':
+      raise ValueError(f'grad_sum={acc.mode!r} does not run with schedule '
+                       f'{program.table.name!r}, which splits the backward '
+                       "pass (I, W); use grad_sum='sequential'")
+    # Per stage that runs I cells, its weight ops (py_utils.WeightOp).
+    self.weight_ops = {s: pipeline_stage.TraceWeightOps(
+        stages[s], specs[s], thetas[s], mb_size) for s in self.runs_i}
+    self.masked = end.autodiff == 'recompute_grad'
+    if self.masked and any(
+        {(a.op, a.stage) for a in row if a} != {('F', s)}
+        for row, s in zip(acts, range(self.num_d))):
+      raise ValueError('autodiff=recompute_grad runs forward cells of one '
+                       'stage per device only (stage d on device d)')
+    # Masked bubbles write to an extra slot that nothing reads.
+    self.extra = 1 if self.masked else 0
+    self.calls = {s: pipeline_stage.CellCall(stages[s], specs[s], thetas[s],
+                                             mb_size, end.autodiff)
+                  for s in self.runs_f}
+
+  def InitialState(self, s: int) -> schedule_ends.StageState:
+    """Stage s's loop state before the run (on its device)."""
+    spec, program = self.specs[s], self.program
+    end_tas = self.end.EndBuffers(s, self.num_s, spec,
+                                  self.num_mb + self.extra)
+    return schedule_ends.StageState(
+        out=(Ring(program.out_rings[s], spec.out_specs)
+             if s < self.num_s - 1 and s in self.runs_f else []),
+        dx=(Ring(program.dx_rings[s], spec.DxSpecs())
+            if s > 0 and s in self.runs_b else []),
+        slots=(schedule_ends.TensorArrays(
+            spec.in_specs, program.num_slots[s] + self.extra)
+               if s > 0 and self.end.keeps_slots else []),
+        stats=([pipeline_stage.Zeros(v) for v in spec.StatsSpecs()]
+               if s in self.runs_f else []),
+        dtheta=(self.acc.Init(tf.nest.flatten(self.thetas[s]))
+                if s in self.runs_b else []),
+        loss=(pipeline_stage.Zeros(self.end.loss_specs)
+              if s == self.num_s - 1 else []),
+        ends=end_tas,
+        stash=([ta for op in self.weight_ops[s] for ta in
+                schedule_ends.TensorArrays([op.x, op.z],
+                                           program.num_stash[s])]
+               if s in self.runs_i else []))
+
+  def Forward(self, s, state, x_in, t, slot, w, valid=None, after=()):
+    """Stage s's forward cell of micro-batch t; (state, stamps). `after`:
+    the tensors its sums wait for (`_Gates`)."""
+    probe = self.probe
+    if valid is not None:
+      slot = tf.where(valid, slot, self.program.num_slots[s])
+    x = ([tf.gather(v, t) for v in self.flat_stacked] if s == 0
+         else list(x_in))
+    slots = state.slots
+    if s > 0 and self.end.keeps_slots:
+      slots = [ta.write(slot, v) for ta, v in zip(state.slots, x)]
+    start = probe.Stamp(x)
+    with tf.control_dependencies(start):
+      y, stats = self.calls[s](x, t)
+      if valid is not None:
+        stats = tf.nest.map_structure(
+            lambda v: v * tf.cast(valid, v.dtype), stats)
+      with tf.control_dependencies(after):
+        stats = pipeline_stage.Add(state.stats, stats)
+      state = state._replace(slots=slots, stats=stats)
+      if s < self.num_s - 1:
+        state = state._replace(
+            out=Write(self.program.out_rings[s], state.out, w, y))
+      else:
+        with tf.control_dependencies(after):
+          state = self.end.AfterLastForward(state, y, t, valid, self.num_mb)
+    # A forward row of the timeline is (start, -1, end).
+    stamps = start + probe.Missing(1) + probe.Stamp([y, stats, state.loss])
+    if valid is not None:
+      stamps = probe.Mask(valid, stamps)
+    return state, stamps
+
+  def Backward(self, s, state, dy_in, t, slot, w, stash_slot=None,
+               after=()):
+    """Stage s's recompute + vjp of micro-batch t; (state, stamps).
+
+    With `stash_slot` (an I cell) only the gradients of the stage's
+    inputs and of its weight ops' outputs z are taken (weights outside
+    weight ops get theirs here too); each op's (x, dz) goes to the stash.
+    `after`: as in `Forward`.
+    """
+    probe, spec, end = self.probe, self.specs[s], self.end
+    theta_flat = tf.nest.flatten(self.thetas[s])
+    split = stash_slot is not None
+    watched = pipeline_stage.Watched(
+        len(theta_flat), self.weight_ops.get(s, []), split)
+    x = end.BackwardInputs(self, s, state, t, slot)
+    last = s == self.num_s - 1
+    dy = end.LastDys(spec, t) if last else list(dy_in)
+    start = probe.Stamp(x + dy)
+    # Stage 0's inputs are data: no gradient unless asked for.
+    cell = pipeline_stage.TapedCall(
+        self.stages[s], spec, self.thetas[s], x, t, self.mb_size,
+        watch_inputs=s > 0 or end.input_grads, watched=watched,
+        split=split, head=(end.LastHead(spec, t) if last else
+                           pipeline_stage.FloatOutputs(spec)),
+        dys=dy, deps=start)
+    mid = probe.Stamp(cell.ys)
+    zs = [call.z for call in cell.calls] if split else []
+    if split and len(zs) != len(self.weight_ops[s]):
+      raise AssertionError(f'stage {s} made {len(zs)} weight ops, traced '
+                           f'{len(self.weight_ops[s])}')
+    with tf.control_dependencies(mid):
+      dxs, dzs, dws = pipeline_stage.Vjp(
+          cell.tape, cell.ys, (cell.xs, zs, [theta_flat[i] for i in watched]),
+          cell.dys)
+    stash = state.stash
+    if split:
+      with tf.control_dependencies(after):
+        dtheta = pipeline_stage.AccumulateAt(state.dtheta, watched, dws)
+      kept = [v for call, dz in zip(cell.calls, dzs) for v in (call.x, dz)]
+      stash = [ta.write(stash_slot, v) for ta, v in zip(state.stash, kept)]
+    else:
+      with tf.control_dependencies(after):
+        dtheta = self.acc.Add(state.dtheta, dws, t)
+    dx, end_tas = state.dx, state.ends
+    if s > 0:
+      dx = Write(self.program.dx_rings[s], state.dx, w, dxs)
+    else:
+      end_tas = end.AfterFirstBackward(state, t, dxs)
+    stamps = start + mid + probe.Stamp([dxs, dtheta])
+    return state._replace(dx=dx, dtheta=dtheta, ends=end_tas,
+                          stash=stash), stamps
+
+  def WeightGrad(self, s, state, stash_slot, after=()):
+    """Stage s's W cell: each weight op's dw = vjp of fn(x, .) with dz,
+    from the (x, dz) its I cell kept; (state, stamps). `after`: as in
+    `Forward`."""
+    kept = [ta.read(stash_slot) for ta in state.stash]
+    start = self.probe.Stamp(kept)
+    with tf.control_dependencies(start + list(after)):
+      dtheta = pipeline_stage.WeightGrads(
+          self.weight_ops[s], self.thetas[s], kept[0::2], kept[1::2],
+          state.dtheta)
+    # A W row of the timeline is (start, -1, end).
+    stamps = start + self.probe.Missing(1) + self.probe.Stamp(dtheta)
+    return state._replace(dtheta=dtheta), stamps
