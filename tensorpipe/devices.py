@@ -71,11 +71,14 @@ def Matches(spec: tf.DeviceSpec, device: tf.DeviceSpec) -> bool:
 def NumProcesses(devices: Sequence[str]) -> int:
   """The processes (job, replica, task) the devices sit in; a name without
   a job is this process's ('/CPU:1': localhost, task 0)."""
-  keys = set()
-  for name in devices:
-    spec = tf.DeviceSpec.from_string(name)
-    keys.add((spec.job or 'localhost', spec.replica or 0, spec.task or 0))
-  return len(keys)
+  return len({_ProcessKey(tf.DeviceSpec.from_string(name))
+              for name in devices})
+
+
+def _ProcessKey(spec: tf.DeviceSpec) -> Tuple[str, int, int]:
+  """(job, replica, task) of a device; no job: this process (localhost, 0,
+  0)."""
+  return (spec.job or 'localhost', spec.replica or 0, spec.task or 0)
 
 
 def SharedDevices(devices: Sequence[str]) -> List[Tuple[str, List[int]]]:
@@ -88,8 +91,8 @@ def SharedDevices(devices: Sequence[str]) -> List[Tuple[str, List[int]]]:
   groups = {}
   for i, name in enumerate(devices):
     spec = tf.DeviceSpec.from_string(name)
-    key = (spec.job or 'localhost', spec.replica or 0, spec.task or 0,
-           (spec.device_type or '').upper(), spec.device_index or 0)
+    key = _ProcessKey(spec) + ((spec.device_type or '').upper(),
+                               spec.device_index or 0)
     groups.setdefault(key, (name, []))[1].append(i)
   return [(name, where) for name, where in groups.values() if len(where) > 1]
 

@@ -11,7 +11,8 @@ ticks), run by the one schedule engine that runs every schedule
 (`schedule_program.Loops`): K - 1 ramp-up ticks, the ticks where every
 partition is busy (no tf.cond: the cond was most of a tick's fixed cost;
 `unroll_ticks` of them per loop iteration) and K - 1 ramp-down ticks; the
-graph does not grow with T. Only the activations
+graph does not grow with T (with stages in other processes a short pass
+runs without loops: `schedule_program.UnrollsAll`). Only the activations
 at partition boundaries are kept (stage 0's are the stacked inputs
 themselves); each partition's forward pass is recomputed in the backward
 pass. Gradients are summed over micro-batches, so one optimizer step per

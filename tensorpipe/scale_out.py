@@ -134,9 +134,9 @@ def SimulateDataParallel(table: schedules.Schedule,
   slowest; `shared_link` puts them on one link per replica instead.
 
   The all-reduces start after the whole backward pass, not overlapped with
-  it: TensorPipeLayer's backward is one tf.while_loop whose weight-gradient
-  sums are loop state, so no stage's gradient exists outside the loop before
-  the loop ends, and the strategy all-reduces what the loop returns.
+  it: TensorPipeLayer's backward sums each stage's weight gradients over
+  the whole pass (in one process the state of one tf.while_loop), and the
+  strategy all-reduces what the pass returns.
   `overlapped_step_time` gives the bound for an implementation that would
   start stage k's all-reduce at the end of its last cell that makes weight
   gradients, a B cell or, with the I/W split, a W cell (stage K - 1

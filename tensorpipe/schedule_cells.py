@@ -26,6 +26,7 @@ cells use the stage's cell algebra (pipeline_stage: `CellCall`,
 
 from typing import Any, List
 
+from absl import logging
 import tensorflow as tf
 
 from tensorpipe import devices as devices_lib
@@ -65,10 +66,27 @@ class Cells:
     self.num_s, self.num_d = len(stages), program.num_devices
     self.num_mb = program.table.num_micro_batches
     self.probe = timeline.ActiveProbe()
-    # Stages in other processes: the ticks in one pass, no loop (_WhileLoop).
-    self.inline = not (self.probe.recording or end.autodiff) and (
-        schedule_program.UnrollsAll(last - first,
-                                    devices_lib.NumProcesses(call.devices)))
+    # One switching loop over the run: a recorded step's, and TF's
+    # autodiff of GPipe's forward loop. Else, with stages in other
+    # processes, the run's ticks in one pass and no loop (inline:
+    # schedule_engine._WhileLoop), where it has few enough cells.
+    self.one_loop = self.probe.recording or bool(end.autodiff)
+    processes = devices_lib.NumProcesses(call.devices)
+    self.inline = not self.one_loop and schedule_program.UnrollsAll(
+        program.branch, first, last, processes)
+    if processes > 1 and not self.inline:
+      cells = schedule_program.NumCells(program.branch, first, last)
+      cap = schedule_program.UNROLL_ACROSS_PROCESSES_CELLS
+      why = ('a recorded step' if self.probe.recording else
+             "TF's autodiff of the loop (GPipe with recompute=False or "
+             "recompute_impl='tf_recompute_grad')" if end.autodiff else
+             f'{cells} cells > schedule_program.'
+             f'UNROLL_ACROSS_PROCESSES_CELLS={cap}')
+      logging.warning(
+          'Stages in %d processes run ticks [%d, %d) of %r in '
+          'tf.while_loops (%s): each iteration costs a round of messages '
+          'between the processes.', processes, first, last,
+          program.table.name, why)
     dev_of = program.stage_device
     self.on_device = [[s for s in range(self.num_s) if dev_of[s] == d]
                       for d in range(self.num_d)]

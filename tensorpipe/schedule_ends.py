@@ -17,7 +17,7 @@ kind of run is a small `End` whose hooks the cells call:
                  stage 0's input gradients
 
 A hook takes and returns a stage's loop state (`StageState`), the record
-the engine carries per stage through its tf.while_loops.
+the engine carries per stage through its tf.while_loops (or its one pass).
 """
 
 from typing import Any, Callable, List, NamedTuple, Sequence, Tuple

@@ -1,4 +1,5 @@
-"""The schedule engine: runs any compiled schedule table as tf.while_loops.
+"""The schedule engine: runs any compiled schedule table as tf.while_loops
+(stages in other processes: one pass without a loop, `UnrollsAll`).
 
 One engine for every schedule (GPipe, 1F1B, interleaved 1F1B, the
 zero-bubble tables, a table read from CSV): `schedule_program.Compile`
@@ -44,6 +45,11 @@ ticks may be in flight in a switching loop (`PARALLEL_ITERATIONS`:
 cells of different cost on neighbouring devices overlap as their data
 allow, rather than each tick waiting for its slowest
 cell); the steady loop runs a whole period per iteration, one in flight.
+With stages in other processes a run of at most `schedule_program.
+UNROLL_ACROSS_PROCESSES_CELLS` cells is one pass over all its ticks with
+every cell fixed and no loop (`schedule_program.UnrollsAll`; each loop
+iteration there costs a round of messages between the processes), but for
+a recorded step and TF's autodiff of GPipe's loop.
 
 Without recompute nothing public in TensorFlow carries a stage's autodiff
 state across tf.while_loop iterations, so `schedule_unrolled.Run` unrolls
@@ -310,19 +316,29 @@ def _SwitchingLoop(engine, tables, loop, loop_vars, parallel_iterations):
               else parallel_iterations)
   return _WhileLoop(engine, Body, loop_vars,
                     (loop.end - loop.first) // len(per_iteration), parallel,
-                    lambda cs, *_: cs[0] < loop.end)
+                    lambda cs, *_: cs[0] < loop.end, loop.ramp)
 
 
-def _WhileLoop(engine, body, loop_vars, iterations, parallel, own_cond):
+def _WhileLoop(engine, body, loop_vars, iterations, parallel, own_cond,
+               ramp=False):
   """tf.while_loop of `iterations` iterations of `body`. With one device
   (and no autodiff) it ends on `own_cond`, a condition on the device's own
   clock or micro-batch, without an iteration counter (two ops less per
   tick, a tenth of K=1's fixed tick cost; TF's autodiff of a while loop
   needs the counter); else its control is on the first device
-  (LOOP_DEVICE). Where the engine runs the whole table unrolled (stages
-  in other processes, `schedule_program.UnrollsAll`), no loop: the body
-  once."""
-  if engine.inline:
+  (LOOP_DEVICE).
+
+  A ramp (`schedule_program.Loop.ramp`: one iteration with its cells
+  fixed), and every loop where the engine runs the whole table unrolled
+  (stages in other processes, `schedule_program.UnrollsAll`), is no loop:
+  the body once. A one-iteration tf.while_loop of a ramp's fixed cells
+  changed bits: GPipe's gradients of a batch-norm ResNet (SmallResNetLayers,
+  K=4, T=4, 1F1B) moved by an ulp with Grappler's constant folding on
+  (AcrossProcessesTest, RampBitsTest).
+  """
+  if engine.inline or ramp:
+    if iterations != 1:
+      raise AssertionError(f'a loop of {iterations} iterations run once')
     return body(*loop_vars)
   if engine.num_d == 1 and not engine.end.autodiff and own_cond:
     return tf.while_loop(own_cond, body, loop_vars,
@@ -369,7 +385,7 @@ def _CarriedLoop(engine, tables, loop, plan, loop_vars):
   cond = ((lambda b, *_: b[0] < t_end) if step > 0 else
           (lambda b, *_: b[0] > t_end) if step < 0 else None)
   out = _WhileLoop(engine, Body, (bases,) + tuple(loop_vars[1:]), iterations,
-                   STEADY_PARALLEL_ITERATIONS, cond)
+                   STEADY_PARALLEL_ITERATIONS, cond, loop.ramp)
   clocks = []
   for d in range(num_d):
     with tf.device(devices[d]):
@@ -413,9 +429,9 @@ def Run(call: pipeline_stage.PipelineCall, program: schedule_program.Program,
     with tf.device(devices[d]):
       logs.append(probe.NewLog(last - first, 3))
   loop_vars = (tables.clocks, states, logs)
-  one_loop = probe.recording or bool(end.autodiff)
   ramps = schedule_program.RampTicksOf(program.table)
-  for loop in schedule_program.Loops(program.branch, first, last, one_loop,
+  for loop in schedule_program.Loops(program.branch, first, last,
+                                     engine.one_loop,
                                      unroll_ticks, ramps, engine.inline):
     plan = _Carried(engine, tables, loop) if loop.steady else None
     if plan is not None:

@@ -32,8 +32,11 @@ from, in pure Python (no TF), so every decision here has a literal test:
   device's cell fixed in the graph (`steady`); the ticks before and after
   run one tick per iteration and switch on `branch` (tf.switch_case), whose
   lowered form visits every op of every branch on every tick; under a
-  loss-inside table the ramps of at most `RAMP_TICKS` ticks run once
-  instead, with each tick's cells fixed (one iteration of their own).
+  loss-inside table the ramps of at most `RAMP_TICKS` ticks (0: none, the
+  default) run once instead, with each tick's cells fixed and no loop.
+  With stages in other processes a run of at most
+  `UNROLL_ACROSS_PROCESSES_CELLS` cells is one such pass over all its
+  ticks, without a loop (`UnrollsAll`).
   Where a device runs one (op, stage) twice in an iteration (interleaved
   1F1B's period: F and B of one stage alternate), `Barriers` makes the
   second wait for the state the first left: its clock or micro-batch, and
@@ -53,23 +56,30 @@ IDLE = 0
 # loop body, traced once).
 MAX_PERIOD = 16
 # A loss-inside table's switching loops of at most this many ticks (the
-# ramps before and after the steady loop) run as one iteration with every
-# tick's cells fixed in the graph (`Loops`, unroll_ramps): a lowered
-# switch_case visits every op of every branch on every tick, and tracing a
-# ramp's cells costs less than optimizing the case. The bound keeps the
-# graph from growing with K x T on long ramps. Measured (tools/benchmark
-# --ramp_check, README "The ramps without a switch"): steps 0.56-0.98 of
-# the switching ramps' at K=2 and K=4.
-RAMP_TICKS = 48
+# ramps before and after the steady loop) run once with every tick's cells
+# fixed in the graph, without a loop (`Loops`, unroll_ramps): a lowered
+# switch_case visits every op of every branch on every tick. Measured
+# (tools/benchmark --ramp_check, README "The ramps without a switch"):
+# steps 0.56-0.98 of the switching ramps' at K=2 and K=4. OFF (0) by
+# default: fixed ramps are not exact on every model. In a one-iteration
+# tf.while_loop they moved a batch-norm ResNet's gradients at K=4, T=4 by
+# an ulp (Grappler's constant folding; the trainer's GPipe-vs-1F1B test on
+# fashion_mnist caught it); without the loop, a Transformer's embedding
+# gradient under ZB-H1 (weight_op_split_test). `RampTicks(FIXED_RAMP_TICKS)`
+# turns them on for what is traced inside.
+RAMP_TICKS = 0
+# The ramps --ramp_check and the tests fix (RAMP_TICKS when on).
+FIXED_RAMP_TICKS = 48
 # Stages in other processes (distribute.ConnectRemoteStages): each
 # tf.while_loop iteration there costs a round of messages between the
 # processes (the `tiny` model, K=2, T=4: about 2 ms an iteration on
-# 127.0.0.1), so the engine runs a table of at most this many ticks as one
-# pass with every tick's cells fixed and no loop (`Loops`, unroll_all;
-# `UnrollsAll`): K=2, T=8, two servers, steps 0.69-0.85 of the looped
-# engine's (README "Stages in other processes"). The graph then grows with
-# the ticks, so a longer table keeps its loops.
-UNROLL_ACROSS_PROCESSES_TICKS = 256
+# 127.0.0.1), so the engine runs a run of at most this many cells (all
+# devices' non-idle cells together) as one pass with every tick's cells
+# fixed and no loop (`Loops`, unroll_all; `UnrollsAll`): K=2, T=8, two
+# servers, steps 0.69-0.85 of the looped engine's in an ad-hoc A/B (README
+# "Stages in other processes"). The graph then grows with the cells, so a
+# longer run keeps its loops (and the engine logs why).
+UNROLL_ACROSS_PROCESSES_CELLS = 512
 
 
 def RampTicksOf(table: schedules.Schedule) -> int:
@@ -78,11 +88,18 @@ def RampTicksOf(table: schedules.Schedule) -> int:
   return RAMP_TICKS if table.loss_inside else 0
 
 
-def UnrollsAll(num_ticks: int, num_processes: int) -> bool:
-  """Whether the engine runs `num_ticks` ticks whose devices sit in
-  `num_processes` processes as one pass with every cell fixed
-  (UNROLL_ACROSS_PROCESSES_TICKS)."""
-  return num_processes > 1 and num_ticks <= UNROLL_ACROSS_PROCESSES_TICKS
+def UnrollsAll(branch: Sequence[Sequence[int]], first: int, end: int,
+               num_processes: int) -> bool:
+  """Whether the engine runs ticks [first, end) of `branch` (a `Program`'s)
+  on devices in `num_processes` processes as one pass with every cell
+  fixed: across processes, up to UNROLL_ACROSS_PROCESSES_CELLS cells."""
+  return num_processes > 1 and NumCells(branch, first, end) <= (
+      UNROLL_ACROSS_PROCESSES_CELLS)
+
+
+def NumCells(branch: Sequence[Sequence[int]], first: int, end: int) -> int:
+  """The non-idle cells of all devices on ticks [first, end)."""
+  return sum(b != IDLE for row in branch for b in row[first:end])
 
 
 @contextlib.contextmanager
@@ -111,7 +128,7 @@ class Loop(NamedTuple):
   """Ticks [first, end); steady: per tick of one iteration (one or more
   periods), per device, its branch, or () for a switching loop (one tick
   per iteration); ramp: a switching loop run once with its cells fixed
-  instead (`Loops`, unroll_ramps)."""
+  instead (`Loops`, unroll_ramps; with unroll_all every tick)."""
   first: int
   end: int
   steady: Tuple[Tuple[int, ...], ...]

@@ -128,7 +128,7 @@ def Run(call: pipeline_stage.PipelineCall, program,
   dependency on the previous cell of the same device makes each device run
   its cells in the table's order (the dataflow alone would let every
   forward run first, as in GPipe). The graph holds 2 S T stage calls, so it
-  grows with T (the loop's does not). end: the
+  grows with T (the loop's does not, in one process). end: the
   `schedule_ends.LossInside` of the call.
   """
   num_s, num_d = len(call.stages), program.num_devices

@@ -46,6 +46,19 @@ def LossAndGrads(layer: Any, loss_fn: Callable[[Any], tf.Tensor],
   return Step(*inputs)
 
 
+def WhileOps(graph: Any) -> List[Any]:
+  """The tf.while_loop ops of a traced graph (a concrete function's),
+  its nested function graphs included."""
+  loops, todo = [], [graph]
+  while todo:
+    g = todo.pop()
+    loops += [op for op in g.get_operations()
+              if op.type in ('While', 'StatelessWhile')]
+    todo += [f.graph for f in getattr(g, '_functions', {}).values()
+             if getattr(f, 'graph', None) is not None]
+  return loops
+
+
 def GlobalNorm(grads: Sequence[tf.Tensor]) -> float:
   return float(tf.linalg.global_norm(list(grads)))
 

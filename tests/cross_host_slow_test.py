@@ -105,12 +105,8 @@ class CrossHostStagesTest(tf.test.TestCase):
       with tf.GradientTape() as tape:
         loss = zbv.FPropLoss(zbv.theta, (x,), None, sum_sq, 1.0).loss
       return loss, tape.gradient(loss, zbv.trainable_variables)
-    graph = ZbvStep.get_concrete_function(x).graph
-    ops = [op.type for g in [graph] + [
-        f.graph for f in graph._functions.values()] for op in  # pylint: disable=protected-access
-           g.get_operations()]
-    self.assertNotIn('While', ops)
-    self.assertNotIn('StatelessWhile', ops)
+    self.assertEmpty(test_utils.WhileOps(
+        ZbvStep.get_concrete_function(x).graph))
     self.assertEqual(
         [v.name for v in zbv.trainable_variables],
         [v.name for v in pipe.trainable_variables])

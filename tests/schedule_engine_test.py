@@ -7,7 +7,8 @@ weight gradients in GPipe's backward order (schedule_program.Labels). The
 zero-bubble schedules (ZB-H1, ZB-V) are also checked against the float64
 micro-batch oracle, and their I-to-W stash slots against a literal table.
 With stages in other processes every schedule runs its whole table in one
-pass, without a tf.while_loop, with the looped engine's bits.
+pass, without a tf.while_loop, with the looped engine's bits (but for TF's
+autodiff of GPipe's loop and runs over UNROLL_ACROSS_PROCESSES_CELLS).
 """
 
 import os
@@ -15,10 +16,10 @@ from unittest import mock
 
 import tensorflow as tf
 
+from tensorpipe import devices
 from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import schedule_builders
-from tensorpipe import schedule_engine
 from tensorpipe import schedule_program
 from tensorpipe import schedules
 from tensorpipe import test_utils
@@ -187,10 +188,15 @@ class CompileTest(tf.test.TestCase):
     self.assertEqual(schedule_program.Loops(branch, 0, 8, True,
                                             unroll_all=True),
                      [schedule_program.Loop(0, 8, ())])
-    bound = schedule_program.UNROLL_ACROSS_PROCESSES_TICKS
-    self.assertTrue(schedule_program.UnrollsAll(bound, 2))
-    self.assertFalse(schedule_program.UnrollsAll(bound + 1, 2))
-    self.assertFalse(schedule_program.UnrollsAll(8, 1))
+    # Ticks 2 .. 7 hold 9 non-idle cells (4 + 5), ticks 0 .. 7 hold 12:
+    # within a cap of 9, and over it.
+    self.assertEqual(schedule_program.NumCells(branch, 2, 8), 9)
+    self.assertEqual(schedule_program.NumCells(branch, 0, 8), 12)
+    with mock.patch.object(schedule_program,
+                           'UNROLL_ACROSS_PROCESSES_CELLS', 9):
+      self.assertTrue(schedule_program.UnrollsAll(branch, 2, 8, 2))
+      self.assertFalse(schedule_program.UnrollsAll(branch, 0, 8, 2))
+      self.assertFalse(schedule_program.UnrollsAll(branch, 2, 8, 1))
 
   def testZeroBubbleStashSlotsLiteral(self):
     # ZB-H1, K=2, T=2 (schedule_builders.Build('zb_h1', 2, 2).Grid()):
@@ -419,28 +425,16 @@ def _DensePipe(schedule, k=2, t=2):
       schedule=schedule).Instantiate()
 
 
-def _WhileOps(graph):
-  """The while loops of a traced step, its nested functions included."""
-  loops, todo = [], [graph]
-  while todo:
-    g = todo.pop()
-    loops += [op for op in g.get_operations()
-              if op.type in ('While', 'StatelessWhile')]
-    todo += [f.graph for f in getattr(g, '_functions', {}).values()
-             if getattr(f, 'graph', None) is not None]
-  return loops
-
-
 class AcrossProcessesTest(tf.test.TestCase):
   """Stages in other processes (what the engine sees through
-  devices_lib.NumProcesses) run the whole table in one pass with every
-  cell fixed and no tf.while_loop (schedule_program.UnrollsAll), with the
-  looped engine's bits."""
+  devices.NumProcesses) run the whole table in one pass with every cell
+  fixed and no tf.while_loop (schedule_program.UnrollsAll), with the
+  looped engine's bits; TF's autodiff of GPipe's loop and a run of more
+  cells than UNROLL_ACROSS_PROCESSES_CELLS keep their loops."""
 
   def testNoLoopAndTheLoopedEnginesBits(self):
     x = tf.random.stateless_normal([BATCH, 8, 8, 2], seed=[5, 6])
-    remote = mock.patch.object(schedule_engine.devices_lib, 'NumProcesses',
-                               return_value=2)
+    remote = mock.patch.object(devices, 'NumProcesses', return_value=2)
     # K=4, T=8: where a 1-ulp difference once showed (schedule_engine.
     # _Gates).
     for name, k, v, t in (('gpipe', 2, 1, 4), ('1f1b', 2, 1, 4),
@@ -452,17 +446,37 @@ class AcrossProcessesTest(tf.test.TestCase):
         b.assign(a)
       step = _GPipeStep if name == 'gpipe' else _EngineStep
       want_fn, got_fn = step(looped), step(unrolled)
-      self.assertNotEmpty(_WhileOps(want_fn.get_concrete_function(x).graph))
-      with remote:
-        graph = got_fn.get_concrete_function(x).graph
-      self.assertEmpty(_WhileOps(graph), name)
       with py_utils.TrainingMode(True), py_utils.StepSeed(4):
+        self.assertNotEmpty(test_utils.WhileOps(
+            want_fn.get_concrete_function(x).graph))
+        with remote:
+          graph = got_fn.get_concrete_function(x).graph
+        self.assertEmpty(test_utils.WhileOps(graph), name)
         want, got = want_fn(x), got_fn(x)
       self.assertLen(got, 1 + 7)
       for i, (a, b) in enumerate(zip(want, got)):
         self.assertAllEqual(a, b, msg=f'{name} K={k} output {i}')
       for a, b in zip(looped.variables, unrolled.variables):
         self.assertAllEqual(a, b, msg=f'{name} K={k} {a.name}')
+
+  def testAutodiffAndLongRunsKeepTheirLoopsAndSaySo(self):
+    x = tf.random.stateless_normal([BATCH, 8, 8, 2], seed=[5, 6])
+    remote = mock.patch.object(devices, 'NumProcesses', return_value=2)
+    # GPipe without recompute: TF's autodiff differentiates its loop.
+    with remote, self.assertLogs(level='WARNING') as logs:
+      graph = _GPipeStep(_Pipe('gpipe', 2, 1, 4, recompute=False)
+                         ).get_concrete_function(x).graph
+    self.assertNotEmpty(test_utils.WhileOps(graph))
+    self.assertIn("TF's autodiff of the loop", '\n'.join(logs.output))
+    # 1F1B, K=2, T=4: 16 cells, over a cap of 8.
+    cap = mock.patch.object(schedule_program,
+                            'UNROLL_ACROSS_PROCESSES_CELLS', 8)
+    with remote, cap, self.assertLogs(level='WARNING') as logs:
+      graph = _EngineStep(_Pipe('1f1b', 2, 1, 4)).get_concrete_function(
+          x).graph
+    self.assertNotEmpty(test_utils.WhileOps(graph))
+    self.assertIn('16 cells > schedule_program.'
+                  'UNROLL_ACROSS_PROCESSES_CELLS=8', '\n'.join(logs.output))
 
 
 class LoopDeviceTest(tf.test.TestCase):
@@ -480,7 +494,7 @@ class LoopDeviceTest(tf.test.TestCase):
           devices=['/CPU:1', '/CPU:0'], random_seed=3).Instantiate()
       step = (_EngineStep(pipe) if schedule == '1f1b' else
               _GPipeStep(pipe))
-      loops = _WhileOps(step.get_concrete_function(x).graph)
+      loops = test_utils.WhileOps(step.get_concrete_function(x).graph)
       self.assertGreaterEqual(len(loops), 2, schedule)
       for op in loops:
         self.assertEqual(tf.DeviceSpec.from_string(op.device).device_index,

@@ -2,6 +2,7 @@
 (pure). Servers, the transfer floor and a remote step run in
 remote_slow_test.py."""
 
+import dataclasses
 import subprocess
 import sys
 import unittest
@@ -66,22 +67,30 @@ class TableTest(unittest.TestCase):
     # No 1F1B row of conv16: nothing to compare with.
     self.assertIn('| 95.0 / 99.0 |  | 8x1024 |', lines[2])
 
-  def testMeasuredTransferCostsEachCrossing(self):
-    # Two layers of equal cost, K=2, T=2, 1F1B: with a transfer of 1 s
-    # per crossing the separate prediction grows by the crossings on the
-    # critical path; without one it is the profile's own.
+  def testMeasuredTransferIsTheProfilesCostPerByte(self):
+    # One crossing of a 4-byte boundary in 1 s: the profile's transfer
+    # cost becomes 0.25 s per byte, added to each cell that sends or
+    # receives one (cost_model.StageCosts); none given: the profile's own.
     from tensorpipe import cost_model  # pylint: disable=g-import-not-at-top
     layer = cost_model.LayerCost(forward=1.0, backward=2.0, input_grad=1.0,
                                  weight_grad=1.0, out_bytes=4.0)
     profile = cost_model.Profile(layers=(layer, layer), micro_batch_rows=4,
-                                 input_bytes=4.0).ToJson()
+                                 input_bytes=4.0)
     setting = _Setting('K2-T2-1f1b-norc')
-    base = remote.SeparatePrediction(setting, profile, [[0, 1], [1, 2]])
-    far = remote.SeparatePrediction(setting, profile, [[0, 1], [1, 2]],
+    cut = [[0, 1], [1, 2]]
+    base = remote.SeparatePrediction(setting, profile.ToJson(), cut)
+    far = remote.SeparatePrediction(setting, profile.ToJson(), cut,
                                     transfer_s=1.0, boundary_bytes=4.0)
+    table = settings.ScheduleTable(setting)
+    want = lambda rate: cost_model.Predict(
+        table, dataclasses.replace(profile, transfer_s_per_byte=rate),
+        [(0, 1), (1, 2)], False, 'separate').step_s
+    self.assertEqual(base, want(0.0))
+    self.assertEqual(far, want(0.25))
     self.assertGreater(far, base + 1.0)
-    with self.assertRaisesRegex(ValueError, 'boundary_bytes=0.0 must be > 0'):
-      remote.SeparatePrediction(setting, profile, [[0, 1], [1, 2]],
+    with self.assertRaisesRegex(ValueError,
+                                'boundary_bytes=0.0 must be > 0'):
+      remote.SeparatePrediction(setting, profile.ToJson(), cut,
                                 transfer_s=1.0)
 
 

@@ -1,11 +1,14 @@
 """Fixed ramps against switching ramps (tools/benchmark --ramp_check).
 
-The engine runs a loss-inside table's short switching loops (the ramps
-before and after the steady loop, at most `schedule_program.RAMP_TICKS`
-ticks) as one iteration with every tick's cells fixed in the graph instead
-of one tf.switch_case per tick. This check times both forms of one setting
-in one process, in rotation (`runner.RunSetting(switching_ramps=True)`: the
-twin is the same pipeline, its weights copied, traced with RAMP_TICKS = 0),
+The engine can run a loss-inside table's short switching loops (the
+ramps before and after the steady loop, at most `schedule_program.
+FIXED_RAMP_TICKS` ticks) once, with every tick's cells fixed in the graph,
+instead of one tf.switch_case per tick (`schedule_program.RAMP_TICKS`: off
+by default, as fixed ramps are not exact on every model). This check
+times both forms of one setting in one process, in rotation
+(`runner.RunSetting(switching_ramps=True)`: the setting traced with fixed
+ramps, its twin the same pipeline, its weights copied, traced with
+RAMP_TICKS = 0),
 so the ratio is not moved by the machine's drift between processes. The
 twin is traced second: its trace time leaves out the process's one-time
 costs, which the first trace pays.
@@ -40,7 +43,7 @@ def RampTicks(setting: settings.Setting) -> List[int]:
   program = schedule_program.Compile(settings.ScheduleTable(setting))
   loops = schedule_program.Loops(
       program.branch, 0, program.num_ticks,
-      unroll_ramps=schedule_program.RampTicksOf(program.table))
+      unroll_ramps=schedule_program.FIXED_RAMP_TICKS)
   steady = schedule_program.Loops(program.branch, 0, program.num_ticks)
   steady_ticks = sum(x.end - x.first for x in steady if x.steady)
   fixed = sum(x.end - x.first for x in loops if x.steady) - steady_ticks

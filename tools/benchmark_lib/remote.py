@@ -33,6 +33,7 @@ Usage (parent):
     remote.StopServers(procs)
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -231,14 +232,14 @@ def Table(rows: Sequence[Dict[str, Any]]) -> str:
   setting's two-process step (and its 'separate' predictions, without and
   with the measured transfers) with that of the 1F1B setting of the same
   model, K and T in the rows, if any. CPU: per step over the timed rounds
-  (runner.RunSetting's cpu_s, pid_cpu_s), and that over the step's wall
-  time: the cores kept busy."""
+  (runner.RunSetting's cpu_s, pid_cpu_s), and that over the median step:
+  the cores kept busy."""
   out = ['| model | setting | in process ms | two processes ms | ratio | '
          'predicted (separate) ms, without / with transfers | over 1F1B '
          'measured / predicted without / with | boundary | transfer µs '
          '(servers / in process) | crossings | floor ms | extra ms | CPU ms '
-         'per step, one process / client + servers | cores busy, one process '
-         '/ two processes |',
+         'per step, one process / client + servers | cores busy (CPU per '
+         'step / median step), one process / two processes |',
          '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   ones = {_Key(r): r for r in rows if '-1f1b-' in r['setting']}
   keys = ('predicted_separate_s', 'predicted_transfers_s')
@@ -295,7 +296,6 @@ def SeparatePrediction(setting, profile_json: Dict[str, Any],
   between the servers (`TransferFloor`) is the profile's transfer cost
   (every boundary of a built-in model has that shape), added to each cell
   that sends or receives one; else the profile's own (in process)."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
   from tensorpipe import cost_model  # pylint: disable=g-import-not-at-top
   profile = cost_model.Profile.FromJson(profile_json)
   if transfer_s:

@@ -444,8 +444,8 @@ def ProcessCpuS(pid: int) -> float:
     ValueError: no such process (it ended, or is on another machine).
   """
   try:
-    with open(f'/proc/{pid}/stat', encoding='ascii') as f:
-      fields = f.read().rsplit(')', 1)[1].split()
+    with open(f'/proc/{pid}/stat', 'rb') as f:
+      fields = f.read().rsplit(b')', 1)[1].split()
   except OSError as e:
     raise ValueError(f'cannot read the CPU time of process {pid} ({e}); '
                      'cpu_pids must be running processes on this '
@@ -495,8 +495,10 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   after the timed rounds (`step_profile`: the median step's time with no
   kernel running and each thread's busy time).
 
-  With `switching_ramps`, the same pipeline traced with its ramps
-  switching on the table (`schedule_program.RAMP_TICKS` = 0) is timed in
+  With `switching_ramps`, the setting is traced with its ramps fixed
+  (`schedule_program.FIXED_RAMP_TICKS`; off by default) and the same
+  pipeline traced with its ramps switching on the table (`schedule_program.
+  RAMP_TICKS` = 0) is timed in
   the rotation too, as the baseline `ramp_check.SWITCHING_RAMPS` (its
   trace seconds in `result.paired_trace_s`): tools/benchmark --ramp_check.
 
@@ -531,7 +533,11 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
     with timeline.Record() as recorder:
       step_fn = StepFn(layer, x, learning_rate)
   else:
-    step_fn = StepFn(layer, x, learning_rate)
+    # --ramp_check: the setting with its ramps fixed (off by default).
+    with schedule_program.RampTicks(schedule_program.FIXED_RAMP_TICKS
+                                    if switching_ramps else
+                                    schedule_program.RAMP_TICKS):
+      step_fn = StepFn(layer, x, learning_rate)
   trace_s = time.perf_counter() - t0
   memory, warmup_s, raw = _WarmUpMeasuringMemory(Runner(step_fn), warmup)
 
@@ -571,7 +577,8 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
     for _ in range(max(1, warmup)):
       fns['timeline']()
   alone = len(fns) == 1 and steps > 0
-  cpu_before = (_OwnCpuS(), [ProcessCpuS(p) for p in cpu_pids])
+  cpu_before = ((_OwnCpuS(), [ProcessCpuS(p) for p in cpu_pids]) if alone
+                else None)
   times, raws = _TimeInRotation(fns, steps)
   cpu_s, pid_cpu_s = None, []
   if alone:
