@@ -38,9 +38,10 @@ case); deeper rings (interleaved 1F1B) are TensorArrays in the producer's
 loop state, read on the producer's device and sent to the consumer. Ticks
 on which every device works in a repeating pattern run as a loop whose
 cells are fixed in the graph (no tf.switch_case); the others switch on the
-table (`schedule_program`), except short ones (a loss-inside table's
-ramps, `schedule_program.RAMP_TICKS`), which run once with each tick's
-cells fixed, waiting after each cell of a device (`LoopBarriers`). Two
+table (`schedule_program`); with fixed ramps on (a loss-inside table's
+short ones, `schedule_program.RAMP_TICKS`: off by default, not exact on
+every model) those run once without a loop, each tick's cells fixed,
+waiting after each cell of a device (`LoopBarriers`). Two
 ticks may be in flight in a switching loop (`PARALLEL_ITERATIONS`:
 cells of different cost on neighbouring devices overlap as their data
 allow, rather than each tick waiting for its slowest
