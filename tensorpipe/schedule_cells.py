@@ -68,13 +68,16 @@ class Cells:
     self.probe = timeline.ActiveProbe()
     # One switching loop over the run: a recorded step's, and TF's
     # autodiff of GPipe's forward loop. Else, with stages in other
-    # processes, the run's ticks in one pass and no loop (inline:
-    # schedule_engine._WhileLoop), where it has few enough cells.
+    # processes and that mode on (schedule_program.
+    # UNROLL_ACROSS_PROCESSES_CELLS; off by default), the run's ticks in
+    # one pass and no loop (inline: schedule_engine._WhileLoop), where it
+    # has few enough cells.
     self.one_loop = self.probe.recording or bool(end.autodiff)
     processes = devices_lib.NumProcesses(call.devices)
     self.inline = not self.one_loop and schedule_program.UnrollsAll(
         program.branch, first, last, processes)
-    if processes > 1 and not self.inline:
+    if (processes > 1 and not self.inline and
+        schedule_program.UNROLL_ACROSS_PROCESSES_CELLS):
       cells = schedule_program.NumCells(program.branch, first, last)
       cap = schedule_program.UNROLL_ACROSS_PROCESSES_CELLS
       why = ('a recorded step' if self.probe.recording else

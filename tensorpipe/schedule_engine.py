@@ -1,5 +1,5 @@
 """The schedule engine: runs any compiled schedule table as tf.while_loops
-(stages in other processes: one pass without a loop, `UnrollsAll`).
+(stages in other processes, opt-in: one pass without a loop, `UnrollsAll`).
 
 One engine for every schedule (GPipe, 1F1B, interleaved 1F1B, the
 zero-bubble tables, a table read from CSV): `schedule_program.Compile`
@@ -46,8 +46,9 @@ ticks may be in flight in a switching loop (`PARALLEL_ITERATIONS`:
 cells of different cost on neighbouring devices overlap as their data
 allow, rather than each tick waiting for its slowest
 cell); the steady loop runs a whole period per iteration, one in flight.
-With stages in other processes a run of at most `schedule_program.
-UNROLL_ACROSS_PROCESSES_CELLS` cells is one pass over all its ticks with
+With stages in other processes and `schedule_program.
+UNROLL_ACROSS_PROCESSES_CELLS` set (off by default: not exact on every
+model), a run of at most that many cells is one pass over all its ticks with
 every cell fixed and no loop (`schedule_program.UnrollsAll`; each loop
 iteration there costs a round of messages between the processes), but for
 a recorded step and TF's autodiff of GPipe's loop.

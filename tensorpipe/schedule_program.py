@@ -34,9 +34,9 @@ from, in pure Python (no TF), so every decision here has a literal test:
   lowered form visits every op of every branch on every tick; under a
   loss-inside table the ramps of at most `RAMP_TICKS` ticks (0: none, the
   default) run once instead, with each tick's cells fixed and no loop.
-  With stages in other processes a run of at most
-  `UNROLL_ACROSS_PROCESSES_CELLS` cells is one such pass over all its
-  ticks, without a loop (`UnrollsAll`).
+  With stages in other processes and `UNROLL_ACROSS_PROCESSES_CELLS` set
+  (0: off, the default), a run of at most that many cells is one such
+  pass over all its ticks, without a loop (`UnrollsAll`).
   Where a device runs one (op, stage) twice in an iteration (interleaved
   1F1B's period: F and B of one stage alternate), `Barriers` makes the
   second wait for the state the first left: its clock or micro-batch, and
@@ -73,13 +73,20 @@ FIXED_RAMP_TICKS = 48
 # Stages in other processes (distribute.ConnectRemoteStages): each
 # tf.while_loop iteration there costs a round of messages between the
 # processes (the `tiny` model, K=2, T=4: about 2 ms an iteration on
-# 127.0.0.1), so the engine runs a run of at most this many cells (all
+# 127.0.0.1), so the engine can run a run of at most this many cells (all
 # devices' non-idle cells together) as one pass with every tick's cells
 # fixed and no loop (`Loops`, unroll_all; `UnrollsAll`): K=2, T=8, two
 # servers, steps 0.69-0.85 of the looped engine's in an ad-hoc A/B (README
-# "Stages in other processes"). The graph then grows with the cells, so a
+# "Stages in other processes"). OFF (0) by default: not exact on every
+# model (GPipe's attention and embedding gradients of a Transformer LM
+# moved by an ulp against the looped engine's; conv, FC and a batch-norm
+# ResNet kept their bits). `UnrollAcrossProcesses(ONE_PASS_CELLS)` turns
+# it on for what is traced inside. The graph grows with the cells, so a
 # longer run keeps its loops (and the engine logs why).
-UNROLL_ACROSS_PROCESSES_CELLS = 512
+UNROLL_ACROSS_PROCESSES_CELLS = 0
+# The cap `UnrollAcrossProcesses` takes when on (tools/benchmark
+# --remote_check, the tests).
+ONE_PASS_CELLS = 512
 
 
 def RampTicksOf(table: schedules.Schedule) -> int:
@@ -100,6 +107,18 @@ def UnrollsAll(branch: Sequence[Sequence[int]], first: int, end: int,
 def NumCells(branch: Sequence[Sequence[int]], first: int, end: int) -> int:
   """The non-idle cells of all devices on ticks [first, end)."""
   return sum(b != IDLE for row in branch for b in row[first:end])
+
+
+@contextlib.contextmanager
+def UnrollAcrossProcesses(cells: int) -> Iterator[None]:
+  """`UNROLL_ACROSS_PROCESSES_CELLS` = cells for what is traced inside (the
+  engine reads it at trace time; 0: off, the default)."""
+  global UNROLL_ACROSS_PROCESSES_CELLS
+  old, UNROLL_ACROSS_PROCESSES_CELLS = UNROLL_ACROSS_PROCESSES_CELLS, cells
+  try:
+    yield
+  finally:
+    UNROLL_ACROSS_PROCESSES_CELLS = old
 
 
 @contextlib.contextmanager

@@ -61,6 +61,7 @@ class CrossHostStagesTest(tf.test.TestCase):
     # pylint: disable=g-import-not-at-top
     from tensorpipe import distribute
     from tensorpipe import pipeline
+    from tensorpipe import schedule_program
     from tensorpipe import test_utils
     from tensorpipe.layers import composite
     from tensorpipe.layers import linear
@@ -92,8 +93,9 @@ class CrossHostStagesTest(tf.test.TestCase):
                                     scale=test_utils.MaxAbs(want_grads))
 
     # A loss-inside schedule of two stages per server (ZB-V's V) runs its
-    # whole table in one pass, with no tf.while_loop to cost a round of
-    # messages per iteration (schedule_program.UnrollsAll).
+    # whole table in one pass with the one pass on (opt-in), with no
+    # tf.while_loop to cost a round of messages per iteration
+    # (schedule_program.UnrollsAll).
     zbv = pipeline.TensorPipeLayer.Params().Set(
         name='TensorPipe', layers=layers, num_partitions=2,
         num_micro_batches=4, input_shapes=[[8, 4]], devices=devices,
@@ -105,8 +107,10 @@ class CrossHostStagesTest(tf.test.TestCase):
       with tf.GradientTape() as tape:
         loss = zbv.FPropLoss(zbv.theta, (x,), None, sum_sq, 1.0).loss
       return loss, tape.gradient(loss, zbv.trainable_variables)
-    self.assertEmpty(test_utils.WhileOps(
-        ZbvStep.get_concrete_function(x).graph))
+    with schedule_program.UnrollAcrossProcesses(
+        schedule_program.ONE_PASS_CELLS):
+      self.assertEmpty(test_utils.WhileOps(
+          ZbvStep.get_concrete_function(x).graph))
     self.assertEqual(
         [v.name for v in zbv.trainable_variables],
         [v.name for v in pipe.trainable_variables])

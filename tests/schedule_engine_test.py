@@ -6,14 +6,16 @@ same stages: the engine relabels micro-batches so that every stage sums its
 weight gradients in GPipe's backward order (schedule_program.Labels). The
 zero-bubble schedules (ZB-H1, ZB-V) are also checked against the float64
 micro-batch oracle, and their I-to-W stash slots against a literal table.
-With stages in other processes every schedule runs its whole table in one
-pass, without a tf.while_loop, with the looped engine's bits (but for TF's
-autodiff of GPipe's loop and runs over UNROLL_ACROSS_PROCESSES_CELLS).
+With stages in other processes and the one pass on (opt-in), every
+schedule runs its whole table without a tf.while_loop, with the looped
+engine's bits on conv stages (but for TF's autodiff of GPipe's loop and
+runs over the cap).
 """
 
 import os
 from unittest import mock
 
+from absl import logging
 import tensorflow as tf
 
 from tensorpipe import devices
@@ -427,14 +429,17 @@ def _DensePipe(schedule, k=2, t=2):
 
 class AcrossProcessesTest(tf.test.TestCase):
   """Stages in other processes (what the engine sees through
-  devices.NumProcesses) run the whole table in one pass with every cell
-  fixed and no tf.while_loop (schedule_program.UnrollsAll), with the
-  looped engine's bits; TF's autodiff of GPipe's loop and a run of more
-  cells than UNROLL_ACROSS_PROCESSES_CELLS keep their loops."""
+  devices.NumProcesses), with the one pass on (schedule_program.
+  UnrollAcrossProcesses; off by default), run the whole table in one pass
+  with every cell fixed and no tf.while_loop (schedule_program.UnrollsAll),
+  with the looped engine's bits on these conv stages; TF's autodiff of
+  GPipe's loop and a run of more cells than the cap keep their loops."""
 
   def testNoLoopAndTheLoopedEnginesBits(self):
     x = tf.random.stateless_normal([BATCH, 8, 8, 2], seed=[5, 6])
     remote = mock.patch.object(devices, 'NumProcesses', return_value=2)
+    one_pass = lambda: schedule_program.UnrollAcrossProcesses(
+        schedule_program.ONE_PASS_CELLS)
     # K=4, T=8: where a 1-ulp difference once showed (schedule_engine.
     # _Gates).
     for name, k, v, t in (('gpipe', 2, 1, 4), ('1f1b', 2, 1, 4),
@@ -449,7 +454,7 @@ class AcrossProcessesTest(tf.test.TestCase):
       with py_utils.TrainingMode(True), py_utils.StepSeed(4):
         self.assertNotEmpty(test_utils.WhileOps(
             want_fn.get_concrete_function(x).graph))
-        with remote:
+        with remote, one_pass():
           graph = got_fn.get_concrete_function(x).graph
         self.assertEmpty(test_utils.WhileOps(graph), name)
         want, got = want_fn(x), got_fn(x)
@@ -459,11 +464,21 @@ class AcrossProcessesTest(tf.test.TestCase):
       for a, b in zip(looped.variables, unrolled.variables):
         self.assertAllEqual(a, b, msg=f'{name} K={k} {a.name}')
 
-  def testAutodiffAndLongRunsKeepTheirLoopsAndSaySo(self):
+  def testByDefaultAutodiffAndLongRunsKeepTheirLoops(self):
     x = tf.random.stateless_normal([BATCH, 8, 8, 2], seed=[5, 6])
     remote = mock.patch.object(devices, 'NumProcesses', return_value=2)
-    # GPipe without recompute: TF's autodiff differentiates its loop.
+    # Off by default (not exact on every model): the loops, and no
+    # warning about them.
     with remote, self.assertLogs(level='WARNING') as logs:
+      graph = _EngineStep(_Pipe('1f1b', 2, 1, 4)).get_concrete_function(
+          x).graph
+      logging.warning('end of the trace')
+    self.assertNotEmpty(test_utils.WhileOps(graph))
+    self.assertNotIn('Stages in', '\n'.join(logs.output))
+    one_pass = schedule_program.UnrollAcrossProcesses(
+        schedule_program.ONE_PASS_CELLS)
+    # GPipe without recompute: TF's autodiff differentiates its loop.
+    with remote, one_pass, self.assertLogs(level='WARNING') as logs:
       graph = _GPipeStep(_Pipe('gpipe', 2, 1, 4, recompute=False)
                          ).get_concrete_function(x).graph
     self.assertNotEmpty(test_utils.WhileOps(graph))

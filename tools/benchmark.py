@@ -51,6 +51,7 @@ import time
 from absl import app
 from absl import flags
 
+from tensorpipe import schedule_program
 from tools import paths
 from tools.benchmark_lib import analysis
 from tools.benchmark_lib import memory_check
@@ -183,6 +184,11 @@ flags.DEFINE_boolean('step_profile', False, 'Run nothing else: each of '
                      'step_profile.json and step_profile.md under --out.')
 flags.DEFINE_integer('step_profile_steps', 5, 'With --step_profile: '
                      'profiled steps per setting (median).', lower_bound=1)
+flags.DEFINE_boolean('remote_check_one_pass', True, '--remote_check: run '
+                     'the stages on the servers as one pass without a loop '
+                     '(schedule_program.UnrollAcrossProcesses; opt-in in '
+                     'the library, not exact on every model); '
+                     '--noremote_check_one_pass: the looped engine.')
 flags.DEFINE_boolean('remote_check', False, 'Run nothing else: each of '
                      '--settings (pipelined, built-in --models) timed in '
                      'one process and with its K stages in K TF servers on '
@@ -448,7 +454,10 @@ def _RemoteCheck() -> None:
         try:
           far = spawn.RunSettingSubprocess(
               model, setting.name, remote_workers=addresses,
-              cpu_pids=[p.pid for p in procs], **kwargs)
+              cpu_pids=[p.pid for p in procs],
+              one_pass_cells=(schedule_program.ONE_PASS_CELLS
+                              if FLAGS.remote_check_one_pass else 0),
+              **kwargs)
           [floor] = remote.TransferFloorSubprocess(addresses[:2], [shape])
         finally:
           remote.StopServers(procs)

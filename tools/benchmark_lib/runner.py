@@ -478,7 +478,8 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
                step_profile_steps: int = 0,
                remote_workers: Optional[Sequence[str]] = None,
                switching_ramps: bool = False,
-               cpu_pids: Sequence[int] = ()
+               cpu_pids: Sequence[int] = (),
+               one_pass_cells: int = 0
                ) -> results_lib.Result:
   """Runs one setting in this process (TensorFlow must not have run yet).
 
@@ -501,6 +502,11 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   RAMP_TICKS` = 0) is timed in
   the rotation too, as the baseline `ramp_check.SWITCHING_RAMPS` (its
   trace seconds in `result.paired_trace_s`): tools/benchmark --ramp_check.
+
+  With `one_pass_cells`, the setting is traced with
+  `schedule_program.UnrollAcrossProcesses(one_pass_cells)`: stages in
+  other processes run a run of at most that many cells in one pass,
+  without a loop (off by default).
 
   Where the setting is timed alone (nothing paired, no recorded twin),
   its CPU seconds per step are measured over the timed rounds: this
@@ -533,10 +539,12 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
     with timeline.Record() as recorder:
       step_fn = StepFn(layer, x, learning_rate)
   else:
-    # --ramp_check: the setting with its ramps fixed (off by default).
+    # --ramp_check: the setting with its ramps fixed (off by default);
+    # --remote_check: with its one pass across processes (likewise).
     with schedule_program.RampTicks(schedule_program.FIXED_RAMP_TICKS
                                     if switching_ramps else
-                                    schedule_program.RAMP_TICKS):
+                                    schedule_program.RAMP_TICKS), \
+        schedule_program.UnrollAcrossProcesses(one_pass_cells):
       step_fn = StepFn(layer, x, learning_rate)
   trace_s = time.perf_counter() - t0
   memory, warmup_s, raw = _WarmUpMeasuringMemory(Runner(step_fn), warmup)

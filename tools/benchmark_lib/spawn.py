@@ -59,7 +59,8 @@ def RunSettingSubprocess(model: str, setting_name: str, timeout_s: float = 600,
     timeout_s: the child's time limit (subprocess.TimeoutExpired after it).
     **kwargs: the other arguments of runner.RunSetting (steps, warmup,
       partition_costs, timeline_dir, learning_rate, pair_with,
-      step_profile_steps, remote_workers, switching_ramps, cpu_pids).
+      step_profile_steps, remote_workers, switching_ramps, cpu_pids,
+      one_pass_cells).
 
   Raises:
     ValueError: an unknown setting name (before starting anything).
