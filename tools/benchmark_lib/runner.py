@@ -454,6 +454,41 @@ def ProcessCpuS(pid: int) -> float:
   return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
 
 
+def _SwitchingRampsTwin(layer: Any, twin: Any,
+                        runner: Callable[[Any], Callable[[], Any]]):
+  """(a step of `twin`, a copy of `layer`'s pipeline given `layer`'s
+  weights, traced with every ramp switching on the table; its trace
+  seconds): --ramp_check's baseline."""
+  for a, b in zip(layer.variables, twin.variables, strict=True):
+    b.assign(a)
+  t0 = time.perf_counter()
+  with schedule_program.RampTicks(0):
+    run = runner(twin)
+  return run, time.perf_counter() - t0
+
+
+def _WarmUp(run: Callable[[], Any], warmup: int) -> None:
+  """`warmup` steps of `run` (at least one: the first traces nothing new
+  but runs the function's first-call setup)."""
+  for _ in range(max(1, warmup)):
+    run()
+
+
+def _TimeMeasuringCpu(fns: Dict[str, Callable[[], Any]], steps: int,
+                      cpu_pids: Sequence[int]):
+  """`_TimeInRotation(fns, steps)`, and where one function is timed alone
+  the CPU seconds per step of this process and of each of `cpu_pids`
+  over those rounds: (times, raws, cpu_s or None, pid_cpu_s)."""
+  alone = len(fns) == 1 and steps > 0
+  before = ((_OwnCpuS(), [ProcessCpuS(p) for p in cpu_pids]) if alone
+            else None)
+  times, raws = _TimeInRotation(fns, steps)
+  if not alone:
+    return times, raws, None, []
+  return (times, raws, (_OwnCpuS() - before[0]) / steps,
+          [(ProcessCpuS(p) - c) / steps for p, c in zip(cpu_pids, before[1])])
+
+
 def _TimeInRotation(fns: Dict[str, Callable[[], Any]], steps: int
                     ) -> Tuple[Dict[str, List[float]], Dict[str, List[Any]]]:
   """`steps` rounds of one step of each function, the order rotated each
@@ -553,19 +588,14 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   paired_trace_s = {}
   if switching_ramps:
     twin = BuildLayer(setting, layer_ps, input_shape, stage_devices)
-    for a, b in zip(layer.variables, twin.variables, strict=True):
-      b.assign(a)
-    t0 = time.perf_counter()
-    with schedule_program.RampTicks(0):
-      fns[ramp_check.SWITCHING_RAMPS] = Runner(StepFn(twin, x, learning_rate))
-    paired_trace_s[ramp_check.SWITCHING_RAMPS] = time.perf_counter() - t0
-    for _ in range(max(1, warmup)):
-      fns[ramp_check.SWITCHING_RAMPS]()
+    fns[ramp_check.SWITCHING_RAMPS], paired_trace_s[
+        ramp_check.SWITCHING_RAMPS] = _SwitchingRampsTwin(
+            layer, twin, lambda l: Runner(StepFn(l, x, learning_rate)))
+    _WarmUp(fns[ramp_check.SWITCHING_RAMPS], warmup)
   for p in pairs:
     fns[p.name] = Runner(StepFn(BuildLayer(p, layer_ps, input_shape), x,
                                 learning_rate))
-    for _ in range(max(1, warmup)):
-      fns[p.name]()
+    _WarmUp(fns[p.name], warmup)
   # Stage costs for the simulator: the same layer's step with the timeline
   # on, timed in the same rotation, so each recorded step's cells and its
   # wall time come from the same moment (this machine drifts by 20-30%
@@ -582,17 +612,8 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
         dataclasses.replace(setting, recompute=True), layer_ps, input_shape)
     with timeline.Record() as recorded:
       fns['timeline'] = Runner(StepFn(rec_layer, x, learning_rate))
-    for _ in range(max(1, warmup)):
-      fns['timeline']()
-  alone = len(fns) == 1 and steps > 0
-  cpu_before = ((_OwnCpuS(), [ProcessCpuS(p) for p in cpu_pids]) if alone
-                else None)
-  times, raws = _TimeInRotation(fns, steps)
-  cpu_s, pid_cpu_s = None, []
-  if alone:
-    cpu_s = (_OwnCpuS() - cpu_before[0]) / steps
-    pid_cpu_s = [(ProcessCpuS(p) - c) / steps
-                 for p, c in zip(cpu_pids, cpu_before[1])]
+    _WarmUp(fns['timeline'], warmup)
+  times, raws, cpu_s, pid_cpu_s = _TimeMeasuringCpu(fns, steps, cpu_pids)
   if steps:
     raw = raws[setting.name][-1]
 
