@@ -70,8 +70,9 @@ class Cells:
     # autodiff of GPipe's forward loop. Else, with stages in other
     # processes and that mode on (schedule_program.
     # UNROLL_ACROSS_PROCESSES_CELLS; off by default), the run's ticks in
-    # one pass and no loop (inline: schedule_engine._WhileLoop), where it
-    # has few enough cells.
+    # one pass and no loop (inline: schedule_program.Loops(unroll_all)
+    # makes it one ramp, which schedule_engine._WhileLoop runs once),
+    # where it has few enough cells.
     self.one_loop = self.probe.recording or bool(end.autodiff)
     processes = devices_lib.NumProcesses(call.devices)
     self.inline = not self.one_loop and schedule_program.UnrollsAll(

@@ -331,14 +331,14 @@ def _WhileLoop(engine, body, loop_vars, iterations, parallel, own_cond,
   (LOOP_DEVICE).
 
   A ramp (`schedule_program.Loop.ramp`: one iteration with its cells
-  fixed), and every loop where the engine runs the whole table unrolled
-  (stages in other processes, `schedule_program.UnrollsAll`), is no loop:
+  fixed; where the engine runs the whole table unrolled, stages in other
+  processes, every loop is one: `schedule_program.UnrollsAll`) is no loop:
   the body once. A one-iteration tf.while_loop of a ramp's fixed cells
   changed bits: GPipe's gradients of a batch-norm ResNet (SmallResNetLayers,
   K=4, T=4, 1F1B) moved by an ulp with Grappler's constant folding on
-  (AcrossProcessesTest, RampBitsTest).
+  (pipeline_train_test.testBatchNormResNetAtFourStagesGivesGPipesBits).
   """
-  if engine.inline or ramp:
+  if ramp:
     if iterations != 1:
       raise AssertionError(f'a loop of {iterations} iterations run once')
     return body(*loop_vars)

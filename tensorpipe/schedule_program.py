@@ -47,7 +47,8 @@ from, in pure Python (no TF), so every decision here has a literal test:
 """
 
 import contextlib
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (ContextManager, Dict, Iterator, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 from tensorpipe import schedules
 
@@ -110,29 +111,29 @@ def NumCells(branch: Sequence[Sequence[int]], first: int, end: int) -> int:
 
 
 @contextlib.contextmanager
-def UnrollAcrossProcesses(cells: int) -> Iterator[None]:
-  """`UNROLL_ACROSS_PROCESSES_CELLS` = cells for what is traced inside (the
-  engine reads it at trace time; 0: off, the default)."""
-  global UNROLL_ACROSS_PROCESSES_CELLS
-  old, UNROLL_ACROSS_PROCESSES_CELLS = UNROLL_ACROSS_PROCESSES_CELLS, cells
+def _Set(name: str, value: int) -> Iterator[None]:
+  """This module's global `name` = value for what is traced inside (the
+  engine reads it at trace time), then back."""
+  old = globals()[name]
+  globals()[name] = value
   try:
     yield
   finally:
-    UNROLL_ACROSS_PROCESSES_CELLS = old
+    globals()[name] = old
 
 
-@contextlib.contextmanager
-def RampTicks(ticks: int) -> Iterator[None]:
-  """`RAMP_TICKS` = ticks for what is traced inside (the engine reads it at
-  trace time). 0: every ramp switches on the table, each cell a branch
-  function of its own (cell_flops finds the cells there; tools/benchmark
-  --ramp_check times the two forms)."""
-  global RAMP_TICKS
-  old, RAMP_TICKS = RAMP_TICKS, ticks
-  try:
-    yield
-  finally:
-    RAMP_TICKS = old
+def UnrollAcrossProcesses(cells: int) -> ContextManager[None]:
+  """`UNROLL_ACROSS_PROCESSES_CELLS` = cells for what is traced inside
+  (0: off, the default)."""
+  return _Set('UNROLL_ACROSS_PROCESSES_CELLS', cells)
+
+
+def RampTicks(ticks: int) -> ContextManager[None]:
+  """`RAMP_TICKS` = ticks for what is traced inside. 0 (the default):
+  every ramp switches on the table, each cell a branch function of its own
+  (cell_flops finds the cells there; tools/benchmark --ramp_check times
+  the two forms)."""
+  return _Set('RAMP_TICKS', ticks)
 
 
 class Ring(NamedTuple):
@@ -173,8 +174,8 @@ class Program(NamedTuple):
     out_rings: per stage s < S - 1, the ring of its outputs to stage s + 1.
     dx_rings: per stage s > 0, the ring of its input gradients to s - 1.
     real: per table label m, the micro-batch it runs.
-    loops: the loops over all ticks, in order, every ramp switching (the
-      engine fixes a loss-inside table's ramps: `RampTicksOf`).
+    loops: the loops over all ticks, in order, every ramp switching (as
+      the engine runs them unless fixed ramps are on: `RampTicksOf`).
   """
   table: schedules.Schedule
   stage_device: List[int]

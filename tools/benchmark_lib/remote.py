@@ -301,7 +301,9 @@ def SeparatePrediction(setting, profile_json: Dict[str, Any],
   if transfer_s:
     if boundary_bytes <= 0:
       raise ValueError(f'boundary_bytes={boundary_bytes!r} must be > 0 with '
-                       f'transfer_s={transfer_s!r}')
+                       f'transfer_s={transfer_s!r}: pass the bytes of the '
+                       "tensor the transfer was timed on (TransferFloor's "
+                       "'bytes')")
     profile = dataclasses.replace(
         profile, transfer_s_per_byte=transfer_s / boundary_bytes)
   return cost_model.Predict(settings.ScheduleTable(setting), profile,
