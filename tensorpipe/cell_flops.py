@@ -181,8 +181,11 @@ def WShare(per_cell: Dict[Cell, float]) -> float:
 def Trace(fn, *specs: tf.TensorSpec) -> tf.Graph:
   """fn's traced graph (autograph off), for WeightGradientFlopsPerCell:
   every ramp switches on its table there (`schedule_program.RampTicks`),
-  so each cell of a ramp is a branch function of its own. The cells are
-  those the engine runs either way."""
-  with schedule_program.RampTicks(0):
+  so each cell of a ramp is a branch function of its own, and a B or I
+  cell's ops sit in its branch, not in a function of their own
+  (`schedule_program.IsolatedCells`). The cells are those the engine
+  runs either way."""
+  with schedule_program.RampTicks(0), \
+      schedule_program.IsolatedCells(False):
     return tf.function(fn, autograph=False).get_concrete_function(
         *specs).graph

@@ -12,7 +12,7 @@ ticks), run by the one schedule engine that runs every schedule
 partition is busy (no tf.cond: the cond was most of a tick's fixed cost;
 `unroll_ticks` of them per loop iteration) and K - 1 ramp-down ticks; the
 graph does not grow with T (with stages in other processes a short pass
-can run without loops, opt-in: `schedule_program.UnrollsAll`). Only the activations
+runs without loops: `schedule_program.UnrollsAll`). Only the activations
 at partition boundaries are kept (stage 0's are the stacked inputs
 themselves); each partition's forward pass is recomputed in the backward
 pass. Gradients are summed over micro-batches, so one optimizer step per

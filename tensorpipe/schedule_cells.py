@@ -68,11 +68,10 @@ class Cells:
     self.probe = timeline.ActiveProbe()
     # One switching loop over the run: a recorded step's, and TF's
     # autodiff of GPipe's forward loop. Else, with stages in other
-    # processes and that mode on (schedule_program.
-    # UNROLL_ACROSS_PROCESSES_CELLS; off by default), the run's ticks in
-    # one pass and no loop (inline: schedule_program.Loops(unroll_all)
-    # makes it one ramp, which schedule_engine._WhileLoop runs once),
-    # where it has few enough cells.
+    # processes (schedule_program.UNROLL_ACROSS_PROCESSES_CELLS), the
+    # run's ticks in one pass and no loop (inline: schedule_program.
+    # Loops(unroll_all) makes it one ramp, which schedule_engine.
+    # _WhileLoop runs once), where it has few enough cells.
     self.one_loop = self.probe.recording or bool(end.autodiff)
     processes = devices_lib.NumProcesses(call.devices)
     self.inline = not self.one_loop and schedule_program.UnrollsAll(
@@ -121,6 +120,30 @@ class Cells:
                                              mb_size, end.autodiff)
                   for s in self.runs_f}
 
+  def _Isolates(self, autodiff: bool = False) -> bool:
+    """Whether this run's F (of a run TF's autodiff does not
+    differentiate), B and I cells are functions of their own
+    (`schedule_program.ISOLATED_CELLS`)."""
+    return schedule_program.ISOLATED_CELLS and not autodiff
+
+  def _Cell(self, s: int, cell: Any, isolated: bool) -> Any:
+    """`cell` (..., t), isolated: as a function of its own on stage s's
+    device, not inlined, t passed as a tensor (one trace whatever its
+    value) through PlaceholderWithDefault (not a constant even where the
+    cell is fixed, a ramp or one pass, so Grappler neither specializes
+    the function on it nor folds it)."""
+    if not isolated:
+      return cell
+    device = self.stages[s].device
+
+    def OnDevice(*args):
+      with tf.device(device):  # the function's own ops
+        return cell(*args)
+    fn = tf.function(OnDevice, autograph=False,
+                     experimental_attributes={'_noinline': True})
+    return lambda *args: fn(*args[:-1], tf.raw_ops.PlaceholderWithDefault(
+        input=tf.convert_to_tensor(args[-1], tf.int32), shape=[]))
+
   def InitialState(self, s: int) -> schedule_ends.StageState:
     """Stage s's loop state before the run (on its device)."""
     spec, program = self.specs[s], self.program
@@ -158,13 +181,19 @@ class Cells:
     if s > 0 and self.end.keeps_slots:
       slots = [ta.write(slot, v) for ta, v in zip(state.slots, x)]
     start = probe.Stamp(x)
-    with tf.control_dependencies(start):
+    isolated = self._Isolates(autodiff=bool(self.end.autodiff))
+    # Isolated, the cell adds its statistics inside (no gate needed).
+    gate = () if isolated else after
+
+    def Cell(x, stats_in, t):
       y, stats = self.calls[s](x, t)
       if valid is not None:
         stats = tf.nest.map_structure(
             lambda v: v * tf.cast(valid, v.dtype), stats)
-      with tf.control_dependencies(after):
-        stats = pipeline_stage.Add(state.stats, stats)
+      with tf.control_dependencies(gate):
+        return y, pipeline_stage.Add(stats_in, stats)
+    with tf.control_dependencies(start):
+      y, stats = self._Cell(s, Cell, isolated)(x, state.stats, t)
       state = state._replace(slots=slots, stats=stats)
       if s < self.num_s - 1:
         state = state._replace(
@@ -196,31 +225,38 @@ class Cells:
     last = s == self.num_s - 1
     dy = end.LastDys(spec, t) if last else list(dy_in)
     start = probe.Stamp(x + dy)
-    # Stage 0's inputs are data: no gradient unless asked for.
-    cell = pipeline_stage.TapedCall(
-        self.stages[s], spec, self.thetas[s], x, t, self.mb_size,
-        watch_inputs=s > 0 or end.input_grads, watched=watched,
-        split=split, head=(end.LastHead(spec, t) if last else
-                           pipeline_stage.FloatOutputs(spec)),
-        dys=dy, deps=start)
-    mid = probe.Stamp(cell.ys)
-    zs = [call.z for call in cell.calls] if split else []
-    if split and len(zs) != len(self.weight_ops[s]):
-      raise AssertionError(f'stage {s} made {len(zs)} weight ops, traced '
-                           f'{len(self.weight_ops[s])}')
-    with tf.control_dependencies(mid):
-      dxs, dzs, dws = pipeline_stage.Vjp(
-          cell.tape, cell.ys, (cell.xs, zs, [theta_flat[i] for i in watched]),
-          cell.dys)
+
+    # Isolated, the cell adds its weight gradients inside (no gate needed).
+    gate = () if self._Isolates() else after
+
+    def Cell(x, dy, dtheta, t):
+      # Stage 0's inputs are data: no gradient unless asked for.
+      cell = pipeline_stage.TapedCall(
+          self.stages[s], spec, self.thetas[s], x, t, self.mb_size,
+          watch_inputs=s > 0 or end.input_grads, watched=watched,
+          split=split, head=(end.LastHead(spec, t) if last else
+                             pipeline_stage.FloatOutputs(spec)),
+          dys=dy, deps=start)
+      mid = probe.Stamp(cell.ys)
+      zs = [call.z for call in cell.calls] if split else []
+      if split and len(zs) != len(self.weight_ops[s]):
+        raise AssertionError(f'stage {s} made {len(zs)} weight ops, '
+                             f'traced {len(self.weight_ops[s])}')
+      with tf.control_dependencies(mid):
+        dxs, dzs, dws = pipeline_stage.Vjp(
+            cell.tape, cell.ys,
+            (cell.xs, zs, [theta_flat[i] for i in watched]), cell.dys)
+      with tf.control_dependencies(gate):
+        dtheta = (pipeline_stage.AccumulateAt(dtheta, watched, dws) if split
+                  else self.acc.Add(dtheta, dws, t))
+      return dxs, dzs, dtheta, [call.x for call in cell.calls], mid
+    isolated = self._Isolates()
+    dxs, dzs, dtheta, op_xs, mid = self._Cell(s, Cell, isolated)(
+        x, dy, state.dtheta, t)
     stash = state.stash
     if split:
-      with tf.control_dependencies(after):
-        dtheta = pipeline_stage.AccumulateAt(state.dtheta, watched, dws)
-      kept = [v for call, dz in zip(cell.calls, dzs) for v in (call.x, dz)]
+      kept = [v for op_x, dz in zip(op_xs, dzs) for v in (op_x, dz)]
       stash = [ta.write(stash_slot, v) for ta, v in zip(state.stash, kept)]
-    else:
-      with tf.control_dependencies(after):
-        dtheta = self.acc.Add(state.dtheta, dws, t)
     dx, end_tas = state.dx, state.ends
     if s > 0:
       dx = Write(self.program.dx_rings[s], state.dx, w, dxs)

@@ -1,5 +1,5 @@
 """The schedule engine: runs any compiled schedule table as tf.while_loops
-(stages in other processes, opt-in: one pass without a loop, `UnrollsAll`).
+(stages in other processes: one pass without a loop, `UnrollsAll`).
 
 One engine for every schedule (GPipe, 1F1B, interleaved 1F1B, the
 zero-bubble tables, a table read from CSV): `schedule_program.Compile`
@@ -38,17 +38,19 @@ case); deeper rings (interleaved 1F1B) are TensorArrays in the producer's
 loop state, read on the producer's device and sent to the consumer. Ticks
 on which every device works in a repeating pattern run as a loop whose
 cells are fixed in the graph (no tf.switch_case); the others switch on the
-table (`schedule_program`); with fixed ramps on (a loss-inside table's
-short ones, `schedule_program.RAMP_TICKS`: off by default, not exact on
-every model) those run once without a loop, each tick's cells fixed,
-waiting after each cell of a device (`LoopBarriers`). Two
+table (`schedule_program`), but for a loss-inside table's short ones
+(`schedule_program.RAMP_TICKS`: fixed ramps), which run once without a
+loop, each tick's cells fixed, waiting after each cell of a device
+(`LoopBarriers`). Each B and I cell is a function of its own
+(`schedule_program.ISOLATED_CELLS`), so Grappler gives it the same
+bits wherever it runs: in a switching loop, a steady loop, a ramp or one
+pass. Two
 ticks may be in flight in a switching loop (`PARALLEL_ITERATIONS`:
 cells of different cost on neighbouring devices overlap as their data
 allow, rather than each tick waiting for its slowest
 cell); the steady loop runs a whole period per iteration, one in flight.
-With stages in other processes and `schedule_program.
-UNROLL_ACROSS_PROCESSES_CELLS` set (off by default: not exact on every
-model), a run of at most that many cells is one pass over all its ticks with
+With stages in other processes, a run of at most `schedule_program.
+UNROLL_ACROSS_PROCESSES_CELLS` cells is one pass over all its ticks with
 every cell fixed and no loop (`schedule_program.UnrollsAll`; each loop
 iteration there costs a round of messages between the processes), but for
 a recorded step and TF's autodiff of GPipe's loop.

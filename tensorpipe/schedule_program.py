@@ -32,11 +32,11 @@ from, in pure Python (no TF), so every decision here has a literal test:
   device's cell fixed in the graph (`steady`); the ticks before and after
   run one tick per iteration and switch on `branch` (tf.switch_case), whose
   lowered form visits every op of every branch on every tick; under a
-  loss-inside table the ramps of at most `RAMP_TICKS` ticks (0: none, the
-  default) run once instead, with each tick's cells fixed and no loop.
-  With stages in other processes and `UNROLL_ACROSS_PROCESSES_CELLS` set
-  (0: off, the default), a run of at most that many cells is one such
-  pass over all its ticks, without a loop (`UnrollsAll`).
+  loss-inside table the ramps of at most `RAMP_TICKS` ticks (48 by
+  default; 0: none) run once instead, with each tick's cells fixed and no
+  loop. With stages in other processes, a run of at most
+  `UNROLL_ACROSS_PROCESSES_CELLS` cells (512 by default; 0: off) is one
+  such pass over all its ticks, without a loop (`UnrollsAll`).
   Where a device runs one (op, stage) twice in an iteration (interleaved
   1F1B's period: F and B of one stage alternate), `Barriers` makes the
   second wait for the state the first left: its clock or micro-batch, and
@@ -60,34 +60,42 @@ MAX_PERIOD = 16
 # ramps before and after the steady loop) run once with every tick's cells
 # fixed in the graph, without a loop (`Loops`, unroll_ramps): a lowered
 # switch_case visits every op of every branch on every tick. Measured
-# (tools/benchmark --ramp_check, README "The ramps without a switch"):
-# steps 0.56-0.98 of the switching ramps' at K=2 and K=4. OFF (0) by
-# default: fixed ramps are not exact on every model. In a one-iteration
-# tf.while_loop they moved a batch-norm ResNet's gradients at K=4, T=4 by
-# an ulp (Grappler's constant folding; the trainer's GPipe-vs-1F1B test on
-# fashion_mnist caught it); without the loop, a Transformer's embedding
-# gradient under ZB-H1 (weight_op_split_test). `RampTicks(FIXED_RAMP_TICKS)`
-# turns them on for what is traced inside.
-RAMP_TICKS = 0
-# The ramps --ramp_check and the tests fix (RAMP_TICKS when on).
+# (tools/benchmark --ramp_check, README "The ramps without a switch").
+# Exact since the B and I cells are functions of their own
+# (ISOLATED_CELLS): inlined, fixed ramps moved a Transformer's
+# embedding gradient under ZB-H1 by an ulp, and in a one-iteration
+# tf.while_loop a batch-norm ResNet's (K=4, T=4; Grappler's constant
+# folding), so a ramp runs without a loop. `RampTicks(0)` keeps every
+# ramp switching for what is traced inside.
 FIXED_RAMP_TICKS = 48
+RAMP_TICKS = FIXED_RAMP_TICKS
 # Stages in other processes (distribute.ConnectRemoteStages): each
 # tf.while_loop iteration there costs a round of messages between the
 # processes (the `tiny` model, K=2, T=4: about 2 ms an iteration on
-# 127.0.0.1), so the engine can run a run of at most this many cells (all
+# 127.0.0.1), so the engine runs a run of at most this many cells (all
 # devices' non-idle cells together) as one pass with every tick's cells
 # fixed and no loop (`Loops`, unroll_all; `UnrollsAll`): K=2, T=8, two
-# servers, steps 0.69-0.85 of the looped engine's in an ad-hoc A/B (README
-# "Stages in other processes"). OFF (0) by default: not exact on every
-# model (GPipe's attention and embedding gradients of a Transformer LM
-# moved by an ulp against the looped engine's; conv, FC and a batch-norm
-# ResNet kept their bits). `UnrollAcrossProcesses(ONE_PASS_CELLS)` turns
-# it on for what is traced inside. The graph grows with the cells, so a
-# longer run keeps its loops (and the engine logs why).
-UNROLL_ACROSS_PROCESSES_CELLS = 0
-# The cap `UnrollAcrossProcesses` takes when on (tools/benchmark
-# --remote_check, the tests).
+# servers, 1.1-1.7x the one-process step against 1.6-3.4x with loops
+# (README "Stages in other processes"). Exact since the B and I cells are
+# functions of their own (ISOLATED_CELLS: inlined, a Transformer LM's
+# attention and embedding gradients moved by an ulp against the looped
+# engine's). The graph grows with the cells, so a longer run keeps its
+# loops (and the engine logs why). `UnrollAcrossProcesses(0)` keeps the
+# loops for what is traced inside.
 ONE_PASS_CELLS = 512
+UNROLL_ACROSS_PROCESSES_CELLS = ONE_PASS_CELLS
+# Each B and I cell is its own function (tf.function, not inlined):
+# Grappler optimizes it alone, so its bits do not depend on what surrounds
+# it: a loop body with a switch, a steady loop, a ramp run once without a
+# loop, a whole run in one pass. Inlined, the arithmetic optimizer's
+# MinimizeBroadcasts reordered a product in one copy of a cell and not in
+# another (a Transformer LM's attention: the softmax's gradient times
+# 1 / sqrt(d)): gradients an ulp off GPipe's. The I/W split's W
+# cells (a product per weight op) and the F cells stay inline: isolated,
+# the W cells cost ZB-V a fifth of its step (dense16, K=2, T=8). A cell's
+# outputs then leave together: its input gradient waits for its weight
+# gradients (measured cost in README "Cells in their own functions").
+ISOLATED_CELLS = True
 
 
 def RampTicksOf(table: schedules.Schedule) -> int:
@@ -124,13 +132,19 @@ def _Set(name: str, value: int) -> Iterator[None]:
 
 def UnrollAcrossProcesses(cells: int) -> ContextManager[None]:
   """`UNROLL_ACROSS_PROCESSES_CELLS` = cells for what is traced inside
-  (0: off, the default)."""
+  (0: off, the loops)."""
   return _Set('UNROLL_ACROSS_PROCESSES_CELLS', cells)
 
 
+def IsolatedCells(on: bool) -> ContextManager[None]:
+  """`ISOLATED_CELLS` = on for what is traced inside (cell_flops traces
+  with it off, so a cell's ops sit in its switch_case branch)."""
+  return _Set('ISOLATED_CELLS', on)
+
+
 def RampTicks(ticks: int) -> ContextManager[None]:
-  """`RAMP_TICKS` = ticks for what is traced inside. 0 (the default):
-  every ramp switches on the table, each cell a branch function of its own
+  """`RAMP_TICKS` = ticks for what is traced inside. 0: every ramp
+  switches on the table, each cell a branch function of its own
   (cell_flops finds the cells there; tools/benchmark --ramp_check times
   the two forms)."""
   return _Set('RAMP_TICKS', ticks)

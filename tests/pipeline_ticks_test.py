@@ -66,12 +66,15 @@ def _Pipe(num_partitions, num_micro_batches, unroll_ticks=2, **kwargs):
 
 
 def _StepGraph(layer, x):
-  """The training step's concrete function (forward, backward loops)."""
+  """The training step's concrete function (forward, backward loops), its
+  cells inline (schedule_program.IsolatedCells(False)), so their ops sit
+  in the loop bodies."""
   def Step(x):
     with tf.GradientTape() as tape:
       loss = tf.reduce_sum(layer.FPropDefaultTheta(x))
     return tape.gradient(loss, layer.trainable_variables)
-  return tf.function(Step, autograph=False).get_concrete_function(x)
+  with schedule_program.IsolatedCells(False):
+    return tf.function(Step, autograph=False).get_concrete_function(x)
 
 
 def _OpCounts(concrete):

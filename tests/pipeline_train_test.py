@@ -383,10 +383,12 @@ class SteadyLoopTest(tf.test.TestCase):
         [schedule_program.Loop(0, 18, ())])
 
   def testLoopBodiesHaveNoSwitch(self):
-    """The steady loop holds its cells itself, with no switch_case; with
-    fixed ramps on (schedule_program.RampTicks; off by default) a
+    """The steady loop holds its cells itself, with no switch_case; a
     loss-inside table's short ramps before and after it run once, without
-    a loop, their cells fixed: no switch anywhere in the step."""
+    a loop, their cells fixed (schedule_program.RAMP_TICKS): no switch
+    anywhere in the step. Each F and B cell is then a function of its own
+    (schedule_program.ISOLATED_CELLS); traced inline, as here first, its
+    ops sit in the loop body."""
     layer = pipeline.TensorPipeLayer.Params().Set(
         name='TensorPipe', layers=_DenseModel(), num_partitions=2,
         num_micro_batches=4, input_shapes=[[BATCH, 5]], schedule='1f1b',
@@ -398,25 +400,41 @@ class SteadyLoopTest(tf.test.TestCase):
         loss = layer.FPropLoss(layer.theta, (x,), _Labels(), _XentSum,
                                1.0).loss
       return tape.gradient(loss, layer.trainable_variables)
-    with schedule_program.RampTicks(schedule_program.FIXED_RAMP_TICKS):
-      graph_def = tf.function(Step, autograph=False).get_concrete_function(
-          x).graph.as_graph_def()
-    ops = {f.signature.name: [n.op for n in f.node_def]
-           for f in graph_def.library.function}
+
+    def Traced(isolated):
+      with schedule_program.IsolatedCells(isolated):
+        graph_def = tf.function(Step, autograph=False).get_concrete_function(
+            x).graph.as_graph_def()
+      ops = {f.signature.name: [n.op for n in f.node_def]
+             for f in graph_def.library.function}
+      nodes = list(graph_def.node) + [
+          n for f in graph_def.library.function for n in f.node_def]
+      return graph_def, ops, nodes
+    cases = ('Case', 'StatelessCase', 'If', 'StatelessIf')
+    # Isolated (the default): no switch, and every MatMul (the cells' only
+    # one) is inside a function that is not inlined, called from the ramps
+    # or the steady loop's body.
+    graph_def, ops, nodes = Traced(True)
+    self.assertFalse([n.name for n in nodes if n.op in cases])
+    cells = {f.signature.name for f in graph_def.library.function
+             if f.attr['_noinline'].b}
+    self.assertNotEmpty(cells)
+    self.assertEqual({name for name, o in ops.items() if 'MatMul' in o},
+                     cells)
+    self.assertNotIn('MatMul', [n.op for n in graph_def.node])
+    _, ops, nodes = Traced(False)
     bodies = {name: o for name, o in ops.items() if '_body_' in name}
     self.assertLen(bodies, 1)  # the steady loop; the ramps have none
     # It holds its cells itself (a switching body has them in its branch
     # functions).
     self.assertGreater(list(bodies.values())[0].count('MatMul'), 0)
-    cases = ('Case', 'StatelessCase', 'If', 'StatelessIf')
-    nodes = list(graph_def.node) + [
-        n for f in graph_def.library.function for n in f.node_def]
     self.assertFalse([n.name for n in nodes if n.op in cases])
     # After a barrier a device's sums wait for the state it left
     # (schedule_engine._Gates): in the ramps, where a device runs a cell
     # after another, some gradient sums (AddN) have control inputs, which
     # keep Grappler from merging two additions of one sum into another
-    # order. Without the gates none has.
+    # order. Without the gates none has. (Isolated, a cell adds its sums
+    # inside its function: no gate needed.)
     gated = [n.name for n in nodes
              if n.op == 'AddN' and any(i.startswith('^') for i in n.input)]
     self.assertNotEmpty(gated)

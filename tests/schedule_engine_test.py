@@ -464,21 +464,22 @@ class AcrossProcessesTest(tf.test.TestCase):
       for a, b in zip(looped.variables, unrolled.variables):
         self.assertAllEqual(a, b, msg=f'{name} K={k} {a.name}')
 
-  def testByDefaultAutodiffAndLongRunsKeepTheirLoops(self):
+  def testAutodiffAndLongRunsKeepTheirLoops(self):
     x = tf.random.stateless_normal([BATCH, 8, 8, 2], seed=[5, 6])
     remote = mock.patch.object(devices, 'NumProcesses', return_value=2)
-    # Off by default (not exact on every model): the loops, and no
-    # warning about them.
-    with remote, self.assertLogs(level='WARNING') as logs:
-      graph = _EngineStep(_Pipe('1f1b', 2, 1, 4)).get_concrete_function(
-          x).graph
-      logging.warning('end of the trace')
-    self.assertNotEmpty(test_utils.WhileOps(graph))
-    self.assertNotIn('Stages in', '\n'.join(logs.output))
-    one_pass = schedule_program.UnrollAcrossProcesses(
-        schedule_program.ONE_PASS_CELLS)
+    # On by default: one pass, and no warning. Off: the loops, and no
+    # warning either.
+    for cells, loops in ((schedule_program.UNROLL_ACROSS_PROCESSES_CELLS,
+                          False), (0, True)):
+      with remote, schedule_program.UnrollAcrossProcesses(cells), \
+          self.assertLogs(level='WARNING') as logs:
+        graph = _EngineStep(_Pipe('1f1b', 2, 1, 4)).get_concrete_function(
+            x).graph
+        logging.warning('end of the trace')
+      self.assertEqual(bool(test_utils.WhileOps(graph)), loops, cells)
+      self.assertNotIn('Stages in', '\n'.join(logs.output))
     # GPipe without recompute: TF's autodiff differentiates its loop.
-    with remote, one_pass, self.assertLogs(level='WARNING') as logs:
+    with remote, self.assertLogs(level='WARNING') as logs:
       graph = _GPipeStep(_Pipe('gpipe', 2, 1, 4, recompute=False)
                          ).get_concrete_function(x).graph
     self.assertNotEmpty(test_utils.WhileOps(graph))
@@ -499,7 +500,8 @@ class LoopDeviceTest(tf.test.TestCase):
   def testEveryLoopIsControlledFromThePipelinesFirstDevice(self):
     """schedule_engine.LOOP_DEVICE: with the devices given in reverse, the
     loops of 1F1B (switching and steady) and of GPipe's explicit recompute
-    sit on '/CPU:1', not on the caller's default device."""
+    sit on '/CPU:1', not on the caller's default device (1F1B's ramps
+    switching: fixed, the default, they are no loop)."""
     x = tf.random.stateless_normal([BATCH, 8, 8, 2], seed=[1, 2])
     for schedule in ('1f1b', 'gpipe'):
       pipe = pipeline.TensorPipeLayer.Params().Set(
@@ -509,7 +511,8 @@ class LoopDeviceTest(tf.test.TestCase):
           devices=['/CPU:1', '/CPU:0'], random_seed=3).Instantiate()
       step = (_EngineStep(pipe) if schedule == '1f1b' else
               _GPipeStep(pipe))
-      loops = test_utils.WhileOps(step.get_concrete_function(x).graph)
+      with schedule_program.RampTicks(0):
+        loops = test_utils.WhileOps(step.get_concrete_function(x).graph)
       self.assertGreaterEqual(len(loops), 2, schedule)
       for op in loops:
         self.assertEqual(tf.DeviceSpec.from_string(op.device).device_index,
@@ -526,7 +529,9 @@ class SplitBackwardGraphTest(tf.test.TestCase):
       return pipe.FPropLossAndGrads(pipe.theta, (x,), None, _Square,
                                     1.0).loss
     x = tf.zeros([4, 4])
-    with py_utils.TrainingMode(True), timeline.Record():
+    # Cells inline, so their ops sit in their branch functions.
+    with py_utils.TrainingMode(True), timeline.Record(), \
+        schedule_program.IsolatedCells(False):
       graph_def = tf.function(Step, autograph=False).get_concrete_function(
           x).graph.as_graph_def()
     return sorted(n for n in (

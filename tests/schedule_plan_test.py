@@ -59,9 +59,9 @@ class CompareSchedulesTest(tf.test.TestCase):
     # 3000) keeps its input from F to B: 3000 + 20 + 200 + 9. Each device
     # also holds its ring of depth 1 the whole run: stage 0 its last
     # output (20), stage 1 its last input gradient (its input's size, 20).
-    # The table is all ramp: a switching loop (schedule_program.
-    # RAMP_TICKS = 0), or with fixed ramps one pass with a barrier at
-    # every tick of a device (LoopBarriers): one cell at a time either way.
+    # The table is all ramp: with fixed ramps (the default) one pass with
+    # a barrier at every tick of a device (LoopBarriers), or a switching
+    # loop (schedule_program.RampTicks(0)): one cell at a time either way.
     st1 = schedule_plan._Stage(x=20, out=30, internal=200, dz=0, xs=0,
                                work=9, weights=3000)
     self.assertEqual(Peak('1f1b', True, kk=2, stages=(st, st1)),
@@ -91,15 +91,15 @@ class CompareSchedulesTest(tf.test.TestCase):
     # A device waits after each cell it ran (schedule_program.
     # LoopBarriers), so no two of its cells share a window; waiting only
     # before repeats would give device 0 the window [1, 2, 3, 4] (F1, B0).
-    # With fixed ramps (schedule_program.RampTicks; off by default):
+    # With fixed ramps (schedule_program.RAMP_TICKS, the default):
     program = schedule_program.Compile(schedule_builders.Build('1f1b', 2, 2))
-    with schedule_program.RampTicks(schedule_program.FIXED_RAMP_TICKS):
-      self.assertEqual(
-          schedule_plan._Windows(program, 1),
-          [[[0], [1, 2], [3, 4], [5]], [[0, 1], [2], [3], [4, 5]]])
-    # Switching (the default): a window per tick.
-    self.assertEqual(schedule_plan._Windows(program, 1),
-                     [[[c] for c in range(6)]] * 2)
+    self.assertEqual(
+        schedule_plan._Windows(program, 1),
+        [[[0], [1, 2], [3, 4], [5]], [[0, 1], [2], [3], [4, 5]]])
+    # Switching ramps: a window per tick.
+    with schedule_program.RampTicks(0):
+      self.assertEqual(schedule_plan._Windows(program, 1),
+                       [[[c] for c in range(6)]] * 2)
 
   def testAForwardOnlyTableIsRefused(self):
     table = schedule_builders.ForwardOnly([0, 1, 0, 1], 2, 4)

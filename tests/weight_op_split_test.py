@@ -8,10 +8,12 @@ trains bit for bit what GPipe trains on the same stages
 run no weight-gradient kernel.
 """
 
+from unittest import mock
 
 import tensorflow as tf
 
 from models import transformer
+from tensorpipe import devices
 from tensorpipe import pipeline
 from tensorpipe import py_utils
 from tensorpipe import test_utils
@@ -107,6 +109,32 @@ class ZeroBubbleEqualsGPipeTest(tf.test.TestCase):
     stages = _LmStages()
     self._AssertBitwise(stages, _Pipe(stages, 'zb_h1', 2), _LmBatch(),
                         _LmLoss)
+
+  def testTransformerInOnePassAcrossProcessesTrainsGPipesBits(self):
+    """Stages in other processes (devices.NumProcesses mocked to 2): GPipe
+    and ZB-H1, K=2, T=2, in one pass with no loop, give the looped GPipe's
+    bits. With the B and I cells inline (before schedule_program.
+    ISOLATED_CELLS) the attention and embedding gradients moved by an
+    ulp here."""
+    stages, x = _LmStages(), _LmBatch()
+    for schedule in ('gpipe', 'zb_h1'):
+      want_pipe = _Pipe(stages, 'gpipe', 2)
+      got_pipe = _Pipe(stages, schedule, 2)
+      for a, b in zip(want_pipe.variables, got_pipe.variables):
+        b.assign(a)
+      want_fn, got_fn = weight_op_testlib.StepFns(want_pipe, got_pipe,
+                                                  _LmLoss, 16.0)
+      with py_utils.TrainingMode(True), py_utils.StepSeed(4):
+        self.assertNotEmpty(test_utils.WhileOps(
+            want_fn.get_concrete_function(x).graph))
+        with mock.patch.object(devices, 'NumProcesses', return_value=2):
+          graph = got_fn.get_concrete_function(x).graph
+        self.assertEmpty(test_utils.WhileOps(graph), schedule)
+        want, got = want_fn(x), got_fn(x)
+      names = [v.name for v in want_pipe.trainable_variables]
+      self.assertLen(got, 1 + len(names))
+      for name, a, b in zip(names, want[1:], got[1:]):
+        self.assertAllEqual(a, b, msg=f'{schedule} {name}')
 
   def testDepthwiseAndSeparableStackUnderZeroBubbleTrainsGPipesBits(self):
     """ZB-H1, K=2, T=4, unrolled (recompute=False: I and W from the

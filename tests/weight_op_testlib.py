@@ -135,21 +135,26 @@ def GPipeAndLossInsideSteps(want_pipe, got_pipe, x, loss_fn,
   weights: `want_pipe` (GPipe: loss_fn on its whole output, under a tape)
   and `got_pipe` (a loss-inside schedule: its FPropLoss), each divided by
   `normalizer`. Run it in the caller's training mode and step seed."""
+  want_fn, got_fn = StepFns(want_pipe, got_pipe, loss_fn, normalizer)
+  return want_fn(x), got_fn(x)
 
-  @tf.function(autograph=False)
-  def GPipeStep(x):
-    with tf.GradientTape() as tape:
-      loss = loss_fn(want_pipe.FPropDefaultTheta(x)) / normalizer
-    return [loss] + list(tape.gradient(loss, want_pipe.trainable_variables))
 
-  @tf.function(autograph=False)
-  def Step(x):
-    with tf.GradientTape() as tape:
-      loss = got_pipe.FPropLoss(got_pipe.theta, (x,), None, loss_fn,
+def StepFns(want_pipe, got_pipe, loss_fn, normalizer: float):
+  """The two tf.functions of `GPipeAndLossInsideSteps`, not yet traced;
+  `got_pipe` under GPipe runs as `want_pipe` does."""
+
+  def Step(pipe):
+    @tf.function(autograph=False)
+    def Fn(x):
+      with tf.GradientTape() as tape:
+        if pipe.params.schedule == 'gpipe':
+          loss = loss_fn(pipe.FPropDefaultTheta(x)) / normalizer
+        else:
+          loss = pipe.FPropLoss(pipe.theta, (x,), None, loss_fn,
                                 normalizer).loss
-    return [loss] + list(tape.gradient(loss, got_pipe.trainable_variables))
-
-  return GPipeStep(x), Step(x)
+      return [loss] + list(tape.gradient(loss, pipe.trainable_variables))
+    return Fn
+  return Step(want_pipe), Step(got_pipe)
 
 
 def WeightGradientKernelsPerCellKind(pipe, x, loss_fn) -> dict:

@@ -186,9 +186,9 @@ flags.DEFINE_integer('step_profile_steps', 5, 'With --step_profile: '
                      'profiled steps per setting (median).', lower_bound=1)
 flags.DEFINE_boolean('remote_check_one_pass', True, '--remote_check: run '
                      'the stages on the servers as one pass without a loop '
-                     '(schedule_program.UnrollAcrossProcesses; opt-in in '
-                     'the library, not exact on every model); '
-                     '--noremote_check_one_pass: the looped engine.')
+                     '(schedule_program.UnrollAcrossProcesses; the '
+                     'library\'s default); --noremote_check_one_pass: the '
+                     'looped engine.')
 flags.DEFINE_boolean('remote_check', False, 'Run nothing else: each of '
                      '--settings (pipelined, built-in --models) timed in '
                      'one process and with its K stages in K TF servers on '
@@ -202,7 +202,9 @@ flags.DEFINE_boolean('ramp_check', False, 'Run nothing else: each of '
                      '--settings (loss-inside, recompute) of each of '
                      '--models timed in one process, in rotation, with its '
                      'ramps run with fixed cells (schedule_program.'
-                     'RampTicks; off by default) and switching on the table '
+                     'RampTicks; the default), switching on the table, and '
+                     'switching with its B and I cells inline (the engine '
+                     'before schedule_program.ISOLATED_CELLS) '
                      '(benchmark_lib/ramp_check.py); writes ramp_check.json '
                      'and ramp_check.md under --out.')
 flags.DEFINE_boolean('partition_costs', True, 'Time each partition alone '
@@ -397,7 +399,8 @@ def _StepProfile() -> None:
 
 
 def _RampCheck() -> None:
-  """--ramp_check: ramps with fixed cells against switching ramps."""
+  """--ramp_check: ramps with fixed cells against switching ramps, and
+  against the engine before its B and I cells were isolated."""
   if not FLAGS.settings:
     raise app.UsageError('--ramp_check needs --settings, e.g. '
                          '--settings=K2-T8-1f1b-rc,K2-T8-zbv-rc')
@@ -412,8 +415,9 @@ def _RampCheck() -> None:
   for model, setting, r in _EachSettingChild(parsed, switching_ramps=True):
     row = ramp_check.Row(model, r, ramp_check.RampTicks(setting))
     print(f'{model} {setting.name}: fixed {row["fixed_ms"]:.2f} ms, '
-          f'switching {row["switching_ms"]:.2f} ms '
-          f'({row["ratio"]:.3f})', flush=True)
+          f'switching {row["switching_ms"]:.2f} ms ({row["ratio"]:.3f}), '
+          f'before {row["inline_ms"]:.2f} ms (fixed / before '
+          f'{row["over_before"]:.3f})', flush=True)
     rows.append(row)
   _WriteTable(out, 'ramp_check', rows, ramp_check.Table(rows))
 

@@ -31,18 +31,24 @@ class RampCheckTest(unittest.TestCase):
 
   def testRowAndTableFromAResultThroughJson(self):
     twin = results_lib.StepTimes(4e-3, [4e-3, 4.2e-3])
+    before = results_lib.StepTimes(3.2e-3, [3.2e-3, 3.3e-3])
     r = results_lib.Result(
         model='tiny', setting=settings.ParseSetting('K2-T8-zbv-rc'),
         batch=8, step_time_s=3e-3, memory=results_lib.Memory(0, 0, 0, True),
-        trace_s=1.5, paired={ramp_check.SWITCHING_RAMPS: twin},
-        paired_trace_s={ramp_check.SWITCHING_RAMPS: 2.5})
+        trace_s=1.5, paired={ramp_check.SWITCHING_RAMPS: twin,
+                             ramp_check.INLINE_BACKWARD: before},
+        paired_trace_s={ramp_check.SWITCHING_RAMPS: 2.5,
+                        ramp_check.INLINE_BACKWARD: 2.0})
     r = results_lib.Result.FromJson(r.ToJson())
     row = ramp_check.Row('tiny', r, [19, 49])
     self.assertAlmostEqual(row['ratio'], 0.75)
+    self.assertAlmostEqual(row['isolation'], 1.25)
+    self.assertAlmostEqual(row['over_before'], 0.9375)
     self.assertEqual(row['trace_switching_s'], 2.5)
     self.assertEqual(
         ramp_check.Table([row]).splitlines()[-1],
-        '| tiny | K2-T8-zbv-rc | 19 / 49 | 3.00 | 4.00 | 0.750 | 1.5 / 2.5 |')
+        '| tiny | K2-T8-zbv-rc | 19 / 49 | 3.00 | 4.00 | 3.20 | 0.750 | '
+        '1.250 | 0.938 | 1.5 / 2.5 |')
 
 
 if __name__ == '__main__':

@@ -455,14 +455,18 @@ def ProcessCpuS(pid: int) -> float:
 
 
 def _SwitchingRampsTwin(layer: Any, twin: Any,
-                        runner: Callable[[Any], Callable[[], Any]]):
+                        runner: Callable[[Any], Callable[[], Any]],
+                        isolated: bool = True):
   """(a step of `twin`, a copy of `layer`'s pipeline given `layer`'s
-  weights, traced with every ramp switching on the table; its trace
-  seconds): --ramp_check's baseline."""
+  weights, traced with every ramp switching on the table, and with
+  `isolated` False its B and I cells inline
+  (`schedule_program.IsolatedCells`); its trace seconds): --ramp_check's
+  baselines."""
   for a, b in zip(layer.variables, twin.variables, strict=True):
     b.assign(a)
   t0 = time.perf_counter()
-  with schedule_program.RampTicks(0):
+  with schedule_program.RampTicks(0), \
+      schedule_program.IsolatedCells(isolated):
     run = runner(twin)
   return run, time.perf_counter() - t0
 
@@ -532,16 +536,16 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   kernel running and each thread's busy time).
 
   With `switching_ramps`, the setting is traced with its ramps fixed
-  (`schedule_program.FIXED_RAMP_TICKS`; off by default) and the same
+  (`schedule_program.FIXED_RAMP_TICKS`, the default) and the same
   pipeline traced with its ramps switching on the table (`schedule_program.
-  RAMP_TICKS` = 0) is timed in
-  the rotation too, as the baseline `ramp_check.SWITCHING_RAMPS` (its
-  trace seconds in `result.paired_trace_s`): tools/benchmark --ramp_check.
+  RAMP_TICKS` = 0), with its B and I cells isolated and inline, is timed
+  in the rotation too, as the baselines `ramp_check.TWINS` (their trace
+  seconds in `result.paired_trace_s`): tools/benchmark --ramp_check.
 
   With `one_pass_cells`, the setting is traced with
   `schedule_program.UnrollAcrossProcesses(one_pass_cells)`: stages in
   other processes run a run of at most that many cells in one pass,
-  without a loop (off by default).
+  without a loop (the default; 0: the loops).
 
   Where the setting is timed alone (nothing paired, no recorded twin),
   its CPU seconds per step are measured over the timed rounds: this
@@ -574,8 +578,8 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
     with timeline.Record() as recorder:
       step_fn = StepFn(layer, x, learning_rate)
   else:
-    # --ramp_check: the setting with its ramps fixed (off by default);
-    # --remote_check: with its one pass across processes (likewise).
+    # --ramp_check: the setting with its ramps fixed (the default);
+    # --remote_check: with or without its one pass across processes.
     with schedule_program.RampTicks(schedule_program.FIXED_RAMP_TICKS
                                     if switching_ramps else
                                     schedule_program.RAMP_TICKS), \
@@ -586,12 +590,13 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
 
   fns = {setting.name: Runner(step_fn)}
   paired_trace_s = {}
-  if switching_ramps:
+  for name, isolated in (ramp_check.TWINS.items() if switching_ramps
+                         else ()):
     twin = BuildLayer(setting, layer_ps, input_shape, stage_devices)
-    fns[ramp_check.SWITCHING_RAMPS], paired_trace_s[
-        ramp_check.SWITCHING_RAMPS] = _SwitchingRampsTwin(
-            layer, twin, lambda l: Runner(StepFn(l, x, learning_rate)))
-    _WarmUp(fns[ramp_check.SWITCHING_RAMPS], warmup)
+    fns[name], paired_trace_s[name] = _SwitchingRampsTwin(
+        layer, twin, lambda l: Runner(StepFn(l, x, learning_rate)),
+        isolated)
+    _WarmUp(fns[name], warmup)
   for p in pairs:
     fns[p.name] = Runner(StepFn(BuildLayer(p, layer_ps, input_shape), x,
                                 learning_rate))
