@@ -22,6 +22,11 @@ cells use the stage's cell algebra (pipeline_stage: `CellCall`,
 `TapedCall`, `Vjp`, `WeightGrads`, `AccumulateAt`) and the end's hooks
 (schedule_ends); `after` holds the tensors a cell's sums wait for
 (`schedule_engine._Gates`).
+
+Each F, B and I cell is a function of its own, not inlined (`_Cell`,
+`schedule_program.ISOLATED_CELLS`), which adds its sums inside: Grappler
+optimizes it alone, so it gives the same bits in a loop body, a ramp run
+once or one pass (README "Cells in their own functions").
 """
 
 from typing import Any, List
@@ -171,7 +176,8 @@ class Cells:
 
   def Forward(self, s, state, x_in, t, slot, w, valid=None, after=()):
     """Stage s's forward cell of micro-batch t; (state, stamps). `after`:
-    the tensors its sums wait for (`_Gates`)."""
+    the tensors its sums outside the cell wait for (`_Gates`: the loss
+    sums; the statistics too where the cell is inline)."""
     probe = self.probe
     if valid is not None:
       slot = tf.where(valid, slot, self.program.num_slots[s])
