@@ -23,10 +23,11 @@ cells use the stage's cell algebra (pipeline_stage: `CellCall`,
 (schedule_ends); `after` holds the tensors a cell's sums wait for
 (`schedule_engine._Gates`).
 
-Each F, B and I cell is a function of its own, not inlined (`_Cell`,
-`schedule_program.ISOLATED_CELLS`), which adds its sums inside: Grappler
+Each F, B and I cell's stage call (and vjp) is a function of its own,
+not inlined (`_Cell`, `schedule_program.ISOLATED_CELLS`): Grappler
 optimizes it alone, so it gives the same bits in a loop body, a ramp run
-once or one pass (README "Cells in their own functions").
+once or one pass (README "Cells in their own functions"). Its sums stay
+outside, after it.
 """
 
 from typing import Any, List
@@ -125,18 +126,14 @@ class Cells:
                                              mb_size, end.autodiff)
                   for s in self.runs_f}
 
-  def _Isolates(self, autodiff: bool = False) -> bool:
-    """Whether this run's F (of a run TF's autodiff does not
-    differentiate), B and I cells are functions of their own
-    (`schedule_program.ISOLATED_CELLS`)."""
-    return schedule_program.ISOLATED_CELLS and not autodiff
-
-  def _Cell(self, s: int, cell: Any, isolated: bool) -> Any:
-    """`cell` (..., t), isolated: as a function of its own on stage s's
-    device, not inlined, t passed as a tensor (one trace whatever its
-    value) through PlaceholderWithDefault (not a constant even where the
-    cell is fixed, a ramp or one pass, so Grappler neither specializes
-    the function on it nor folds it)."""
+  def _Cell(self, s: int, cell: Any, inline: bool = False) -> Any:
+    """`cell` (..., t) as a function of its own on stage s's device, not
+    inlined (`schedule_program.ISOLATED_CELLS`; not for a forward cell
+    that TF's autodiff differentiates, `inline`), t passed as a tensor
+    (one trace whatever its value) through PlaceholderWithDefault (not a
+    constant even where the cell is fixed, a ramp or one pass, so Grappler
+    neither specializes the function on it nor folds it)."""
+    isolated = schedule_program.ISOLATED_CELLS and not inline
     if not isolated:
       return cell
     device = self.stages[s].device
@@ -176,8 +173,7 @@ class Cells:
 
   def Forward(self, s, state, x_in, t, slot, w, valid=None, after=()):
     """Stage s's forward cell of micro-batch t; (state, stamps). `after`:
-    the tensors its sums outside the cell wait for (`_Gates`: the loss
-    sums; the statistics too where the cell is inline)."""
+    the tensors its sums wait for (`_Gates`)."""
     probe = self.probe
     if valid is not None:
       slot = tf.where(valid, slot, self.program.num_slots[s])
@@ -187,19 +183,13 @@ class Cells:
     if s > 0 and self.end.keeps_slots:
       slots = [ta.write(slot, v) for ta, v in zip(state.slots, x)]
     start = probe.Stamp(x)
-    isolated = self._Isolates(autodiff=bool(self.end.autodiff))
-    # Isolated, the cell adds its statistics inside (no gate needed).
-    gate = () if isolated else after
-
-    def Cell(x, stats_in, t):
-      y, stats = self.calls[s](x, t)
+    with tf.control_dependencies(start):
+      y, stats = self._Cell(s, self.calls[s], bool(self.end.autodiff))(x, t)
       if valid is not None:
         stats = tf.nest.map_structure(
             lambda v: v * tf.cast(valid, v.dtype), stats)
-      with tf.control_dependencies(gate):
-        return y, pipeline_stage.Add(stats_in, stats)
-    with tf.control_dependencies(start):
-      y, stats = self._Cell(s, Cell, isolated)(x, state.stats, t)
+      with tf.control_dependencies(after):
+        stats = pipeline_stage.Add(state.stats, stats)
       state = state._replace(slots=slots, stats=stats)
       if s < self.num_s - 1:
         state = state._replace(
@@ -232,10 +222,7 @@ class Cells:
     dy = end.LastDys(spec, t) if last else list(dy_in)
     start = probe.Stamp(x + dy)
 
-    # Isolated, the cell adds its weight gradients inside (no gate needed).
-    gate = () if self._Isolates() else after
-
-    def Cell(x, dy, dtheta, t):
+    def Cell(x, dy, t):
       # Stage 0's inputs are data: no gradient unless asked for.
       cell = pipeline_stage.TapedCall(
           self.stages[s], spec, self.thetas[s], x, t, self.mb_size,
@@ -252,13 +239,15 @@ class Cells:
         dxs, dzs, dws = pipeline_stage.Vjp(
             cell.tape, cell.ys,
             (cell.xs, zs, [theta_flat[i] for i in watched]), cell.dys)
-      with tf.control_dependencies(gate):
-        dtheta = (pipeline_stage.AccumulateAt(dtheta, watched, dws) if split
-                  else self.acc.Add(dtheta, dws, t))
-      return dxs, dzs, dtheta, [call.x for call in cell.calls], mid
-    isolated = self._Isolates()
-    dxs, dzs, dtheta, op_xs, mid = self._Cell(s, Cell, isolated)(
-        x, dy, state.dtheta, t)
+      return dxs, dzs, dws, [call.x for call in cell.calls], mid
+    dxs, dzs, dws, op_xs, mid = self._Cell(s, Cell)(x, dy, t)
+    # The sums outside the cell: passed through its function, a stage's
+    # running weight-gradient sums cost the client of stages in other
+    # processes some 3 ms of CPU per cell (dense16, 1F1B, two servers:
+    # 167 ms a step against 127), for no change in bits.
+    with tf.control_dependencies(after):
+      dtheta = (pipeline_stage.AccumulateAt(state.dtheta, watched, dws)
+                if split else self.acc.Add(state.dtheta, dws, t))
     stash = state.stash
     if split:
       kept = [v for op_x, dz in zip(op_xs, dzs) for v in (op_x, dz)]

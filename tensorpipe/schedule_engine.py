@@ -289,9 +289,7 @@ def _Gates(engine, barriers, i, states, gates):
   state the device left at its last barrier before tick i (`states`: the
   state after tick i - 1), so Grappler cannot merge a sum's additions
   across the barrier even where no cell reads the clock or micro-batch
-  the barrier delays (a last stage without targets). Isolated cells
-  (`schedule_program.ISOLATED_CELLS`) add their gradient and statistics
-  sums inside; the gates then hold the loss sums only."""
+  the barrier delays (a last stage without targets)."""
   if not i:
     return gates
   return [TensorsOn(engine.devices[d], [states[s] for s in engine.on_device[d]])

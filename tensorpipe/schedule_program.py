@@ -84,17 +84,19 @@ RAMP_TICKS = FIXED_RAMP_TICKS
 # loops for what is traced inside.
 ONE_PASS_CELLS = 512
 UNROLL_ACROSS_PROCESSES_CELLS = ONE_PASS_CELLS
-# Each B and I cell is its own function (tf.function, not inlined):
-# Grappler optimizes it alone, so its bits do not depend on what surrounds
-# it: a loop body with a switch, a steady loop, a ramp run once without a
-# loop, a whole run in one pass. Inlined, the arithmetic optimizer's
+# Each F, B and I cell's stage call (and vjp) is a function of its own
+# (tf.function, not inlined; schedule_cells.Cells._Cell): Grappler
+# optimizes it alone, so its bits do not depend on what surrounds it: a
+# loop body with a switch, a steady loop, a ramp run once without a loop,
+# a whole run in one pass. Inlined, the arithmetic optimizer's
 # MinimizeBroadcasts reordered a product in one copy of a cell and not in
 # another (a Transformer LM's attention: the softmax's gradient times
-# 1 / sqrt(d)): gradients an ulp off GPipe's. The I/W split's W
-# cells (a product per weight op) and the F cells stay inline: isolated,
-# the W cells cost ZB-V a fifth of its step (dense16, K=2, T=8). A cell's
-# outputs then leave together: its input gradient waits for its weight
-# gradients (measured cost in README "Cells in their own functions").
+# 1 / sqrt(d)), and a batch-norm ResNet's forward cells in fixed ramps
+# parted from the looped engine's: gradients an ulp off GPipe's. The I/W
+# split's W cells (a product per weight op) stay inline: isolated, they
+# cost ZB-V a fifth of its step (dense16, K=2, T=8). A cell's outputs
+# leave together: its input gradient waits for its weight gradients
+# (README "Cells in their own functions": what it costs).
 ISOLATED_CELLS = True
 
 

@@ -433,8 +433,7 @@ class SteadyLoopTest(tf.test.TestCase):
     # (schedule_engine._Gates): in the ramps, where a device runs a cell
     # after another, some gradient sums (AddN) have control inputs, which
     # keep Grappler from merging two additions of one sum into another
-    # order. Without the gates none has. (Isolated, a cell adds its sums
-    # inside its function: no gate needed.)
+    # order. Without the gates none has.
     gated = [n.name for n in nodes
              if n.op == 'AddN' and any(i.startswith('^') for i in n.input)]
     self.assertNotEmpty(gated)
