@@ -129,12 +129,18 @@ class Cells:
   def _Cell(self, s: int, cell: Any, inline: bool = False) -> Any:
     """`cell` (..., t) as a function of its own on stage s's device, not
     inlined (`schedule_program.ISOLATED_CELLS`; not for a forward cell
-    that TF's autodiff differentiates, `inline`), t passed as a tensor
-    (one trace whatever its value) through PlaceholderWithDefault (not a
-    constant even where the cell is fixed, a ramp or one pass, so Grappler
-    neither specializes the function on it nor folds it)."""
-    isolated = schedule_program.ISOLATED_CELLS and not inline
-    if not isolated:
+    that TF's autodiff differentiates, `inline`, nor eagerly, where
+    nothing is optimized), t passed as a tensor (one trace whatever its
+    value) through PlaceholderWithDefault (not a constant even where the
+    cell is fixed, a ramp or one pass, so Grappler neither specializes
+    the function on it nor folds it).
+
+    Its ops are named as in a fresh graph, the same at every call site
+    (no caller's name scope, so no replica prefix): given the caller's
+    scope, a Transformer LM's cells in one pass parted from the looped
+    engine's again, Grappler's rewrites depending on the node names."""
+    if (inline or not schedule_program.ISOLATED_CELLS or
+        tf.executing_eagerly()):
       return cell
     device = self.stages[s].device
 
