@@ -158,7 +158,8 @@ def WeightGradientFlopsPerCell(graph, cells: Sequence[Sequence[Cell]]
         'WeightGradientFlopsPerCell found none of the cells '
         f'{sorted({c for row in cells for c in row})} as a switch_case '
         'branch of the graph: trace the step with cell_flops.Trace, which '
-        'keeps every ramp switching (schedule_program.RampTicks(0))')
+        'keeps every ramp switching (schedule_program.RampTicks(0)) and '
+        'the cells inline (schedule_program.IsolatedCells(False))')
   return found
 
 

@@ -37,20 +37,25 @@ class BaseSchedule:
     return self._params
 
   def __call__(self, step) -> tf.Tensor:
-    """Value(step), in a graph as a function of its own (not inlined):
-    Grappler then optimizes the schedule's arithmetic alone, so its bits
-    do not depend on the step it sits in. Inlined, `peak * (step + 1) /
-    warmup_steps` gave 0.00500000035 in one trainer step and 0.005 in
-    another whose pipeline ran its ramps without a loop (the constants
-    pushed together or not): the same gradients, other weights."""
+    """Value(step) as a function of its own (not inlined), in a graph and
+    eagerly alike: Grappler then optimizes the schedule's arithmetic alone,
+    so its bits do not depend on the step it sits in (and an eager call
+    gives the step's value). Inlined, `peak * (step + 1) / warmup_steps`
+    gave 0.00500000035 in one trainer step and 0.005 in another whose
+    pipeline ran its ramps without a loop (the constants pushed together
+    or not): the same gradients, other weights."""
     step = tf.cast(step, tf.float32)
-    if tf.executing_eagerly():
-      return self.Value(step)
     if self._isolated is None:
       self._isolated = tf.function(
           self.Value, autograph=False,
           experimental_attributes={'_noinline': True})
     return self._isolated(step)
+
+  def __getstate__(self):
+    """For copy and pickle: the traced function is rebuilt on first use."""
+    state = dict(self.__dict__)
+    state['_isolated'] = None
+    return state
 
   def Value(self, step: tf.Tensor) -> tf.Tensor:
     raise NotImplementedError(f'{type(self).__name__}.Value')

@@ -41,7 +41,7 @@ cells are fixed in the graph (no tf.switch_case); the others switch on the
 table (`schedule_program`), but for a loss-inside table's short ones
 (`schedule_program.RAMP_TICKS`: fixed ramps), which run once without a
 loop, each tick's cells fixed, waiting after each cell of a device
-(`LoopBarriers`). Each B and I cell is a function of its own
+(`LoopBarriers`). Each F, B and I cell is a function of its own
 (`schedule_program.ISOLATED_CELLS`), so Grappler gives it the same
 bits wherever it runs: in a switching loop, a steady loop, a ramp or one
 pass. Two

@@ -61,7 +61,7 @@ MAX_PERIOD = 16
 # fixed in the graph, without a loop (`Loops`, unroll_ramps): a lowered
 # switch_case visits every op of every branch on every tick. Measured
 # (tools/benchmark --ramp_check, README "The ramps without a switch").
-# Exact since the B and I cells are functions of their own
+# Exact since the F, B and I cells are functions of their own
 # (ISOLATED_CELLS): inlined, fixed ramps moved a Transformer's
 # embedding gradient under ZB-H1 by an ulp, and in a one-iteration
 # tf.while_loop a batch-norm ResNet's (K=4, T=4; Grappler's constant
@@ -76,7 +76,7 @@ RAMP_TICKS = FIXED_RAMP_TICKS
 # devices' non-idle cells together) as one pass with every tick's cells
 # fixed and no loop (`Loops`, unroll_all; `UnrollsAll`): K=2, T=8, two
 # servers, 1.1-1.7x the one-process step against 1.6-3.4x with loops
-# (README "Stages in other processes"). Exact since the B and I cells are
+# (README "Stages in other processes"). Exact since the F, B and I cells are
 # functions of their own (ISOLATED_CELLS: inlined, a Transformer LM's
 # attention and embedding gradients moved by an ulp against the looped
 # engine's). The graph grows with the cells, so a longer run keeps its

@@ -93,7 +93,7 @@ class CrossHostStagesTest(tf.test.TestCase):
                                     scale=test_utils.MaxAbs(want_grads))
 
     # A loss-inside schedule of two stages per server (ZB-V's V) runs its
-    # whole table in one pass with the one pass on (opt-in), with no
+    # whole table in one pass (the default, spelled out here), with no
     # tf.while_loop to cost a round of messages per iteration
     # (schedule_program.UnrollsAll).
     zbv = pipeline.TensorPipeLayer.Params().Set(

@@ -200,8 +200,9 @@ class GradientsEqualGPipeBitwiseTest(tf.test.TestCase):
 
   def testBatchNormResNetAtFourStagesGivesGPipesBits(self):
     """A batch-norm ResNet (models/resnet.SmallResNetLayers) at K=4, T=4,
-    with switching ramps (the default) and with fixed ones
-    (schedule_program.RampTicks): fixed ramps in a one-iteration
+    with switching ramps (schedule_program.RampTicks(0): a recorded step's,
+    GPipe's, a ramp over 48 ticks) and with fixed ones (the default):
+    fixed ramps in a one-iteration
     tf.while_loop changed these gradients by an ulp (Grappler's constant
     folding); run without a loop they are GPipe's. The loss is a softmax
     cross-entropy: each example's gradient is computed alike per
@@ -227,8 +228,7 @@ class GradientsEqualGPipeBitwiseTest(tf.test.TestCase):
 
     with py_utils.TrainingMode(True), py_utils.StepSeed(4):
       want = GPipeStep(x, y)
-    for ramps in (schedule_program.RAMP_TICKS,
-                  schedule_program.FIXED_RAMP_TICKS):
+    for ramps in (0, schedule_program.FIXED_RAMP_TICKS):
       ofob = Build('1f1b')
       for a, b in zip(gpipe.variables, ofob.variables):
         b.assign(a)
@@ -386,8 +386,8 @@ class SteadyLoopTest(tf.test.TestCase):
     """The steady loop holds its cells itself, with no switch_case; a
     loss-inside table's short ramps before and after it run once, without
     a loop, their cells fixed (schedule_program.RAMP_TICKS): no switch
-    anywhere in the step. Each F and B cell is then a function of its own
-    (schedule_program.ISOLATED_CELLS); traced inline, as here first, its
+    anywhere in the step. Each F and B cell is a function of its own
+    (schedule_program.ISOLATED_CELLS); traced inline, as here second, its
     ops sit in the loop body."""
     layer = pipeline.TensorPipeLayer.Params().Set(
         name='TensorPipe', layers=_DenseModel(), num_partitions=2,

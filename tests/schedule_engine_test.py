@@ -6,7 +6,7 @@ same stages: the engine relabels micro-batches so that every stage sums its
 weight gradients in GPipe's backward order (schedule_program.Labels). The
 zero-bubble schedules (ZB-H1, ZB-V) are also checked against the float64
 micro-batch oracle, and their I-to-W stash slots against a literal table.
-With stages in other processes and the one pass on (opt-in), every
+With stages in other processes (the one pass, on by default), every
 schedule runs its whole table without a tf.while_loop, with the looped
 engine's bits on conv stages (but for TF's autodiff of GPipe's loop and
 runs over the cap).
@@ -430,7 +430,7 @@ def _DensePipe(schedule, k=2, t=2):
 class AcrossProcessesTest(tf.test.TestCase):
   """Stages in other processes (what the engine sees through
   devices.NumProcesses), with the one pass on (schedule_program.
-  UnrollAcrossProcesses; off by default), run the whole table in one pass
+  UnrollAcrossProcesses, the default), run the whole table in one pass
   with every cell fixed and no tf.while_loop (schedule_program.UnrollsAll),
   with the looped engine's bits on these conv stages; TF's autodiff of
   GPipe's loop and a run of more cells than the cap keep their loops."""

@@ -160,7 +160,9 @@ def StepFns(want_pipe, got_pipe, loss_fn, normalizer: float):
 def WeightGradientKernelsPerCellKind(pipe, x, loss_fn) -> dict:
   """Per kind of cell ('F', 'I', 'W') of a K=2, T=2 ZB-H1 pipeline that
   runs any, the number of weight-gradient kernels each of its cells runs
-  (the branch functions of the switching loop), sorted."""
+  (the branch functions of the switching loop; traced with the cells
+  inline, schedule_program.IsolatedCells(False), so their ops sit in
+  those branches), sorted."""
   # Branch b > 0 of device d runs cells[d][b - 1]: F, I, W on both.
   cells = schedule_program.Compile(
       schedule_builders.Build('zb_h1', 2, 2)).cells
@@ -168,7 +170,8 @@ def WeightGradientKernelsPerCellKind(pipe, x, loss_fn) -> dict:
 
   def Step(x):
     return pipe.FPropLossAndGrads(pipe.theta, (x,), None, loss_fn, 1.0).loss
-  with py_utils.TrainingMode(True), timeline.Record():
+  with py_utils.TrainingMode(True), timeline.Record(), \
+      schedule_program.IsolatedCells(False):
     graph_def = tf.function(Step, autograph=False).get_concrete_function(
         x).graph.as_graph_def()
   got = {}

@@ -203,7 +203,7 @@ flags.DEFINE_boolean('ramp_check', False, 'Run nothing else: each of '
                      '--models timed in one process, in rotation, with its '
                      'ramps run with fixed cells (schedule_program.'
                      'RampTicks; the default), switching on the table, and '
-                     'switching with its B and I cells inline (the engine '
+                     'switching with its F, B and I cells inline (the engine '
                      'before schedule_program.ISOLATED_CELLS) '
                      '(benchmark_lib/ramp_check.py); writes ramp_check.json '
                      'and ramp_check.md under --out.')
@@ -400,7 +400,7 @@ def _StepProfile() -> None:
 
 def _RampCheck() -> None:
   """--ramp_check: ramps with fixed cells against switching ramps, and
-  against the engine before its B and I cells were isolated."""
+  against the engine before its F, B and I cells were isolated."""
   if not FLAGS.settings:
     raise app.UsageError('--ramp_check needs --settings, e.g. '
                          '--settings=K2-T8-1f1b-rc,K2-T8-zbv-rc')

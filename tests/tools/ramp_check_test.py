@@ -36,9 +36,9 @@ class RampCheckTest(unittest.TestCase):
         model='tiny', setting=settings.ParseSetting('K2-T8-zbv-rc'),
         batch=8, step_time_s=3e-3, memory=results_lib.Memory(0, 0, 0, True),
         trace_s=1.5, paired={ramp_check.SWITCHING_RAMPS: twin,
-                             ramp_check.INLINE_BACKWARD: before},
+                             ramp_check.INLINE_CELLS: before},
         paired_trace_s={ramp_check.SWITCHING_RAMPS: 2.5,
-                        ramp_check.INLINE_BACKWARD: 2.0})
+                        ramp_check.INLINE_CELLS: 2.0})
     r = results_lib.Result.FromJson(r.ToJson())
     row = ramp_check.Row('tiny', r, [19, 49])
     self.assertAlmostEqual(row['ratio'], 0.75)

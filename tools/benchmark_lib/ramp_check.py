@@ -4,12 +4,12 @@ The engine runs a loss-inside table's short switching loops (the ramps
 before and after the steady loop, at most `schedule_program.
 FIXED_RAMP_TICKS` ticks) once, with every tick's cells fixed in the graph,
 instead of one tf.switch_case per tick (`schedule_program.RAMP_TICKS`, the
-default), and each B and I cell as a function of its own
+default), and each F, B and I cell as a function of its own
 (`schedule_program.ISOLATED_CELLS`), which makes fixed ramps exact.
 This check times three forms of one setting in one process, in rotation
 (`runner.RunSetting(switching_ramps=True)`): the default; twins, the same
 pipeline with its weights copied, traced with RAMP_TICKS = 0 (switching
-ramps) and with RAMP_TICKS = 0 and the B and I cells inline (the engine
+ramps) and with RAMP_TICKS = 0 and the F, B and I cells inline (the engine
 before the isolation: switching ramps were then the default, as fixed
 ramps were not exact on every model). One process, so the ratios are not
 moved by the machine's drift between processes. The twins are traced
@@ -26,9 +26,9 @@ from typing import Dict, List, Sequence
 from tools.benchmark_lib import settings
 
 SWITCHING_RAMPS = 'switching-ramps'
-INLINE_BACKWARD = 'switching-ramps-inline-backward'
-# The twins: name -> whether their B and I cells are isolated.
-TWINS = {SWITCHING_RAMPS: True, INLINE_BACKWARD: False}
+INLINE_CELLS = 'switching-ramps-inline-cells'
+# The twins: name -> whether their F, B and I cells are isolated.
+TWINS = {SWITCHING_RAMPS: True, INLINE_CELLS: False}
 
 
 def CheckSetting(setting: settings.Setting) -> None:
@@ -60,7 +60,7 @@ def Row(model: str, result, ticks: Sequence[int]) -> Dict[str, object]:
   """One row of the table from a `results.Result` of the setting run with
   its twins (`TWINS`)."""
   twin = result.paired[SWITCHING_RAMPS]
-  before = result.paired[INLINE_BACKWARD]
+  before = result.paired[INLINE_CELLS]
   return dict(model=model, setting=result.setting.name,
               ramp_ticks=ticks[0], ticks=ticks[1],
               fixed_ms=result.step_time_s * 1e3,
@@ -75,7 +75,7 @@ def Row(model: str, result, ticks: Sequence[int]) -> Dict[str, object]:
 
 def Table(rows: Sequence[Dict[str, object]]) -> str:
   """Markdown table of `Row`s: fixed (the default), switching, and
-  switching with the B and I cells inline (before)."""
+  switching with the F, B and I cells inline (before)."""
   out = ['| model | setting | ramp ticks / ticks | fixed ms | switching ms '
          '| before ms | fixed / switching | isolation (switching / before) '
          '| fixed / before | trace s, fixed / switching |',

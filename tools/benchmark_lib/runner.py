@@ -459,7 +459,7 @@ def _SwitchingRampsTwin(layer: Any, twin: Any,
                         isolated: bool = True):
   """(a step of `twin`, a copy of `layer`'s pipeline given `layer`'s
   weights, traced with every ramp switching on the table, and with
-  `isolated` False its B and I cells inline
+  `isolated` False its F, B and I cells inline
   (`schedule_program.IsolatedCells`); its trace seconds): --ramp_check's
   baselines."""
   for a, b in zip(layer.variables, twin.variables, strict=True):
@@ -518,7 +518,7 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
                remote_workers: Optional[Sequence[str]] = None,
                switching_ramps: bool = False,
                cpu_pids: Sequence[int] = (),
-               one_pass_cells: int = 0
+               one_pass_cells: Optional[int] = None
                ) -> results_lib.Result:
   """Runs one setting in this process (TensorFlow must not have run yet).
 
@@ -538,14 +538,14 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
   With `switching_ramps`, the setting is traced with its ramps fixed
   (`schedule_program.FIXED_RAMP_TICKS`, the default) and the same
   pipeline traced with its ramps switching on the table (`schedule_program.
-  RAMP_TICKS` = 0), with its B and I cells isolated and inline, is timed
+  RAMP_TICKS` = 0), with its F, B and I cells isolated and inline, is timed
   in the rotation too, as the baselines `ramp_check.TWINS` (their trace
   seconds in `result.paired_trace_s`): tools/benchmark --ramp_check.
 
   With `one_pass_cells`, the setting is traced with
   `schedule_program.UnrollAcrossProcesses(one_pass_cells)`: stages in
   other processes run a run of at most that many cells in one pass,
-  without a loop (the default; 0: the loops).
+  without a loop (0: the loops; None: the library's default).
 
   Where the setting is timed alone (nothing paired, no recorded twin),
   its CPU seconds per step are measured over the timed rounds: this
@@ -583,7 +583,9 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
     with schedule_program.RampTicks(schedule_program.FIXED_RAMP_TICKS
                                     if switching_ramps else
                                     schedule_program.RAMP_TICKS), \
-        schedule_program.UnrollAcrossProcesses(one_pass_cells):
+        schedule_program.UnrollAcrossProcesses(
+            schedule_program.UNROLL_ACROSS_PROCESSES_CELLS
+            if one_pass_cells is None else one_pass_cells):
       step_fn = StepFn(layer, x, learning_rate)
   trace_s = time.perf_counter() - t0
   memory, warmup_s, raw = _WarmUpMeasuringMemory(Runner(step_fn), warmup)
