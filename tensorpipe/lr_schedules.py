@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorpipe import hyperparams
+from tensorpipe import py_utils
 
 
 class BaseSchedule:
@@ -46,9 +47,7 @@ class BaseSchedule:
     or not): the same gradients, other weights."""
     step = tf.cast(step, tf.float32)
     if self._isolated is None:
-      self._isolated = tf.function(
-          self.Value, autograph=False,
-          experimental_attributes={'_noinline': True})
+      self._isolated = py_utils.IsolatedFunction(self.Value)
     return self._isolated(step)
 
   def __getstate__(self):

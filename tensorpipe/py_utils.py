@@ -163,6 +163,21 @@ def WithContext(ctx: FPropContext, fn: Callable[..., Any]) -> Callable[..., Any]
   return Wrapped
 
 
+def IsolatedFunction(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """`fn` as a tf.function (AutoGraph off) that is never inlined.
+
+  Grappler then optimizes its body alone, so what it computes has the same
+  bits whatever graph calls it. Inlined, Grappler's arithmetic optimizer
+  and constant folding rewrite a computation by what surrounds it: a
+  pipeline cell in a loop body against the same cell run once, a
+  learning-rate formula in one training step against another (README
+  "Cells in their own functions"). Users: schedule_cells.Cells._Cell,
+  lr_schedules.BaseSchedule.
+  """
+  return tf.function(fn, autograph=False,
+                     experimental_attributes={'_noinline': True})
+
+
 def RestoreContext(ctx: FPropContext):
   """Context manager re-entering the forward pass's context for a recompute.
 

@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from tensorpipe import devices as devices_lib
 from tensorpipe import pipeline_stage
+from tensorpipe import py_utils
 from tensorpipe import schedule_ends
 from tensorpipe import schedule_program
 from tensorpipe import timeline
@@ -147,8 +148,7 @@ class Cells:
     def OnDevice(*args):
       with tf.device(device):  # the function's own ops
         return cell(*args)
-    fn = tf.function(OnDevice, autograph=False,
-                     experimental_attributes={'_noinline': True})
+    fn = py_utils.IsolatedFunction(OnDevice)
     return lambda *args: fn(*args[:-1], tf.raw_ops.PlaceholderWithDefault(
         input=tf.convert_to_tensor(args[-1], tf.int32), shape=[]))
 
