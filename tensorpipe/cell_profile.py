@@ -2,7 +2,7 @@
 
 `ProfileLayer(layer, inputs)` times, for every layer of a built
 TensorPipeLayer on one micro-batch, the cells the schedule engine runs,
-built from the same cell algebra (pipeline_stage: `Stage.FlatCall`,
+built from the same cell algebra (`Stage.FlatCall`; cell_algebra:
 `TapedCall` + `Vjp`, `TraceWeightOps` + `WeightGrads`), each traced once as
 a tf.function on the layer's device:
 
@@ -63,6 +63,7 @@ from typing import (Any, Callable, Dict, List, NamedTuple, Optional,
 
 import tensorflow as tf
 
+from tensorpipe import cell_algebra
 from tensorpipe import cost_model
 from tensorpipe import microbatch
 from tensorpipe import pipeline_stage
@@ -120,7 +121,7 @@ def _Looped(cell: Callable[[List[tf.Tensor]], Any], args: List[tf.Tensor],
 def _Cells(stage: pipeline_stage.Stage, spec: pipeline_stage.StageSpecs,
            theta: List[Any], mb_size: int, watch_inputs: bool):
   """The layer's F, FB, FI and W cells: functions of flat tensor lists."""
-  ops = pipeline_stage.TraceWeightOps(stage, spec, theta, mb_size)
+  ops = cell_algebra.TraceWeightOps(stage, spec, theta, mb_size)
   n = len(tf.nest.flatten(theta))
   nx = len(spec.in_specs)
   t0 = tf.constant(0)
@@ -133,27 +134,27 @@ def _Cells(stage: pipeline_stage.Stage, spec: pipeline_stage.StageSpecs,
     return [y[i] for i in spec.float_out]
 
   # The sums the engine's cells add their weight gradients to.
-  dtheta = pipeline_stage.Zeros(
+  dtheta = cell_algebra.Zeros(
       [pipeline_stage.SpecOf(v) for v in tf.nest.flatten(theta)])
 
   def Backward(x_dy, split):
     th = Theta()
     flat = tf.nest.flatten(th)
-    watched = pipeline_stage.Watched(n, ops, split)
-    cell = pipeline_stage.TapedCall(
+    watched = cell_algebra.Watched(n, ops, split)
+    cell = cell_algebra.TapedCall(
         stage, spec, th, list(x_dy[:nx]), t0, mb_size,
         watch_inputs=watch_inputs, watched=watched, split=split,
-        head=pipeline_stage.FloatOutputs(spec), dys=list(x_dy[nx:]))
+        head=cell_algebra.FloatOutputs(spec), dys=list(x_dy[nx:]))
     zs = [c.z for c in cell.calls]
-    dxs, dzs, dws = pipeline_stage.Vjp(
+    dxs, dzs, dws = cell_algebra.Vjp(
         cell.tape, cell.ys, (cell.xs, zs, [flat[i] for i in watched]),
         cell.dys)
-    sums = pipeline_stage.AccumulateAt(dtheta, watched, dws)
+    sums = cell_algebra.AccumulateAt(dtheta, watched, dws)
     return dxs, sums, [c.x for c in cell.calls], dzs
 
   def WeightGrad(xs_dzs):
     half = len(xs_dzs) // 2
-    return pipeline_stage.WeightGrads(ops, Theta(), xs_dzs[:half],
+    return cell_algebra.WeightGrads(ops, Theta(), xs_dzs[:half],
                                       xs_dzs[half:], dtheta)
   return (Forward, lambda a: Backward(a, False)[:2],
           lambda a: Backward(a, True), WeightGrad)

@@ -70,7 +70,7 @@ owner first (tied_weights.py), under every schedule.
 Batch norm uses each micro-batch's statistics; the moving averages are
 updated once per step from the statistics of the whole mini-batch. Dropout
 masks are drawn per example (py_utils.StatelessUniform), so they do not depend
-on K or T and the recompute pass reproduces them.
+on K, T or the schedule, and the recompute pass reproduces them.
 """
 
 from typing import Any, List, Optional, Tuple

@@ -31,25 +31,20 @@ engine unrolls the table (`schedule_unrolled.Run`): each stage keeps its
 forward cells' activations until their backward cells, at a graph that
 grows with T.
 
-A tied weight (tied_weights.py) is one more theta entry of each stage
-that reads it: every wrapper accumulates it per stage like any weight. Its
-copies come from one op (`tied_weights.Share`) whose gradient adds the
-stages' totals in stage order, so a tape (GPipe's wrappers, FPropLoss)
-sums them in that order rather than TF's; FPropLossAndGrads folds them
-itself (`tied_weights.Fold`).
-
-Batch norm and dropout behave the same under every schedule: each
-micro-batch normalises with its own statistics, the moving averages are
-updated once per step from the sum over micro-batches (`ReportStats`), and
-dropout masks are per example (micro-batch t's example offset, the step's
-context), so they do not depend on K, T or the schedule, and the recompute
-redraws them exactly.
+A tied weight is one more theta entry of each stage that reads it, and
+batch norm and dropout behave alike under every schedule (pipeline.py's
+docstring says how). Each wrapper accumulates a tied weight per stage like
+any weight; a tape sums the stages' totals in stage order through
+`tied_weights.Share`, and FPropLossAndGrads folds them itself
+(`tied_weights.Fold`). The moving averages are updated once per step from
+the statistics summed over micro-batches (`ReportStats`).
 """
 
 from typing import Any, List, NamedTuple, Sequence, Tuple
 
 import tensorflow as tf
 
+from tensorpipe import cell_algebra
 from tensorpipe import grad_sum
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
@@ -103,7 +98,7 @@ class ForwardResult(NamedTuple):
 
 def _GPipeHalf(call: PipelineCall, table: schedules.Schedule,
                end: schedule_ends.End, backward: bool,
-               acc=None) -> pipeline_stage.Sums:
+               acc=None) -> cell_algebra.Sums:
   """GPipe's forward (or backward) pass: the table's F (B) ticks, one tick
   in flight. GPipe's table is its F ticks, then as many B ticks; a
   forward-only table (`schedule_builders.ForwardOnly`) is all F."""
@@ -126,7 +121,7 @@ def GPipeForward(call: PipelineCall, table: schedules.Schedule,
     table: GPipe's table, or a forward-only one.
     save_inputs: whether to return every stage's inputs (for a recompute).
     autodiff: '' or how TF's autodiff will differentiate the loop
-      (`pipeline_stage.CellCall`: 'place', 'recompute_grad').
+      (`cell_algebra.CellCall`: 'place', 'recompute_grad').
 
   Returns:
     A `ForwardResult`; its `saved` is None unless `save_inputs`.

@@ -18,7 +18,7 @@ tick; on each tick a device runs at most one cell of one of its stages:
 `Cells` holds one run's facts (stages, thetas, specs, the program, the
 end, the gradient sum) and its cells, each a method from a stage's loop
 state (`schedule_ends.StageState`) to (new state, timeline stamps). The
-cells use the stage's cell algebra (pipeline_stage: `CellCall`,
+cells use the cell algebra (cell_algebra: `CellCall`,
 `TapedCall`, `Vjp`, `WeightGrads`, `AccumulateAt`) and the end's hooks
 (schedule_ends); `after` holds the tensors a cell's sums wait for
 (`schedule_engine._Gates`).
@@ -35,6 +35,7 @@ from typing import Any, List
 from absl import logging
 import tensorflow as tf
 
+from tensorpipe import cell_algebra
 from tensorpipe import devices as devices_lib
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
@@ -46,7 +47,7 @@ from tensorpipe import timeline
 def Ring(ring, specs) -> List[Any]:
   """A ring's initial state: zeros, or TensorArrays of zeros."""
   if ring.depth == 1:
-    return pipeline_stage.Zeros(specs)
+    return cell_algebra.Zeros(specs)
   return [tf.TensorArray(s.dtype, size=ring.depth, element_shape=s.shape)
           .unstack(tf.zeros([ring.depth] + s.shape.as_list(), s.dtype))
           for s in specs]
@@ -113,7 +114,7 @@ class Cells:
                        f'{program.table.name!r}, which splits the backward '
                        "pass (I, W); use grad_sum='sequential'")
     # Per stage that runs I cells, its weight ops (py_utils.WeightOp).
-    self.weight_ops = {s: pipeline_stage.TraceWeightOps(
+    self.weight_ops = {s: cell_algebra.TraceWeightOps(
         stages[s], specs[s], thetas[s], mb_size) for s in self.runs_i}
     self.masked = end.autodiff == 'recompute_grad'
     if self.masked and any(
@@ -123,7 +124,7 @@ class Cells:
                        'stage per device only (stage d on device d)')
     # Masked bubbles write to an extra slot that nothing reads.
     self.extra = 1 if self.masked else 0
-    self.calls = {s: pipeline_stage.CellCall(stages[s], specs[s], thetas[s],
+    self.calls = {s: cell_algebra.CellCall(stages[s], specs[s], thetas[s],
                                              mb_size, end.autodiff)
                   for s in self.runs_f}
 
@@ -165,11 +166,11 @@ class Cells:
         slots=(schedule_ends.TensorArrays(
             spec.in_specs, program.num_slots[s] + self.extra)
                if s > 0 and self.end.keeps_slots else []),
-        stats=([pipeline_stage.Zeros(v) for v in spec.StatsSpecs()]
+        stats=([cell_algebra.Zeros(v) for v in spec.StatsSpecs()]
                if s in self.runs_f else []),
         dtheta=(self.acc.Init(tf.nest.flatten(self.thetas[s]))
                 if s in self.runs_b else []),
-        loss=(pipeline_stage.Zeros(self.end.loss_specs)
+        loss=(cell_algebra.Zeros(self.end.loss_specs)
               if s == self.num_s - 1 else []),
         ends=end_tas,
         stash=([ta for op in self.weight_ops[s] for ta in
@@ -195,7 +196,7 @@ class Cells:
         stats = tf.nest.map_structure(
             lambda v: v * tf.cast(valid, v.dtype), stats)
       with tf.control_dependencies(after):
-        stats = pipeline_stage.Add(state.stats, stats)
+        stats = cell_algebra.Add(state.stats, stats)
       state = state._replace(slots=slots, stats=stats)
       if s < self.num_s - 1:
         state = state._replace(
@@ -221,7 +222,7 @@ class Cells:
     probe, spec, end = self.probe, self.specs[s], self.end
     theta_flat = tf.nest.flatten(self.thetas[s])
     split = stash_slot is not None
-    watched = pipeline_stage.Watched(
+    watched = cell_algebra.Watched(
         len(theta_flat), self.weight_ops.get(s, []), split)
     x = end.BackwardInputs(self, s, state, t, slot)
     last = s == self.num_s - 1
@@ -230,11 +231,11 @@ class Cells:
 
     def Cell(x, dy, t):
       # Stage 0's inputs are data: no gradient unless asked for.
-      cell = pipeline_stage.TapedCall(
+      cell = cell_algebra.TapedCall(
           self.stages[s], spec, self.thetas[s], x, t, self.mb_size,
           watch_inputs=s > 0 or end.input_grads, watched=watched,
           split=split, head=(end.LastHead(spec, t) if last else
-                             pipeline_stage.FloatOutputs(spec)),
+                             cell_algebra.FloatOutputs(spec)),
           dys=dy, deps=start)
       mid = probe.Stamp(cell.ys)
       zs = [call.z for call in cell.calls] if split else []
@@ -242,7 +243,7 @@ class Cells:
         raise AssertionError(f'stage {s} made {len(zs)} weight ops, '
                              f'traced {len(self.weight_ops[s])}')
       with tf.control_dependencies(mid):
-        dxs, dzs, dws = pipeline_stage.Vjp(
+        dxs, dzs, dws = cell_algebra.Vjp(
             cell.tape, cell.ys,
             (cell.xs, zs, [theta_flat[i] for i in watched]), cell.dys)
       return dxs, dzs, dws, [call.x for call in cell.calls], mid
@@ -252,7 +253,7 @@ class Cells:
     # processes some 3 ms of CPU per cell (dense16, 1F1B, two servers:
     # 167 ms a step against 127), for no change in bits.
     with tf.control_dependencies(after):
-      dtheta = (pipeline_stage.AccumulateAt(state.dtheta, watched, dws)
+      dtheta = (cell_algebra.AccumulateAt(state.dtheta, watched, dws)
                 if split else self.acc.Add(state.dtheta, dws, t))
     stash = state.stash
     if split:
@@ -274,7 +275,7 @@ class Cells:
     kept = [ta.read(stash_slot) for ta in state.stash]
     start = self.probe.Stamp(kept)
     with tf.control_dependencies(start + list(after)):
-      dtheta = pipeline_stage.WeightGrads(
+      dtheta = cell_algebra.WeightGrads(
           self.weight_ops[s], self.thetas[s], kept[0::2], kept[1::2],
           state.dtheta)
     # A W row of the timeline is (start, -1, end).

@@ -24,12 +24,12 @@ from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
 
 import tensorflow as tf
 
+from tensorpipe import cell_algebra
 from tensorpipe import microbatch
-from tensorpipe import pipeline_stage
+from tensorpipe.cell_algebra import Sums
 from tensorpipe.nested_map import NestedMap
 from tensorpipe.pipeline_stage import PipelineCall
 from tensorpipe.pipeline_stage import SpecOf
-from tensorpipe.pipeline_stage import Sums
 
 # A loss function: (outputs of one micro-batch, its targets or None) -> the
 # micro-batch's loss SUM (scalar), or NestedMap(loss=scalar sum,
@@ -139,9 +139,9 @@ class End:
     return []
 
   def LastHead(self, spec, t) -> Callable:
-    """The last stage's `pipeline_stage.TapedCall` head in its B cell."""
+    """The last stage's `cell_algebra.TapedCall` head in its B cell."""
     del t
-    return pipeline_stage.FloatOutputs(spec)
+    return cell_algebra.FloatOutputs(spec)
 
   def AfterFirstBackward(self, state: StageState, t, dxs) -> List[Any]:
     """Stage 0's B cell: its new `StageState.ends` from its input

@@ -27,7 +27,7 @@ tick. Pseudo-code (recompute on):
 Split by job: what the pipeline's two ends do is a `schedule_ends.End`
 whose hooks the cells call (`LossInside`, GPipe's `GPipeForward` and
 `GPipeBackward`); the cells (schedule_cells: `Cells.Forward`, `Backward`,
-`WeightGrad`) use the stage's cell algebra (pipeline_stage: `TapedCall`,
+`WeightGrad`) use the cell algebra (cell_algebra: `TapedCall`,
 `Vjp`, `WeightGrads`, `CellCall`); this module is the tick machinery
 around them:
 per-device tables (`_DeviceTables`), one tick (`_Tick`) and the loop
@@ -70,7 +70,7 @@ from tensorpipe import pipeline_stage
 from tensorpipe import schedule_cells
 from tensorpipe import schedule_ends
 from tensorpipe import schedule_program
-from tensorpipe.pipeline_stage import Sums
+from tensorpipe.cell_algebra import Sums
 
 # Ticks in flight in a switching loop. 1 makes the loop tick-synchronous: a
 # tick lasts as long as its slowest cell, and in 1F1B's steady state every

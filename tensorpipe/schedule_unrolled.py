@@ -13,6 +13,7 @@ gets slow. The cells are the stage's cell algebra (pipeline_stage:
 from absl import logging
 import tensorflow as tf
 
+from tensorpipe import cell_algebra
 from tensorpipe import pipeline_stage
 from tensorpipe import timeline
 
@@ -38,12 +39,12 @@ class _Cells:
                     for th in thetas]
     self.split = {(a.micro_batch, a.stage) for row in program.table.grid
                   for a in row if a and a.op == 'I'}
-    self.weight_ops = {s: pipeline_stage.TraceWeightOps(
+    self.weight_ops = {s: cell_algebra.TraceWeightOps(
         stages[s], specs[s], thetas[s], mb_size)
                        for s in {st for _, st in self.split}}
-    self.stats = [[pipeline_stage.Zeros(ss) for ss in spec.StatsSpecs()]
+    self.stats = [[cell_algebra.Zeros(ss) for ss in spec.StatsSpecs()]
                   for spec in specs]
-    self.sums = pipeline_stage.Zeros(end.loss_specs)
+    self.sums = cell_algebra.Zeros(end.loss_specs)
 
   def Forward(self, s, t, m):
     """F: the stage call of micro-batch t under a tape kept for its B."""
@@ -55,7 +56,7 @@ class _Cells:
     # A split backward (I, W) watches no weight op's weight (I builds no
     # dw kernel; W takes each op's dw itself).
     split = (m, s) in self.split
-    watched = pipeline_stage.Watched(
+    watched = cell_algebra.Watched(
         len(tf.nest.flatten(self.thetas[s])), self.weight_ops.get(s, []),
         split)
     losses = []
@@ -65,16 +66,16 @@ class _Cells:
       losses.append([l] + metrics)
       return [l / self.end.normalizer], None
     # Stage 0's inputs are data: no gradient for them.
-    cell = pipeline_stage.TapedCall(
+    cell = cell_algebra.TapedCall(
         self.stages[s], spec, self.thetas[s], x, t, self.mb_size,
         watch_inputs=s > 0, watched=watched, split=split,
-        head=LossHead if last else pipeline_stage.FloatOutputs(spec),
+        head=LossHead if last else cell_algebra.FloatOutputs(spec),
         dys=None, deps=start)
     if last:
       self.sums = [u + v for u, v in zip(self.sums, losses[-1])]
     else:
       self.outs[(t, s)] = cell.outputs
-    self.stats[s] = pipeline_stage.Add(self.stats[s], cell.stats)
+    self.stats[s] = cell_algebra.Add(self.stats[s], cell.stats)
     self.pending[(t, s)] = (cell, watched)
     end = probe.Stamp([cell.outputs, cell.stats])
     # (With the timeline on, the next cell's start follows this end.)
@@ -86,7 +87,7 @@ class _Cells:
     xs, dzs = self.stashed.pop((t, s))
     start = self.probe.Stamp(dzs)
     with tf.control_dependencies(start):
-      self.dthetas[s] = pipeline_stage.WeightGrads(
+      self.dthetas[s] = cell_algebra.WeightGrads(
           self.weight_ops[s], self.thetas[s], xs, dzs, self.dthetas[s])
     end = self.probe.Stamp(self.dthetas[s])
     return start + self.probe.Missing(1) + end, self.dthetas[s] + end
@@ -101,10 +102,10 @@ class _Cells:
           self.dxs_of.pop((t, s + 1)))
     start = self.probe.Stamp(cell.ys + (dy or []))
     with tf.control_dependencies(start):
-      dxs, dzs, dws = pipeline_stage.Vjp(
+      dxs, dzs, dws = cell_algebra.Vjp(
           cell.tape, cell.ys, (cell.xs, zs, [theta_flat[i] for i in watched]),
           dy)
-    self.dthetas[s] = pipeline_stage.AccumulateAt(self.dthetas[s], watched,
+    self.dthetas[s] = cell_algebra.AccumulateAt(self.dthetas[s], watched,
                                                   dws)
     if op == 'I':
       self.stashed[(t, s)] = ([call.x for call in cell.calls], list(dzs))
@@ -117,7 +118,7 @@ class _Cells:
 
 
 def Run(call: pipeline_stage.PipelineCall, program,
-        end) -> pipeline_stage.Sums:
+        end) -> cell_algebra.Sums:
   """A compiled schedule without recompute: the table unrolled in Python.
 
   Each forward cell runs under its own GradientTape, built when the step is
@@ -167,4 +168,4 @@ def Run(call: pipeline_stage.PipelineCall, program,
       with tf.device(devices[d]):
         probe.Add('table', d, num_d, num_mb, tf.stack([
             tf.stack(row) for row in rows[d]]), table=program.table)
-  return pipeline_stage.Sums(cells.sums, cells.dthetas, cells.stats)
+  return cell_algebra.Sums(cells.sums, cells.dthetas, cells.stats)

@@ -109,7 +109,7 @@ class PlacementTest(tf.test.TestCase):
   # recompute_impl='tf_recompute_grad'), TF's autodiff of the forward
   # tf.while_loop builds the backward ops outside the partitions' tf.device
   # blocks; each stage call's gradient is built on its device by
-  # pipeline_stage.GradientOnDevice. (Still on the default device there: the
+  # cell_algebra.GradientOnDevice. (Still on the default device there: the
   # while loop's own accumulation of the loop-invariant weights' gradients
   # over ticks, one AddN per weight, which TF builds without a device.)
   def testPipelineWithoutRecomputeRunsGradientsOnThePartitionsDevice(self):

@@ -1,10 +1,11 @@
-"""Tests for tensorpipe.pipeline_stage: boundary specs, flat stage calls and
-the cell algebra the executors share."""
+"""Tests for tensorpipe.pipeline_stage (boundary specs, flat stage calls)
+and tensorpipe.cell_algebra (what the executors' cells compute)."""
 
 import dataclasses
 
 import tensorflow as tf
 
+from tensorpipe import cell_algebra
 from tensorpipe import microbatch
 from tensorpipe import pipeline_stage
 from tensorpipe import test_utils
@@ -99,11 +100,11 @@ class CellAlgebraTest(tf.test.TestCase):
     stage, theta, spec, x = _FcStage()
     dy = tf.random.stateless_normal([2, 4], seed=[5, 6])
     flat = tf.nest.flatten(theta)
-    cell = pipeline_stage.TapedCall(
+    cell = cell_algebra.TapedCall(
         stage, spec, theta, [x], tf.constant(0), 2, watch_inputs=True,
         watched=range(len(flat)), split=False,
-        head=pipeline_stage.FloatOutputs(spec), dys=[dy])
-    dxs, dws = pipeline_stage.Vjp(cell.tape, cell.ys, (cell.xs, flat),
+        head=cell_algebra.FloatOutputs(spec), dys=[dy])
+    dxs, dws = cell_algebra.Vjp(cell.tape, cell.ys, (cell.xs, flat),
                                   cell.dys)
     with tf.GradientTape() as tape:
       tape.watch([x] + flat)
@@ -118,7 +119,7 @@ class CellAlgebraTest(tf.test.TestCase):
     with tf.GradientTape() as tape:
       tape.watch([a, b])
       y = 2.0 * a
-    da, db = pipeline_stage.Vjp(tape, [y], [a, b], None)
+    da, db = cell_algebra.Vjp(tape, [y], [a, b], None)
     self.assertAllEqual(da, [2.0, 2.0])
     self.assertAllEqual(db, 0.0)
 
@@ -128,29 +129,29 @@ class CellAlgebraTest(tf.test.TestCase):
     stage, theta, spec, x = _FcStage()
     dy = tf.random.stateless_normal([2, 4], seed=[7, 8])
     flat = tf.nest.flatten(theta)
-    ops = pipeline_stage.TraceWeightOps(stage, spec, theta, 2)
+    ops = cell_algebra.TraceWeightOps(stage, spec, theta, 2)
     self.assertLen(ops, 1)
     self.assertEqual(flat[ops[0].index].shape, [3, 4])
-    whole = pipeline_stage.Watched(len(flat), ops, split=False)
-    watched = pipeline_stage.Watched(len(flat), ops, split=True)
+    whole = cell_algebra.Watched(len(flat), ops, split=False)
+    watched = cell_algebra.Watched(len(flat), ops, split=True)
     self.assertEqual(whole, list(range(len(flat))))
     self.assertNotIn(ops[0].index, watched)
     zeros = [tf.zeros_like(w) for w in flat]
 
     def Backward(watched, split):
-      cell = pipeline_stage.TapedCall(
+      cell = cell_algebra.TapedCall(
           stage, spec, theta, [x], tf.constant(0), 2, watch_inputs=False,
           watched=watched, split=split,
-          head=pipeline_stage.FloatOutputs(spec), dys=[dy])
+          head=cell_algebra.FloatOutputs(spec), dys=[dy])
       zs = [call.z for call in cell.calls] if split else []
-      _, dzs, dws = pipeline_stage.Vjp(
+      _, dzs, dws = cell_algebra.Vjp(
           cell.tape, cell.ys, ([], zs, [flat[i] for i in watched]),
           cell.dys)
-      return cell, dzs, pipeline_stage.AccumulateAt(zeros, watched, dws)
+      return cell, dzs, cell_algebra.AccumulateAt(zeros, watched, dws)
     _, _, want = Backward(whole, False)
     cell, dzs, dtheta = Backward(watched, True)
     self.assertAllEqual(dtheta[ops[0].index], zeros[ops[0].index])
-    got = pipeline_stage.WeightGrads(ops, theta, [c.x for c in cell.calls],
+    got = cell_algebra.WeightGrads(ops, theta, [c.x for c in cell.calls],
                                      dzs, dtheta)
     for g, w in zip(got, want, strict=True):
       self.assertAllClose(g, w)
@@ -159,8 +160,8 @@ class CellAlgebraTest(tf.test.TestCase):
     stage, theta, spec, x = _FcStage()
     flat = tf.nest.flatten(theta)
     grads = []
-    for autodiff in pipeline_stage.AUTODIFF:
-      call = pipeline_stage.CellCall(stage, spec, theta, 2, autodiff)
+    for autodiff in cell_algebra.AUTODIFF:
+      call = cell_algebra.CellCall(stage, spec, theta, 2, autodiff)
       with tf.GradientTape() as tape:
         tape.watch([x] + flat)
         (y,), _ = call([x], tf.constant(0))
@@ -173,12 +174,12 @@ class CellAlgebraTest(tf.test.TestCase):
   def testCellCallRejectsAnUnknownAutodiff(self):
     stage, theta, spec, _ = _FcStage()
     with self.assertRaisesRegex(ValueError, "autodiff='tape'"):
-      pipeline_stage.CellCall(stage, spec, theta, 2, 'tape')
+      cell_algebra.CellCall(stage, spec, theta, 2, 'tape')
 
   def testAddAndZeros(self):
-    zeros = pipeline_stage.Zeros([tf.TensorSpec([2]), tf.TensorSpec([])])
+    zeros = cell_algebra.Zeros([tf.TensorSpec([2]), tf.TensorSpec([])])
     self.assertAllEqual(zeros[0], [0.0, 0.0])
-    got = pipeline_stage.Add([zeros, [zeros[1]]],
+    got = cell_algebra.Add([zeros, [zeros[1]]],
                              [[tf.ones([2]), 2.0], [3.0]])
     self.assertAllEqual(got[0][0], [1.0, 1.0])
     self.assertAllEqual(got[0][1], 2.0)
