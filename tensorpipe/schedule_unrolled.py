@@ -6,7 +6,7 @@ not a loop (schedule_engine.Run) but one stage call per cell in the graph:
 each forward cell under its own GradientTape, its backward (or I) cell
 taking that tape's gradient. The graph holds 2 S T stage calls (3 with I
 and W), so it grows with T; `UNROLLED_CELLS_WARNING` says where tracing
-gets slow. The cells are the stage's cell algebra (pipeline_stage:
+gets slow. The cells are the cell algebra (cell_algebra:
 `TapedCall`, `Vjp`, `WeightGrads`), as in the engine's loops.
 """
 
