@@ -256,7 +256,8 @@ def DefinePlanParams(p: Any) -> None:
            'beyond its weights and optimizer state (activations, saved '
            'inputs, stash, gradient sums: schedule_plan.TableMemory; '
            'against TF\'s allocator see tools/benchmark --memory_check '
-           'and the README). None: no limit.')
+           'and the README: with recompute it under-counts by up to a '
+           'third, ZB-H1 most; leave that headroom). None: no limit.')
   p.Define('plan_regime', None, "schedule='auto': 'shared' (devices share "
            "one process's thread pools) or 'separate' (own executors); None: "
            'shared for CPU devices of this process, else separate.')
