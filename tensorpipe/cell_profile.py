@@ -155,7 +155,7 @@ def _Cells(stage: pipeline_stage.Stage, spec: pipeline_stage.StageSpecs,
   def WeightGrad(xs_dzs):
     half = len(xs_dzs) // 2
     return cell_algebra.WeightGrads(ops, Theta(), xs_dzs[:half],
-                                      xs_dzs[half:], dtheta)
+                                    xs_dzs[half:], dtheta)
   return (Forward, lambda a: Backward(a, False)[:2],
           lambda a: Backward(a, True), WeightGrad)
 

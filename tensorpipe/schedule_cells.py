@@ -125,7 +125,7 @@ class Cells:
     # Masked bubbles write to an extra slot that nothing reads.
     self.extra = 1 if self.masked else 0
     self.calls = {s: cell_algebra.CellCall(stages[s], specs[s], thetas[s],
-                                             mb_size, end.autodiff)
+                                           mb_size, end.autodiff)
                   for s in self.runs_f}
 
   def _Cell(self, s: int, cell: Any, inline: bool = False) -> Any:

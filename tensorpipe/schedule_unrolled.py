@@ -106,7 +106,7 @@ class _Cells:
           cell.tape, cell.ys, (cell.xs, zs, [theta_flat[i] for i in watched]),
           dy)
     self.dthetas[s] = cell_algebra.AccumulateAt(self.dthetas[s], watched,
-                                                  dws)
+                                                dws)
     if op == 'I':
       self.stashed[(t, s)] = ([call.x for call in cell.calls], list(dzs))
     if s > 0:

@@ -105,7 +105,7 @@ class CellAlgebraTest(tf.test.TestCase):
         watched=range(len(flat)), split=False,
         head=cell_algebra.FloatOutputs(spec), dys=[dy])
     dxs, dws = cell_algebra.Vjp(cell.tape, cell.ys, (cell.xs, flat),
-                                  cell.dys)
+                                cell.dys)
     with tf.GradientTape() as tape:
       tape.watch([x] + flat)
       y = stage.layers[0].FProp(theta[0], x)
@@ -152,7 +152,7 @@ class CellAlgebraTest(tf.test.TestCase):
     cell, dzs, dtheta = Backward(watched, True)
     self.assertAllEqual(dtheta[ops[0].index], zeros[ops[0].index])
     got = cell_algebra.WeightGrads(ops, theta, [c.x for c in cell.calls],
-                                     dzs, dtheta)
+                                   dzs, dtheta)
     for g, w in zip(got, want, strict=True):
       self.assertAllClose(g, w)
 
@@ -180,7 +180,7 @@ class CellAlgebraTest(tf.test.TestCase):
     zeros = cell_algebra.Zeros([tf.TensorSpec([2]), tf.TensorSpec([])])
     self.assertAllEqual(zeros[0], [0.0, 0.0])
     got = cell_algebra.Add([zeros, [zeros[1]]],
-                             [[tf.ones([2]), 2.0], [3.0]])
+                           [[tf.ones([2]), 2.0], [3.0]])
     self.assertAllEqual(got[0][0], [1.0, 1.0])
     self.assertAllEqual(got[0][1], 2.0)
     self.assertAllEqual(got[1][0], 3.0)
