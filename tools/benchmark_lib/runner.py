@@ -19,6 +19,7 @@ Usage (what launch.RunSettingSubprocess runs):
       '{"model": "tiny", "setting_name": "K2-T2-rc", "steps": 2}'
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -578,14 +579,15 @@ def RunSetting(model: str, setting_name: str, steps: int = 10,
     with timeline.Record() as recorder:
       step_fn = StepFn(layer, x, learning_rate)
   else:
-    # --ramp_check: the setting with its ramps fixed (the default);
-    # --remote_check: with or without its one pass across processes.
-    with schedule_program.RampTicks(schedule_program.FIXED_RAMP_TICKS
-                                    if switching_ramps else
-                                    schedule_program.RAMP_TICKS), \
-        schedule_program.UnrollAcrossProcesses(
-            schedule_program.UNROLL_ACROSS_PROCESSES_CELLS
-            if one_pass_cells is None else one_pass_cells):
+    # --ramp_check: the setting with its ramps fixed; --remote_check: with
+    # or without its one pass across processes; else the library's forms.
+    with contextlib.ExitStack() as forms:
+      if switching_ramps:
+        forms.enter_context(schedule_program.RampTicks(
+            schedule_program.FIXED_RAMP_TICKS))
+      if one_pass_cells is not None:
+        forms.enter_context(
+            schedule_program.UnrollAcrossProcesses(one_pass_cells))
       step_fn = StepFn(layer, x, learning_rate)
   trace_s = time.perf_counter() - t0
   memory, warmup_s, raw = _WarmUpMeasuringMemory(Runner(step_fn), warmup)
