@@ -49,7 +49,20 @@ def _Add(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
   sum, and Total at T = 7 gave L2 + (L1 + L0). A Snapshot after each
   addition (it forwards its input's buffer when it can) is not merged.
   """
-  return tf.raw_ops.Snapshot(input=a + b)
+  return Apart(a + b)
+
+
+def Apart(x: tf.Tensor) -> tf.Tensor:
+  """x behind a Snapshot: an addition that reads it is not merged with
+  the additions that made x (it forwards x's buffer when it can, else
+  copies). Grappler's arithmetic optimizer merges a tree of additions
+  into one AddN where an inner node has no other reader; that AddN sums
+  its inputs in its own order. Measured with TF 2.21: a weight read
+  twice in one stage has its two uses' gradients added by the tape, and
+  the running sum's AddN next to it in one function became one AddN of
+  three; a tied table's per-stage totals (tied_weights.SumInOrder) were
+  merged with the last running sum where both sat in one graph."""
+  return tf.raw_ops.Snapshot(input=x)
 
 
 def CheckMode(mode: Any, where: str) -> None:

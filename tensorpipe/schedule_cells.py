@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from tensorpipe import cell_algebra
 from tensorpipe import devices as devices_lib
+from tensorpipe import grad_sum
 from tensorpipe import pipeline_stage
 from tensorpipe import py_utils
 from tensorpipe import schedule_ends
@@ -98,6 +99,11 @@ class Cells:
           'tf.while_loops (%s): each iteration costs a round of messages '
           'between the processes.', processes, first, last,
           program.table.name, why)
+    # Where the stages share a process, a B cell adds its weight gradients
+    # to the stage's running sums inside its function (`Backward`); across
+    # processes the sums stay outside (see there). Same ops, same bits.
+    self.sums_in_cell = (processes == 1 and acc is not None and
+                         acc.mode == 'sequential')
     dev_of = program.stage_device
     self.on_device = [[s for s in range(self.num_s) if dev_of[s] == d]
                       for d in range(self.num_d)]
@@ -141,8 +147,7 @@ class Cells:
     (no caller's name scope, so no replica prefix): given the caller's
     scope, a Transformer LM's cells in one pass parted from the looped
     engine's again, Grappler's rewrites depending on the node names."""
-    if (inline or not schedule_program.ISOLATED_CELLS or
-        tf.executing_eagerly()):
+    if inline or not self.Isolated():
       return cell
     device = self.stages[s].device
 
@@ -152,6 +157,12 @@ class Cells:
     fn = py_utils.IsolatedFunction(OnDevice)
     return lambda *args: fn(*args[:-1], tf.raw_ops.PlaceholderWithDefault(
         input=tf.convert_to_tensor(args[-1], tf.int32), shape=[]))
+
+  @staticmethod
+  def Isolated() -> bool:
+    """Whether `_Cell` makes a cell a function of its own (traced in a
+    graph with `schedule_program.ISOLATED_CELLS` on)."""
+    return schedule_program.ISOLATED_CELLS and not tf.executing_eagerly()
 
   def InitialState(self, s: int) -> schedule_ends.StageState:
     """Stage s's loop state before the run (on its device)."""
@@ -229,7 +240,21 @@ class Cells:
     dy = end.LastDys(spec, t) if last else list(dy_in)
     start = probe.Stamp(x + dy)
 
-    def Cell(x, dy, t):
+    # A B cell in a function of its own adds its weight gradients to the
+    # running sums inside it (`sums_in_cell`): added after the call, each
+    # sum read its gradient back cold, the stage's whole weight size per
+    # cell (dense16, K=1, T=8, recompute: 149 against 166 ms a step, of
+    # 136 before the cells were isolated). Inside a function Grappler
+    # cannot merge them with another tick's additions, so they need no
+    # gate (`after`); each gradient is kept apart from the tape's own
+    # additions (`grad_sum.Apart`: a weight read twice in the stage).
+    # Across processes they stay outside: passed through the function,
+    # the sums cost the client of stages in other processes some 3 ms of
+    # CPU per cell (dense16, 1F1B, two servers: 167 ms a step against
+    # 127).
+    sums_in = not split and self.sums_in_cell and self.Isolated()
+
+    def Cell(x, dy, dtheta, t):
       # Stage 0's inputs are data: no gradient unless asked for.
       cell = cell_algebra.TapedCall(
           self.stages[s], spec, self.thetas[s], x, t, self.mb_size,
@@ -246,15 +271,17 @@ class Cells:
         dxs, dzs, dws = cell_algebra.Vjp(
             cell.tape, cell.ys,
             (cell.xs, zs, [theta_flat[i] for i in watched]), cell.dys)
+      if sums_in:
+        dws = self.acc.Add(dtheta, [grad_sum.Apart(g) for g in dws], t)
       return dxs, dzs, dws, [call.x for call in cell.calls], mid
-    dxs, dzs, dws, op_xs, mid = self._Cell(s, Cell)(x, dy, t)
-    # The sums outside the cell: passed through its function, a stage's
-    # running weight-gradient sums cost the client of stages in other
-    # processes some 3 ms of CPU per cell (dense16, 1F1B, two servers:
-    # 167 ms a step against 127), for no change in bits.
-    with tf.control_dependencies(after):
-      dtheta = (cell_algebra.AccumulateAt(state.dtheta, watched, dws)
-                if split else self.acc.Add(state.dtheta, dws, t))
+    dxs, dzs, dws, op_xs, mid = self._Cell(s, Cell)(
+        x, dy, list(state.dtheta) if sums_in else [], t)
+    if sums_in:
+      dtheta = dws
+    else:
+      with tf.control_dependencies(after):
+        dtheta = (cell_algebra.AccumulateAt(state.dtheta, watched, dws)
+                  if split else self.acc.Add(state.dtheta, dws, t))
     stash = state.stash
     if split:
       kept = [v for op_x, dz in zip(op_xs, dzs) for v in (op_x, dz)]

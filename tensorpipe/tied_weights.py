@@ -44,6 +44,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import tensorflow as tf
 
 from tensorpipe import base_layer
+from tensorpipe import grad_sum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,12 +165,18 @@ def Inject(ties: Sequence[Tie], thetas: Sequence[Any]) -> List[Any]:
 
 
 def SumInOrder(terms: Sequence[Any], device: str) -> tf.Tensor:
-  """((terms[0] + terms[1]) + ...) on `device`; None terms are skipped."""
+  """((terms[0] + terms[1]) + ...) on `device`; None terms are skipped.
+
+  Each term and each partial sum is kept apart (`grad_sum.Apart`): a
+  stage's total is its last running sum's AddN, and in one graph
+  Grappler merged the two into one AddN of another order, so the same
+  stages gave another table gradient across processes (the sums outside
+  the cells) than in one process (tied_weights_test)."""
   terms = [t for t in terms if t is not None]
   with tf.device(device):
-    total = terms[0]
+    total = grad_sum.Apart(terms[0])
     for t in terms[1:]:
-      total = total + t
+      total = grad_sum.Apart(total + grad_sum.Apart(t))
   return total
 
 

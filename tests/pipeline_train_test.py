@@ -387,8 +387,8 @@ class SteadyLoopTest(tf.test.TestCase):
     loss-inside table's short ramps before and after it run once, without
     a loop, their cells fixed (schedule_program.RAMP_TICKS): no switch
     anywhere in the step. Each F and B cell is a function of its own
-    (schedule_program.ISOLATED_CELLS); traced inline, as here second, its
-    ops sit in the loop body."""
+    (schedule_program.ISOLATED_CELLS), a B cell's gradient sums inside
+    it; traced inline, as here second, its ops sit in the loop body."""
     layer = pipeline.TensorPipeLayer.Params().Set(
         name='TensorPipe', layers=_DenseModel(), num_partitions=2,
         num_micro_batches=4, input_shapes=[[BATCH, 5]], schedule='1f1b',
@@ -422,6 +422,14 @@ class SteadyLoopTest(tf.test.TestCase):
     self.assertEqual({name for name, o in ops.items() if 'MatMul' in o},
                      cells)
     self.assertNotIn('MatMul', [n.op for n in graph_def.node])
+    # In one process a B cell adds its weight gradients to the running
+    # sums inside its function (schedule_cells.Cells.sums_in_cell): every
+    # AddN of the step is in a cell (the sums, one per weight and B cell),
+    # none in the loop body or the ramps around the calls.
+    adds = {name: o.count('AddN') for name, o in ops.items() if 'AddN' in o}
+    self.assertNotEmpty(adds)
+    self.assertLessEqual(set(adds), cells)
+    self.assertNotIn('AddN', [n.op for n in graph_def.node])
     _, ops, nodes = Traced(False)
     bodies = {name: o for name, o in ops.items() if '_body_' in name}
     self.assertLen(bodies, 1)  # the steady loop; the ramps have none

@@ -495,6 +495,48 @@ class AcrossProcessesTest(tf.test.TestCase):
                   'UNROLL_ACROSS_PROCESSES_CELLS=8', '\n'.join(logs.output))
 
 
+class _TwiceFC(linear.FCLayer):
+  """Reads its weight twice: the tape sums the two uses' gradients."""
+
+  def FProp(self, theta, x):
+    return tf.tanh(tf.matmul(tf.tanh(tf.matmul(x, theta.w)), theta.w) +
+                   theta.b)
+
+
+class WeightReadTwiceTest(tf.test.TestCase):
+
+  def testSameBitsUnderEverySchedulesAndAcrossProcesses(self):
+    """A weight read twice in one stage has its two uses' gradients summed
+    by the tape, then added to the running sum: inside a B cell in one
+    process (schedule_cells.Cells.sums_in_cell), outside it across
+    processes and under ZB-H1. Grappler's arithmetic optimizer merges the
+    two additions into one AddN (another order) unless the gradient is
+    kept apart (the Snapshot in `Backward`): every form has GPipe's bits."""
+    x = tf.random.stateless_normal([BATCH, 16], seed=[1, 2])
+    remote = mock.patch.object(devices, 'NumProcesses', return_value=2)
+    one_pass = lambda: schedule_program.UnrollAcrossProcesses(
+        schedule_program.ONE_PASS_CELLS)
+    want = None
+    for name in ('gpipe', '1f1b', 'zb_h1'):
+      for across in (False, True):
+        pipe = pipeline.TensorPipeLayer.Params().Set(
+            name='TensorPipe', layers=[
+                _TwiceFC.Params().Set(name=f'fc{i}', input_dim=16,
+                                      output_dim=16) for i in range(4)],
+            num_partitions=2, num_micro_batches=4, input_shapes=[[BATCH, 16]],
+            schedule=name, random_seed=3).Instantiate()
+        step = _GPipeStep(pipe) if name == 'gpipe' else _EngineStep(pipe)
+        if across:
+          with remote, one_pass():
+            step.get_concrete_function(x)
+        got = step(x)
+        if want is None:
+          want = got
+          continue
+        for i, (a, b) in enumerate(zip(want, got)):
+          self.assertAllEqual(a, b, msg=f'{name} across={across} output {i}')
+
+
 class LoopDeviceTest(tf.test.TestCase):
 
   def testEveryLoopIsControlledFromThePipelinesFirstDevice(self):

@@ -8,12 +8,16 @@ K=2 restores at K=1.
 """
 
 import os
+from unittest import mock
 
 import tensorflow as tf
 
 from models import transformer
 from tensorpipe import base_layer
+from tensorpipe import devices
 from tensorpipe import pipeline
+from tensorpipe import py_utils
+from tensorpipe import schedule_program
 from tensorpipe import test_utils
 from tensorpipe import tied_weights
 from tests.models import transformer_testlib as testlib
@@ -38,10 +42,11 @@ def _LossSum(out, unused_targets):
   return tf.reduce_sum(out.per_example_loss)
 
 
-def _Pipe(k, **kwargs):
+def _Pipe(k, num_micro_batches=2, **kwargs):
   return pipeline.TensorPipeLayer.Params().Set(
       name='TensorPipe', layers=_Layers(), num_partitions=k,
-      num_micro_batches=2, input_shapes=_Shapes(), **kwargs).Instantiate()
+      num_micro_batches=num_micro_batches, input_shapes=_Shapes(),
+      **kwargs).Instantiate()
 
 
 class TiedLmTest(tf.test.TestCase):
@@ -80,6 +85,42 @@ class TiedLmTest(tf.test.TestCase):
         test_utils.AssertOneFOneBMatchesOracle(
             self, _Layers(), 2, 2, [batch], None, _LossSum, tokens,
             rtol=1e-12, schedule=schedule, entry_points=(entry,))
+
+  def testStagesInOtherProcessesGiveTheTableTheSameBits(self):
+    """The table's gradient (and every other) is the same bits with the
+    stages "in other processes" (devices.NumProcesses patched: one pass,
+    the sums outside the cells) as in one process (the loop, a B cell's
+    sums inside it). Grappler's arithmetic optimizer merged the adds of
+    the stages' totals (tied_weights.SumInOrder) with the last running
+    sum where both sat in one graph; K=1 reads the table twice in one
+    stage."""
+    batch = testlib.LmBatch(seed=3, vocab=_TINY['vocab_size'])
+
+    def Grads(pipe, schedule):
+      @tf.function(autograph=False)
+      def Step():
+        with tf.GradientTape() as tape, py_utils.TrainingMode(True):
+          if schedule == 'gpipe':
+            loss = tf.reduce_sum(pipe.FPropDefaultTheta(batch).per_example_loss)
+          else:
+            loss = pipe.FPropLoss(pipe.theta, (batch,), None, _LossSum,
+                                  1.0).loss
+        return tape.gradient(loss, pipe.trainable_variables)
+      return Step
+
+    for k, schedule in ((1, '1f1b'), (2, 'gpipe'), (2, '1f1b')):
+      one, other = (_Pipe(k, num_micro_batches=4, schedule=schedule)
+                    for _ in range(2))
+      for a, b in zip(one.variables, other.variables):
+        b.assign(a)
+      want, across = Grads(one, schedule)(), Grads(other, schedule)
+      with mock.patch.object(devices, 'NumProcesses', return_value=2), \
+          schedule_program.UnrollAcrossProcesses(
+              schedule_program.ONE_PASS_CELLS):
+        graph = across.get_concrete_function().graph
+      self.assertEmpty(test_utils.WhileOps(graph))
+      for v, a, b in zip(one.trainable_variables, want, across()):
+        self.assertAllEqual(a, b, msg=f'K={k} {schedule} {v.name}')
 
   def testCheckpointAtK2RestoresAtK1(self):
     two, one = _Pipe(2), _Pipe(1)
