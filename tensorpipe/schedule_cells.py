@@ -21,13 +21,17 @@ state (`schedule_ends.StageState`) to (new state, timeline stamps). The
 cells use the cell algebra (cell_algebra: `CellCall`,
 `TapedCall`, `Vjp`, `WeightGrads`, `AccumulateAt`) and the end's hooks
 (schedule_ends); `after` holds the tensors a cell's sums wait for
-(`schedule_engine._Gates`).
+where they are added outside the cell (`schedule_engine._Gates`).
 
 Each F, B and I cell's stage call (and vjp) is a function of its own,
 not inlined (`_Cell`, `schedule_program.ISOLATED_CELLS`): Grappler
 optimizes it alone, so it gives the same bits in a loop body, a ramp run
-once or one pass (README "Cells in their own functions"). Its sums stay
-outside, after it.
+once or one pass (README "Cells in their own functions"). In one
+process a B cell adds its weight gradients to the running sums inside
+its function (`Cells.sums_in_cell`, sequential sums only; its `after` is
+then not needed: nothing outside the function can be merged with them);
+an I or W cell's sums, and every sum across processes, are added outside
+it, after `after`.
 """
 
 from typing import Any, List
@@ -228,7 +232,8 @@ class Cells:
     With `stash_slot` (an I cell) only the gradients of the stage's
     inputs and of its weight ops' outputs z are taken (weights outside
     weight ops get theirs here too); each op's (x, dz) goes to the stash.
-    `after`: as in `Forward`.
+    `after`: as in `Forward` (unused where the sums are inside the cell:
+    `sums_in_cell`).
     """
     probe, spec, end = self.probe, self.specs[s], self.end
     theta_flat = tf.nest.flatten(self.thetas[s])

@@ -285,7 +285,8 @@ def _Tick(engine, tables, cs, states, logs, ops, barrier=None, ts=None,
 
 
 def _Gates(engine, barriers, i, states, gates):
-  """Per device, what the sums of tick i of a loop body wait for: the
+  """Per device, what the sums of tick i of a loop body added outside a
+  cell (all but a B cell's in one process: schedule_cells) wait for: the
   state the device left at its last barrier before tick i (`states`: the
   state after tick i - 1), so Grappler cannot merge a sum's additions
   across the barrier even where no cell reads the clock or micro-batch

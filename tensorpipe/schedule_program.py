@@ -40,10 +40,11 @@ from, in pure Python (no TF), so every decision here has a literal test:
   Where a device runs one (op, stage) twice in an iteration (interleaved
   1F1B's period: F and B of one stage alternate), `Barriers` makes the
   second wait for the state the first left: its clock or micro-batch, and
-  every later sum of the device in the iteration (`schedule_engine.
-  _Gates`: a cell may read neither), so Grappler finds no two additions of
-  one sum in a loop body to fuse into an AddN (which adds in another
-  order). A ramp waits so after every cell of a device (`LoopBarriers`).
+  every later sum of the device in the iteration that is added outside a
+  cell (`schedule_engine._Gates`: a cell may read neither), so Grappler
+  finds no two additions of one sum in a loop body to fuse into an AddN
+  (which adds in another order); a B cell's sums in one process are
+  inside its function, where nothing else is. A ramp waits so after every cell of a device (`LoopBarriers`).
 """
 
 import contextlib

@@ -424,8 +424,8 @@ class SteadyLoopTest(tf.test.TestCase):
     self.assertNotIn('MatMul', [n.op for n in graph_def.node])
     # In one process a B cell adds its weight gradients to the running
     # sums inside its function (schedule_cells.Cells.sums_in_cell): every
-    # AddN of the step is in a cell (the sums, one per weight and B cell),
-    # none in the loop body or the ramps around the calls.
+    # AddN of the step is in a cell, none in the loop body or the ramps
+    # around the calls.
     adds = {name: o.count('AddN') for name, o in ops.items() if 'AddN' in o}
     self.assertNotEmpty(adds)
     self.assertLessEqual(set(adds), cells)
