@@ -65,6 +65,19 @@ def Apart(x: tf.Tensor) -> tf.Tensor:
   return tf.raw_ops.Snapshot(input=x)
 
 
+def ApartIfSum(x: tf.Tensor) -> tf.Tensor:
+  """`Apart(x)` where an addition made x (through Identity ops: only an
+  addition is merged with the one that reads it), else x itself: no op,
+  and none of the per-op cost a Snapshot per weight adds to a cell."""
+  op = x.op
+  while op.type == 'Identity':
+    op = op.inputs[0].op
+  return Apart(x) if op.type in _ADDITIONS else x
+
+
+_ADDITIONS = ('Add', 'AddV2', 'AddN')
+
+
 def CheckMode(mode: Any, where: str) -> None:
   """ValueError naming `where` if mode is not one of MODES."""
   if mode not in MODES:

@@ -252,7 +252,7 @@ class Cells:
     # 136 before the cells were isolated). Inside a function Grappler
     # cannot merge them with another tick's additions, so they need no
     # gate (`after`); each gradient is kept apart from the tape's own
-    # additions (`grad_sum.Apart`: a weight read twice in the stage).
+    # additions (`grad_sum.ApartIfSum`: a weight read twice in the stage).
     # Across processes they stay outside: passed through the function,
     # the sums cost the client of stages in other processes some 3 ms of
     # CPU per cell (dense16, 1F1B, two servers: 167 ms a step against
@@ -277,7 +277,7 @@ class Cells:
             cell.tape, cell.ys,
             (cell.xs, zs, [theta_flat[i] for i in watched]), cell.dys)
       if sums_in:
-        dws = self.acc.Add(dtheta, [grad_sum.Apart(g) for g in dws], t)
+        dws = self.acc.Add(dtheta, [grad_sum.ApartIfSum(g) for g in dws], t)
       return dxs, dzs, dws, [call.x for call in cell.calls], mid
     dxs, dzs, dws, op_xs, mid = self._Cell(s, Cell)(
         x, dy, list(state.dtheta) if sums_in else [], t)

@@ -154,3 +154,19 @@ class GradSumTest(tf.test.TestCase):
 
 if __name__ == '__main__':
   tf.test.main()
+
+
+class ApartTest(tf.test.TestCase):
+
+  def testOnlyAnAdditionGoesBehindASnapshot(self):
+    """ApartIfSum adds a Snapshot where an addition made the tensor (also
+    through an Identity), and no op otherwise."""
+    graph = tf.Graph()
+    with graph.as_default():
+      a, b = tf.ones([2, 2]), tf.ones([2, 2])
+      product = tf.matmul(a, b)
+      self.assertIs(grad_sum.ApartIfSum(product), product)
+      for made in (tf.math.add_n([a, b]), a + b, tf.identity(a + b)):
+        kept = grad_sum.ApartIfSum(made)
+        self.assertEqual(kept.op.type, 'Snapshot')
+        self.assertIs(kept.op.inputs[0], made)
