@@ -44,7 +44,8 @@ from, in pure Python (no TF), so every decision here has a literal test:
   cell (`schedule_engine._Gates`: a cell may read neither), so Grappler
   finds no two additions of one sum in a loop body to fuse into an AddN
   (which adds in another order); a B cell's sums in one process are
-  inside its function, where nothing else is. A ramp waits so after every cell of a device (`LoopBarriers`).
+  inside its function, where nothing else is. A ramp waits so after every
+  cell of a device (`LoopBarriers`).
 """
 
 import contextlib

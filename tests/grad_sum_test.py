@@ -152,10 +152,6 @@ class GradSumTest(tf.test.TestCase):
       grad_sum.GradSum('tree', 4)
 
 
-if __name__ == '__main__':
-  tf.test.main()
-
-
 class ApartTest(tf.test.TestCase):
 
   def testOnlyAnAdditionGoesBehindASnapshot(self):
@@ -170,3 +166,7 @@ class ApartTest(tf.test.TestCase):
         kept = grad_sum.ApartIfSum(made)
         self.assertEqual(kept.op.type, 'Snapshot')
         self.assertIs(kept.op.inputs[0], made)
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -18,7 +18,6 @@ default tier, on the 1F1B schedule.
 - Bad settings and bad loss functions: one clear error each.
 """
 
-import numpy as np
 import tensorflow as tf
 
 from models import consistency_cnn

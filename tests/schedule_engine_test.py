@@ -511,7 +511,8 @@ class WeightReadTwiceTest(tf.test.TestCase):
     process (schedule_cells.Cells.sums_in_cell), outside it across
     processes and under ZB-H1. Grappler's arithmetic optimizer merges the
     two additions into one AddN (another order) unless the gradient is
-    kept apart (the Snapshot in `Backward`): every form has GPipe's bits."""
+    kept apart (grad_sum.ApartIfSum in `Backward`): every form has
+    GPipe's bits."""
     x = tf.random.stateless_normal([BATCH, 16], seed=[1, 2])
     remote = mock.patch.object(devices, 'NumProcesses', return_value=2)
     one_pass = lambda: schedule_program.UnrollAcrossProcesses(
