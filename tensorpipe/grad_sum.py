@@ -65,6 +65,9 @@ def Apart(x: tf.Tensor) -> tf.Tensor:
   return tf.raw_ops.Snapshot(input=x)
 
 
+_ADDITIONS = ('Add', 'AddV2', 'AddN')  # the ops Grappler merges
+
+
 def ApartIfSum(x: tf.Tensor) -> tf.Tensor:
   """`Apart(x)` where an addition made x (through Identity ops: only an
   addition is merged with the one that reads it), else x itself: no op,
@@ -73,9 +76,6 @@ def ApartIfSum(x: tf.Tensor) -> tf.Tensor:
   while op.type == 'Identity':
     op = op.inputs[0].op
   return Apart(x) if op.type in _ADDITIONS else x
-
-
-_ADDITIONS = ('Add', 'AddV2', 'AddN')
 
 
 def CheckMode(mode: Any, where: str) -> None:

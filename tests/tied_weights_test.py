@@ -101,7 +101,7 @@ class TiedLmTest(tf.test.TestCase):
       def Step():
         with tf.GradientTape() as tape, py_utils.TrainingMode(True):
           if schedule == 'gpipe':
-            loss = tf.reduce_sum(pipe.FPropDefaultTheta(batch).per_example_loss)
+            loss = _LossSum(pipe.FPropDefaultTheta(batch), None)
           else:
             loss = pipe.FPropLoss(pipe.theta, (batch,), None, _LossSum,
                                   1.0).loss
