@@ -13,10 +13,11 @@ TF keeps alive from the forward to the backward pass:
   input_kept        whether the backward reads the layer's inputs (a
                     matmul's x)
   output_kept       whether it reads the layer's outputs (a ReLU's y)
-  weight_in_bytes,  the inputs x and outputs z of its `py_utils.WeightOp`
-  weight_out_bytes  calls (the zero-bubble stash keeps x and dz); None
-                    where FProp on abstract weights does not make them
-                    (`BaseLayer.ABSTRACT_WEIGHT_OPS`: a Keras layer)
+  weight_in_bytes,  the inputs x (each buffer once) and outputs z of its
+  weight_out_bytes  `py_utils.WeightOp` calls (the zero-bubble stash keeps
+                    x and dz); None where FProp on abstract weights does
+                    not make them (`BaseLayer.ABSTRACT_WEIGHT_OPS`: a Keras
+                    layer)
 
 A gradient op that reads only a tensor's shape (Shape, ZerosLike, ...)
 does not keep it; an Identity or Reshape is followed to what it
@@ -70,6 +71,13 @@ def Scaled(saved: Optional[Saved], factor: float) -> Optional[Saved]:
 def _Bytes(t: tf.Tensor) -> int:
   n = t.shape.num_elements()
   return 0 if n is None else n * t.dtype.size
+
+
+def _UniqueBytes(tensors) -> int:
+  """Bytes of the distinct buffers behind `tensors` (a Transformer's q,
+  k and v projections read one input: the stash keeps it once)."""
+  return sum(_Bytes(t) for t in {id(_Source(t)): _Source(t)
+                                  for t in tensors}.values())
 
 
 def _Source(t: tf.Tensor) -> tf.Tensor:
@@ -129,7 +137,7 @@ def _Trace(layer_params, input_shapes) -> Optional[Saved]:
                    for l in base_layer.Layers(layer))
     found.append(Saved(
         own, any(i in kept for i in inputs), any(i in kept for i in outputs),
-        sum(_Bytes(c.x) for c in calls) if ops_seen else None,
+        _UniqueBytes(c.x for c in calls) if ops_seen else None,
         sum(_Bytes(c.z) for c in calls) if ops_seen else None))
 
   try:

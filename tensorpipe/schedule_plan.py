@@ -22,22 +22,33 @@ row is a schedule TensorPipeLayer trains with. Stated assumptions:
     saved inputs       x_s of stage s > 0 from F to B or I (GPipe: to the
                        step's end; stage 0 reads the data)
     no recompute       x_s + internal_s from F to B or I (the tapes)
-    stash              xs_s + dz_s from I to W
+    stash              xs_s + dz_s from I to W (to the end of its run)
     rings              the engine's boundary rings: a stage's last outputs
                        and input gradients (`schedule_program.Ring`)
     GPipe's ends       the last stage's outputs until the backward, then
                        their gradients (all T); stage 0's input gradients
                        (gathered at the end: twice the batch's input)
-  and at each cell what it holds while it runs: with recompute a B or I
-  cell internal_s (+ x_s gathered on stage 0), an I cell also dz_s and
-  xs_s (measured: three activations per layer, not the two of the stash);
-  every cell its largest layer input + output + weight. The cells of one
-  iteration of a loop with fixed cells (the engine's steady loop; a
-  loss-inside table's ramps) run in any data order (up to a
-  barrier on the device, `schedule_program.LoopBarriers`), so their B and I
-  cells count together (`_Windows`). One stage and one micro-batch run
-  without recompute. Measured against TF's allocator: tools/benchmark
-  --memory_check (one device; two against a bracket).
+  and at each cell what it holds while it runs, one cell at a time (a
+  cell is a function of its own, `schedule_cells.Cells._Cell`), each
+  with its largest layer input + output + weight, and with recompute
+  (+ x_s gathered on stage 0):
+    I   internal_s + dz_s: the function's outputs, the weight ops'
+        inputs (within internal_s: the full backward reads them) and
+        their output gradients, leave it together;
+    B   the larger of internal_s and dz_s + the stage's weights: at its
+        end the output gradients wait for their weight reductions beside
+        a second copy of the sums (made beside the function's input,
+        `Cells.sums_in_cell`; where the sums are added after the call,
+        the weight gradients leaving it together);
+  without recompute a B cell nothing more (its tapes are held), an I
+  cell dz_s. A W cell's ops run in the loop body, so within a run of
+  cells with no barrier between them (one iteration of the engine's
+  steady loop, up to a barrier on the device,
+  `schedule_program.LoopBarriers`; `_Windows`) the next cell may start
+  beside it: its stash entry is freed when the run ends. One stage and
+  one micro-batch run without recompute. Measured against TF's
+  allocator, one process per setting: tools/benchmark --memory_check
+  (one device; two against a bracket).
 
 A schedule that does not apply (v > 1 with more stages than layers, T not a
 multiple of K for interleaved, T < 2K - 1 for ZB-V) gets a row that says
@@ -192,10 +203,10 @@ def _StageBytes(layers: Sequence[_Layer], num_mb: int) -> _Stage:
 
 def _Windows(program: schedule_program.Program,
              unroll_ticks: int) -> List[List[List[int]]]:
-  """Per device, the runs of ticks whose cells may run in any data order:
-  one iteration of a loop with its cells fixed (the steady loop; a
-  loss-inside table's ramps), cut where the device waits for its previous
-  tick (`schedule_program.LoopBarriers`); else one tick."""
+  """Per device, the runs of ticks whose cells may overlap: one iteration
+  of a loop with its cells fixed (the steady loop; a loss-inside table's
+  ramps), cut where the device waits for its previous tick
+  (`schedule_program.LoopBarriers`); else one tick."""
   table = program.table
   out = [[] for _ in range(table.num_devices)]
   ramps = schedule_program.RampTicksOf(table)
@@ -254,11 +265,14 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
     held = {}  # what outlives its cell: (kind, stage, micro-batch) -> bytes
     peak = stash = 0
     for window in windows[d]:
-      cells = [row[c] for c in window if row[c] is not None]
-      together = apart = 0   # transients summed, and the largest
-      after = []
-      for a in cells:
+      freed_at_end = []  # W cells' stash entries: freed when the run ends
+      for c in window:
+        a = row[c]
+        if a is None:
+          continue
         st, key = stages[a.stage], (a.stage, a.micro_batch)
+        x0 = st.x if a.stage == 0 else 0   # stage 0 gathers its input
+        after = []
         if a.op == 'F':
           if not recompute:
             held[('act',) + key] = st.x + st.internal
@@ -266,31 +280,36 @@ def _Memory(table: schedules.Schedule, stages: Sequence[_Stage],
             held[('slot',) + key] = st.x
           if not inside and a.stage == last:
             held[('out',) + key] = st.out
-          apart = max(apart, st.work + (st.x if a.stage == 0 else 0))
+          cell = st.work + x0
         elif a.op in 'BI':
           if not inside and a.stage == last:
             held = {k: v for k, v in held.items() if k[0] != 'out'}
             held[('dys', 0, 0)] = st.out * num_mb
-          if recompute:
-            together += st.internal + (st.x if a.stage == 0 else 0)
           if a.op == 'I':
-            together += st.dz + (st.xs if recompute else 0)
-          apart = max(apart, st.work)
-          after += [(('act',) + key, 0)] + (
+            cell = st.dz + (st.internal + x0 if recompute else 0)
+          elif recompute:
+            cell = max(st.internal, st.dz + st.weights) + x0
+          else:
+            cell = 0
+          cell += st.work
+          after = [(('act',) + key, 0)] + (
               [(('slot',) + key, 0)] if inside else [])
           if a.op == 'I':
             after.append((('stash',) + key, st.xs + st.dz))
           if not inside and a.stage == 0:
             after.append((('dx',) + key, st.x))
         else:  # W
-          apart = max(apart, st.work)
-          after.append((('stash',) + key, 0))
-      in_b = inside or (first_b is not None and window[-1] >= first_b)
-      peak = max(peak, sum(held.values()) + together + apart + rings +
-                 (grads if in_b else 0))
-      for key, size in after:  # size 0: freed
-        held[key] = size
-        stash = max(stash, sum(v for k, v in held.items() if k[0] == 'stash'))
+          cell = st.work
+          freed_at_end.append((('stash',) + key, 0))
+        in_b = inside or (first_b is not None and c >= first_b)
+        peak = max(peak, sum(held.values()) + cell + rings +
+                   (grads if in_b else 0))
+        for k, size in after:  # size 0: freed
+          held[k] = size
+        stash = max(stash, sum(v for k, v in held.items()
+                               if k[0] == 'stash'))
+      for k, size in freed_at_end:
+        held[k] = size
     if not inside and 0 in mine:
       # The end: stage 0's input gradients (held per micro-batch) gathered
       # from their array, beside the saved inputs.

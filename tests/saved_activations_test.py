@@ -54,6 +54,16 @@ class TraceTest(tf.test.TestCase):
     # The softmax output [B, A, S, S] feeds the value product's gradient.
     self.assertGreaterEqual(saved.own_bytes, B * A * S * S * F32)
 
+  def testWeightOpsReadingOneInputCountItOnce(self):
+    # The q, k and v projections read one input [B, S, D], the output
+    # projection the attention's result: the stash keeps two buffers of
+    # the four weight ops' inputs; their outputs are four.
+    p = transformer.TransformerAttentionBlock.Params().Set(
+        name='att', model_dim=D, num_heads=A)
+    saved = saved_activations.Trace(p, [[B, S, D]])
+    self.assertEqual(saved.weight_in_bytes, 2 * B * S * D * F32)
+    self.assertEqual(saved.weight_out_bytes, 4 * B * S * D * F32)
+
   def testAStackOfLikeLayersIsTracedOnce(self):
     calls = []
     real = saved_activations._Trace

@@ -288,15 +288,20 @@ class RecomputeAutoTest(tf.test.TestCase):
     self.assertIs(p.Instantiate().params.recompute, False)
 
   def testABudgetOnlyRecomputeMeetsTurnsItOn(self):
-    plan = schedule_auto.PlanFor(_Pipe(recompute='auto'))
+    # Activations above the weights (batch 512: 4 KiB per layer and
+    # micro-batch, 288 B of weights): recompute saves memory. (At batch 8
+    # it costs some: a B cell with recompute holds the gradient sums
+    # twice, schedule_plan.)
+    pipe = lambda **kw: _Pipe(recompute='auto', input_shapes=[[512, 8]],
+                              **kw)
+    plan = schedule_auto.PlanFor(pipe())
     on = min(r.memory_bytes for r in plan.rows if r.recompute)
     off = min(r.memory_bytes for r in plan.rows if not r.recompute)
     self.assertLess(on, off)
-    q = schedule_auto.ResolveAuto(_Pipe(recompute='auto',
-                                        plan_memory_budget=on))
+    q = schedule_auto.ResolveAuto(pipe(plan_memory_budget=on))
     self.assertIs(q.recompute, True)
-    refused = [r for r in schedule_auto.PlanFor(_Pipe(
-        recompute='auto', plan_memory_budget=on)).rows if r.refused]
+    refused = [r for r in schedule_auto.PlanFor(pipe(
+        plan_memory_budget=on)).rows if r.refused]
     self.assertTrue(refused)
     self.assertTrue(all('over the budget' in r.refused for r in refused))
     self.assertIn(False, {r.recompute for r in refused})

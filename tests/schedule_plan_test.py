@@ -36,10 +36,12 @@ class CompareSchedulesTest(tf.test.TestCase):
     def Peak(name, recompute, kk=1, stages=(st,)):
       table = schedule_builders.Build(name, kk, 2, 1)
       return schedule_plan._Memory(table, list(stages), recompute, 2)
-    # 1F1B, K=1, T=2: F0 B0 F1 B1, one steady iteration per (F, B). In B:
-    # the gradient sums 1000 + the recompute 100 + the gathered input 10;
-    # the iteration's largest working set is F's 7 + its gathered 10.
-    self.assertEqual(Peak('1f1b', True), ([1000 + 110 + 17], [0]))
+    # 1F1B, K=1, T=2: F0 B0 F1 B1. A B cell with recompute holds the
+    # larger of the recompute (100) and, at its end, the weight ops' output
+    # gradients (60) with the new gradient sums (1000) beside the old ones
+    # (1000, held from the first B on), + the gathered input 10 and its
+    # working set 7.
+    self.assertEqual(Peak('1f1b', True), ([1000 + 1060 + 17], [0]))
     # Without recompute the table is unrolled, one cell at a time; a
     # micro-batch's tapes (10 + 100) are held from its F through its B.
     self.assertEqual(Peak('1f1b', False), ([1000 + 110 + 17], [0]))
@@ -47,26 +49,36 @@ class CompareSchedulesTest(tf.test.TestCase):
     # (110), dz (60) and its own working set (7); then the stash (50 + 60)
     # until W.
     self.assertEqual(Peak('zb_h1', False), ([1000 + 110 + 60 + 7], [110]))
-    # ZB-H1 with recompute: the I cell also holds dz and the weight layers'
-    # inputs (1000 + 110 + 60 + 50 + 17); the stash (50 + 60) lives from I
-    # to W.
-    self.assertEqual(Peak('zb_h1', True), ([1000 + 220 + 17], [110]))
+    # ZB-H1 with recompute: the I cell's outputs leave its function
+    # together, the weight ops' inputs (within the recompute's 100) and dz
+    # (60): 1000 + 110 + 60 + 7; the stash (50 + 60) lives from I to W.
+    self.assertEqual(Peak('zb_h1', True), ([1000 + 170 + 7], [110]))
     # GPipe, K=1, T=2: F0 F1 B1 B0. In B0 it holds the outputs' gradients
-    # (2 x 20), B1's input gradient (10), the recompute (110) and 7, and
-    # the gradient sums from its first B on.
-    self.assertEqual(Peak('gpipe', True), ([1000 + 40 + 10 + 110 + 7], [0]))
-    # Two devices, 1F1B, T=2: stage 1 (input 20, layers 200, weights
-    # 3000) keeps its input from F to B: 3000 + 20 + 200 + 9. Each device
-    # also holds its ring of depth 1 the whole run: stage 0 its last
-    # output (20), stage 1 its last input gradient (its input's size, 20).
-    # The table is all ramp: with fixed ramps (the default) one pass with
-    # a barrier at every tick of a device (LoopBarriers), or a switching
-    # loop (schedule_program.RampTicks(0)): one cell at a time either way.
+    # (2 x 20), B1's input gradient (10), the B cell's 1060 + 17, and the
+    # gradient sums from its first B on.
+    self.assertEqual(Peak('gpipe', True),
+                     ([1000 + 40 + 10 + 1060 + 17], [0]))
+    # Two devices, 1F1B, T=2: stage 1 (input 20, layers 200, no weight
+    # op, weights 3000) keeps its input from F to B: 3000 + 20 + 3000 + 9.
+    # Each device also holds its ring of depth 1 the whole run: stage 0
+    # its last output (20), stage 1 its last input gradient (its input's
+    # size, 20). The table is all ramp: with fixed ramps (the default) one
+    # pass with a barrier at every tick of a device (LoopBarriers), or a
+    # switching loop (schedule_program.RampTicks(0)): one cell at a time
+    # either way.
     st1 = schedule_plan._Stage(x=20, out=30, internal=200, dz=0, xs=0,
                                work=9, weights=3000)
     self.assertEqual(Peak('1f1b', True, kk=2, stages=(st, st1)),
-                     ([1000 + 110 + 7 + 20, 3000 + 20 + 200 + 9 + 20],
+                     ([1000 + 1060 + 17 + 20, 3000 + 20 + 3000 + 9 + 20],
                       [0, 0]))
+    # ZB-V, K=1, T=4, v=2: its steady iteration (F1 I1 W1 F0 I0 W0) has no
+    # barrier, so W1's ops may still run beside I0's cell: a W cell's
+    # stash entry is freed when its run of cells ends. At I0 the device
+    # holds stage 1's entry (110), I0's 10 + 100 + 60 + 7, both stages'
+    # sums and the rings between them (20 + 10).
+    table = schedule_builders.Build('zb_v', 1, 4, 2)
+    self.assertEqual(schedule_plan._Memory(table, [st, st], True, 2),
+                     ([2000 + 110 + 177 + 30], [220]))
 
   def testABarrierOrdersTheCellsOfAnIteration(self):
     # Interleaved 1F1B, K=2, v=2, T=8: the steady iteration has 8 ticks,
@@ -124,11 +136,12 @@ class CompareSchedulesTest(tf.test.TestCase):
     # 576, working set 64 + 64 + 288 = 416.
     report, rows = _Rows()
     del report
-    # 1F1B device 1 (the last stage), in a steady iteration (its F, then
-    # its B): the gradient sums 576 + its input 64 + the recompute 128 +
-    # the working set 416 + its input-gradient ring 64.
+    # 1F1B device 1 (the last stage), in its B cell: the gradient sums
+    # 576 + its input 64 + the larger of the recompute 128 and the weight
+    # ops' output gradients 128 with the new sums 576 + the working set
+    # 416 + its input-gradient ring 64.
     self.assertEqual(rows['1f1b'].activation_bytes[1],
-                     576 + 64 + 128 + 416 + 64)
+                     576 + 64 + 704 + 416 + 64)
     self.assertEqual(rows['gpipe'].stash_bytes, (0, 0))
     self.assertGreater(min(rows['zb_h1'].stash_bytes), 0)
 
