@@ -75,9 +75,14 @@ def _Bytes(t: tf.Tensor) -> int:
 
 def _UniqueBytes(tensors) -> int:
   """Bytes of the distinct buffers behind `tensors` (a Transformer's q,
-  k and v projections read one input: the stash keeps it once)."""
-  return sum(_Bytes(t) for t in {id(_Source(t)): _Source(t)
-                                  for t in tensors}.values())
+  k and v projections read one input: the stash keeps it once); each
+  buffer at the largest size its readers see (an alias may know a shape
+  its source does not)."""
+  sizes: Dict[int, int] = {}
+  for t in tensors:
+    key = id(_Source(t))
+    sizes[key] = max(sizes.get(key, 0), _Bytes(t))
+  return sum(sizes.values())
 
 
 def _Source(t: tf.Tensor) -> tf.Tensor:

@@ -322,6 +322,11 @@ class Cells:
     stash = state.stash
     if split:
       kept = [v for op_x, dz in zip(op_xs, dzs) for v in (op_x, dz)]
+      specs = [sp for op in self.weight_ops[s] for sp in (op.x, op.z)]
+      for v, sp in zip(kept, specs):  # (the stash takes any shape)
+        if not v.shape.is_compatible_with(sp.shape):
+          raise AssertionError(f'stage {s} stashes {v.shape} where its '
+                               f'weight op was traced with {sp.shape}')
       stash = [ta.write(stash_slot, v) for ta, v in zip(state.stash, kept)]
     dx, end_tas = state.dx, state.ends
     if s > 0:

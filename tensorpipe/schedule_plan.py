@@ -29,9 +29,9 @@ row is a schedule TensorPipeLayer trains with. Stated assumptions:
                        their gradients (all T); stage 0's input gradients
                        (gathered at the end: twice the batch's input)
   and at each cell what it holds while it runs, one cell at a time (a
-  cell is a function of its own, `schedule_cells.Cells._Cell`), each
-  with its largest layer input + output + weight, and with recompute
-  (+ x_s gathered on stage 0):
+  cell is a function of its own, `schedule_cells.Cells._Cell`): each its
+  largest layer input + output + weight (+ x_s gathered on stage 0 by an
+  F cell, and by a B or I cell with recompute), and with recompute:
     I   internal_s + dz_s: the function's outputs, the weight ops'
         inputs (within internal_s: the full backward reads them) and
         their output gradients, leave it together;
@@ -203,8 +203,9 @@ def _StageBytes(layers: Sequence[_Layer], num_mb: int) -> _Stage:
 
 def _Windows(program: schedule_program.Program,
              unroll_ticks: int) -> List[List[List[int]]]:
-  """Per device, the runs of ticks whose cells may overlap: one iteration
-  of a loop with its cells fixed (the steady loop; a loss-inside table's
+  """Per device, the runs of ticks whose cells may overlap (the walk
+  frees a W cell's stash entry at the end of its run): one iteration of
+  a loop with its cells fixed (the steady loop; a loss-inside table's
   ramps), cut where the device waits for its previous tick
   (`schedule_program.LoopBarriers`); else one tick."""
   table = program.table

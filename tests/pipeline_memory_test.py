@@ -24,6 +24,7 @@ _CHILD_ENV = 'TENSORPIPE_MEMORY_CHILD'
 _NUM_LAYERS, _DIM, _BATCH = 16, 64, 1024
 _K, _T = 2, 8
 _HEAVY_LAYERS, _HEAVY_DIM = 4, 512
+_GROUPS = ('recompute', 'stash', 'heavy')
 
 
 def _FcParams(num_layers, dim):
@@ -65,24 +66,31 @@ def _ActivationPeak(recompute, kk=_K, tt=_T, schedule='gpipe',
   return tf.config.experimental.get_memory_info('CPU:0')['peak'] - before
 
 
-def _Child(out_path):
+def _Child(group, out_path):
+  """Measures one group of settings (a process each: a setting built after
+  another in one process can read another peak, tools/benchmark_lib/
+  memory_check.Run)."""
   import tensorpipe  # pylint: disable=g-import-not-at-top
   tensorpipe.SetNumLogicalCpuDevices(_K)
-  peaks = {str(rc): _ActivationPeak(rc) for rc in (True, False)}
-  # One device (one allocator peak per device), T=4, recompute.
-  peaks.update({name: _ActivationPeak(True, 1, 4, name)
-                for name in ('1f1b', 'zb_h1')})
-  # Weight-heavy: 4 FC layers 512 -> 512 (4 MiB of weights) on 64
-  # examples, 1F1B, K=1, T=4; and the memory model's peak for it.
-  peaks['heavy'] = _ActivationPeak(True, 1, 4, '1f1b', _HEAVY_LAYERS,
-                                   _HEAVY_DIM, 64)
-  from tensorpipe import model_analysis, schedule_builders, schedule_plan  # pylint: disable=g-import-not-at-top
-  report = model_analysis.AnalyzeLayers(
-      _FcParams(_HEAVY_LAYERS, _HEAVY_DIM), [[64, _HEAVY_DIM]],
-      num_partitions=1, num_micro_batches=4, exact_optimizer_state=False)
-  peaks['heavy predicted'] = schedule_plan.TableMemory(
-      report, schedule_builders.Build('1f1b', 1, 4, 1),
-      [(0, _HEAVY_LAYERS)], True)[0][0]
+  if group == 'recompute':
+    peaks = {str(rc): _ActivationPeak(rc) for rc in (True, False)}
+  elif group == 'stash':
+    # One device (one allocator peak per device), T=4, recompute.
+    peaks = {name: _ActivationPeak(True, 1, 4, name)
+             for name in ('1f1b', 'zb_h1')}
+  else:
+    # Weight-heavy: 4 FC layers 512 -> 512 (4 MiB of weights) on 64
+    # examples, 1F1B, K=1, T=4; and the memory model's peak for it.
+    from tensorpipe import model_analysis, schedule_builders, schedule_plan  # pylint: disable=g-import-not-at-top
+    report = model_analysis.AnalyzeLayers(
+        _FcParams(_HEAVY_LAYERS, _HEAVY_DIM), [[64, _HEAVY_DIM]],
+        num_partitions=1, num_micro_batches=4, exact_optimizer_state=False)
+    peaks = {
+        'heavy': _ActivationPeak(True, 1, 4, '1f1b', _HEAVY_LAYERS,
+                                 _HEAVY_DIM, 64),
+        'heavy predicted': schedule_plan.TableMemory(
+            report, schedule_builders.Build('1f1b', 1, 4, 1),
+            [(0, _HEAVY_LAYERS)], True)[0][0]}
   with open(out_path, 'w') as f:
     json.dump(peaks, f)
 
@@ -92,17 +100,27 @@ class RecomputeMemoryTest(tf.test.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    out_path = os.path.join(tf.compat.v1.test.get_temp_dir(), 'peaks.json')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
                TF_CPU_ALLOCATOR_USE_BFC='true', TF_CPP_MIN_LOG_LEVEL='2')
-    env[_CHILD_ENV] = out_path
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)],
-                          env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-    if proc.returncode:
-      raise AssertionError(f'the child failed:\n{proc.stderr[-3000:]}')
-    with open(out_path) as f:
-      cls.peaks = json.load(f)
+    children = {}
+    for group in _GROUPS:
+      out_path = os.path.join(tf.compat.v1.test.get_temp_dir(),
+                              f'peaks_{group}.json')
+      children[group] = (out_path, subprocess.Popen(
+          [sys.executable, os.path.abspath(__file__)],
+          env=dict(env, **{_CHILD_ENV: f'{group}:{out_path}'}),
+          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    cls.peaks = {}
+    for group, (out_path, proc) in children.items():
+      try:
+        _, err = proc.communicate(timeout=300)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f'the {group} child ran past 300 s') from None
+      if proc.returncode:
+        raise AssertionError(f'the {group} child failed:\n{err[-3000:]}')
+      with open(out_path) as f:
+        cls.peaks.update(json.load(f))
 
   def testRecomputeLowersTheActivationPeak(self):
     peaks = self.peaks
@@ -122,9 +140,9 @@ class RecomputeMemoryTest(tf.test.TestCase):
     # 16 weight ops' inputs x and output gradients dz (2 x 16 x 64 KiB)
     # for its W cell, which follows it. Its peak is 1F1B's with its B cell
     # split, plus the dz of one micro-batch: 1 MiB above 1F1B's here
-    # (1.0 measured). An entry left in its TensorArray after its W cell
-    # lived until the next I cell's outputs replaced it, so two
-    # micro-batches' stashes were held: 2.6 MiB above.
+    # (0.4-1.0 measured). An entry left in its TensorArray after its W
+    # cell lived until the next I cell's outputs replaced it, so two
+    # micro-batches' stashes were held: 2.6-3.1 MiB above.
     stash = 2 * _NUM_LAYERS * (_BATCH // 4) * _DIM * 4
     self.assertGreater(self.peaks['1f1b'], stash / 2, self.peaks)
     self.assertLess(self.peaks['zb_h1'] - self.peaks['1f1b'], stash,
@@ -140,11 +158,12 @@ class RecomputeMemoryTest(tf.test.TestCase):
     peak, predicted = self.peaks['heavy'], self.peaks['heavy predicted']
     self.assertGreater(peak, 1.75 * weights, self.peaks)
     # The model adds a cell's largest layer input, output and weight
-    # (1 MiB) on top: measured 0.89 of it.
-    self.assertBetween(peak / predicted, 0.8, 1.0)
+    # (1 MiB) on top: measured 0.88-0.99 of it.
+    self.assertBetween(peak / predicted, 0.8, 1.1,
+                       msg=f'{self.peaks} (0.8 to 1.1 of the model)')
 
 if __name__ == '__main__':
   if os.environ.get(_CHILD_ENV):
-    _Child(os.environ[_CHILD_ENV])
+    _Child(*os.environ[_CHILD_ENV].split(':', 1))
   else:
     tf.test.main()

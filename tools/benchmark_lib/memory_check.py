@@ -1,15 +1,15 @@
 """The memory model against TF's allocator, one device at a time.
 
-`tools/benchmark --memory_check` runs, per model of --models and T of
---plan_check_ts, one child process with ONE logical CPU device (K=1: TF's
-logical CPU devices share one allocator, so only a pipeline of one device
-has a per-device peak to compare; with --memory_check_k=2 the measured
-peak of both devices together is checked against the bracket [fullest
-device, sum of the devices]; the schedules still differ at K=1: GPipe
-keeps every micro-batch's boundary input, 1F1B one, the zero-bubble
-tables a stash of (x, dz) pairs) that builds each schedule of
-`schedule_plan.ALL` with recompute and without, runs two steps, then one
-more with the allocator's peak reset, and reports per setting
+`tools/benchmark --memory_check` runs, per model of --models, T of
+--plan_check_ts, schedule of `schedule_plan.ALL` and recompute on and
+off, one child process with ONE logical CPU device (K=1: TF's logical
+CPU devices share one allocator, so only a pipeline of one device has a
+per-device peak to compare; with --memory_check_k=2 the measured peak of
+both devices together is checked against the bracket [fullest device,
+sum of the devices]; the schedules still differ at K=1: GPipe keeps
+every micro-batch's boundary input, 1F1B one, the zero-bubble tables a
+stash of (x, dz) pairs) that builds that setting, runs two steps, then
+one more with the allocator's peak reset, and reports
 
   measured    the allocator's peak during that step minus what was
               allocated before it (weights, inputs, optimizer state), on
@@ -42,6 +42,9 @@ def Measure(model: str, tt: int, kk: int = 1,
   """The child's work (module docstring); TF not yet started. With
   `schedule` and `recompute`, that one setting only (`Run` measures each
   in a process of its own)."""
+  if (schedule is None) != (recompute is None):
+    raise ValueError(f'schedule={schedule!r} and recompute={recompute!r}: '
+                     'give both (one setting) or neither (every setting)')
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from tensorpipe import cell_profile, model_analysis, schedule_plan
@@ -83,10 +86,10 @@ def Run(models: Sequence[str], ts: Sequence[int], kk: int = 1,
         log: Callable[[str], None] = print) -> List[Dict[str, Any]]:
   """One child per setting (model, T, schedule, recompute), in turn, with
   K = kk logical devices. Settings built one after another in one
-  process read up to 1.7x the peak the same setting has in a process of
-  its own (conv16, K=1, T=4, GPipe with recompute: 33.1 against 25.1
-  MiB; dense32mem ZB-V 43.6 against 75.3): what one setting left in the
-  allocator and in TF's caches moved the next one's peak."""
+  process read 0.57-1.59x the peak the same setting has in a process of
+  its own (benchmarks/results/memory_check_one_process/ against
+  memory_check_stash/): what one setting left in the allocator and in
+  TF's caches moved the next one's peak."""
   from tools.benchmark_lib import plan_check  # pylint: disable=g-import-not-at-top
   out = []
   for model, tt in itertools.product(models, ts):

@@ -1,4 +1,7 @@
-"""Allocator peak of one step of a setting (memory_check's way), cells isolated or inline."""
+"""Allocator peak of one step of a setting (memory_check's way: one
+intra-op and one inter-op thread, plan_check.ChildInputs), cells isolated
+(last argument 1) or inline (0). Run from a checkout's root:
+  python peak.py dense32mem 4 zbh1-rc 1"""
 import os, sys
 os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
 sys.path.insert(0, os.getcwd())
@@ -6,8 +9,6 @@ model, tt, tag, iso = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] ==
 import tensorflow as tf
 from tensorpipe import devices, schedule_program, cell_profile, model_analysis, schedule_plan
 from tools.benchmark_lib import runner, settings, plan_check
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(int(os.environ.get('INTER', '2')))
 layer_ps, shape, x = plan_check.ChildInputs(model, 1)
 s = settings.ParseSetting(f'K1-T{tt}-{tag}')
 with schedule_program.IsolatedCells(iso):
