@@ -41,12 +41,13 @@ row is a schedule TensorPipeLayer trains with. Stated assumptions:
         `Cells.sums_in_cell`; where the sums are added after the call,
         the weight gradients leaving it together);
   without recompute a B cell nothing more (its tapes are held), an I
-  cell dz_s. A W cell's ops run in the loop body, so within a run of
-  cells with no barrier between them (one iteration of the engine's
-  steady loop, up to a barrier on the device,
-  `schedule_program.LoopBarriers`; `_Windows`) the next cell may start
-  beside it: its stash entry is freed when the run ends. One stage and
-  one micro-batch run without recompute. Measured against TF's
+  cell dz_s. A W cell's stash entry counts until the end of its run of
+  cells (one iteration of the engine's steady loop, up to a barrier on
+  the device, `schedule_program.LoopBarriers`; `_Windows`): measured,
+  ZB-V held one stage's entry while the device's next I cell, of its
+  other stage, ran (in most runs; a barrier after each W cell did not
+  change that, so what keeps it is not found). One stage and one
+  micro-batch run without recompute. Measured against TF's
   allocator, one process per setting: tools/benchmark --memory_check
   (one device; two against a bracket).
 

@@ -72,8 +72,8 @@ class CompareSchedulesTest(tf.test.TestCase):
                      ([1000 + 1060 + 17 + 20, 3000 + 20 + 3000 + 9 + 20],
                       [0, 0]))
     # ZB-V, K=1, T=4, v=2: its steady iteration (F1 I1 W1 F0 I0 W0) has no
-    # barrier, so W1's ops may still run beside I0's cell: a W cell's
-    # stash entry is freed when its run of cells ends. At I0 the device
+    # barrier; a W cell's stash entry counts until its run of cells ends
+    # (measured: the device held W1's entry while I0 ran). At I0 it
     # holds stage 1's entry (110), I0's 10 + 100 + 60 + 7, both stages'
     # sums and the rings between them (20 + 10).
     table = schedule_builders.Build('zb_v', 1, 4, 2)
