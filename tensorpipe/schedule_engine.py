@@ -307,7 +307,8 @@ def _SwitchingLoop(engine, tables, loop, loop_vars, parallel_iterations):
       row[loop.first] if len(set(row[loop.first:loop.end])) == 1 else None
       for row in engine.program.branch)
   per_iteration = loop.steady or (fixed,)
-  barriers = (schedule_program.LoopBarriers(loop) if loop.steady
+  barriers = (schedule_program.LoopBarriers(loop, engine.program.cells)
+              if loop.steady
               else schedule_program.Barriers(per_iteration))
 
   def Body(*args):
@@ -358,7 +359,7 @@ def _CarriedLoop(engine, tables, loop, plan, loop_vars):
   """A steady loop that carries each device's micro-batch (t0 + step per
   iteration, + offset on later ticks): no table gather per tick."""
   per_iteration = loop.steady
-  barriers = schedule_program.LoopBarriers(loop)
+  barriers = schedule_program.LoopBarriers(loop, engine.program.cells)
   num_d, devices = engine.num_d, engine.devices
 
   def Body(bases, states, logs):
@@ -367,9 +368,14 @@ def _CarriedLoop(engine, tables, loop, plan, loop_vars):
       gates = _Gates(engine, barriers, i, states, gates)
       ts = []
       for d in range(num_d):
-        # At a barrier the next tick's micro-batch on device d waits for
-        # this tick's state there (schedule_program.Barriers, _Tick).
-        deps = gates[d] if i and barriers[i - 1][d] else []
+        # After a barrier every later tick's micro-batch on device d waits
+        # for the state d left there (schedule_program.Barriers), as a
+        # switching loop's clock does (_Tick: each tick's clock follows
+        # the one before): waiting on the next tick only, a cell after it
+        # that needed no data from it started early (ZB-V's I cell of one
+        # stage beside the W cell of the other: LoopBarriers).
+        deps = (gates[d] if i and any(barriers[j][d] for j in range(i))
+                else [])
         with tf.device(devices[d]), tf.control_dependencies(deps):
           off = plan[d][2][i]
           ts.append(bases[d] + off if i and (off or deps) else bases[d])

@@ -42,11 +42,10 @@ row is a schedule TensorPipeLayer trains with. Stated assumptions:
         the weight gradients leaving it together);
   without recompute a B cell nothing more (its tapes are held), an I
   cell dz_s. A W cell's stash entry counts until the end of its run of
-  cells (one iteration of the engine's steady loop, up to a barrier on
-  the device, `schedule_program.LoopBarriers`; `_Windows`): measured,
-  ZB-V held one stage's entry while the device's next I cell, of its
-  other stage, ran (in most runs; a barrier after each W cell did not
-  change that, so what keeps it is not found). One stage and one
+  cells (up to a barrier on the device, `schedule_program.LoopBarriers`;
+  `_Windows`): its ops run in the loop body, beside any later cell that
+  does not wait for it. A steady loop waits after each W cell, so the
+  entry is gone before the device's next cell. One stage and one
   micro-batch run without recompute. Measured against TF's
   allocator, one process per setting: tools/benchmark --memory_check
   (one device; two against a bracket).
@@ -219,7 +218,7 @@ def _Windows(program: schedule_program.Program,
       for d in range(table.num_devices):
         out[d] += [[c] for c in range(loop.first, loop.end)]
       continue
-    barriers = schedule_program.LoopBarriers(loop)
+    barriers = schedule_program.LoopBarriers(loop, program.cells)
     for c in range(loop.first, loop.end, len(loop.steady)):
       for d in range(table.num_devices):
         run = []

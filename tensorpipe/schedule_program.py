@@ -49,8 +49,8 @@ from, in pure Python (no TF), so every decision here has a literal test:
 """
 
 import contextlib
-from typing import (ContextManager, Dict, Iterator, List, NamedTuple, Optional,
-                    Sequence, Tuple)
+from typing import (Collection, ContextManager, Dict, Iterator, List,
+                    NamedTuple, Optional, Sequence, Tuple)
 
 from tensorpipe import schedules
 
@@ -315,13 +315,16 @@ def SteadyRun(branch: Sequence[Sequence[int]], max_period: int = MAX_PERIOD
 
 
 def Barriers(steady: Sequence[Sequence[int]],
-             every_tick: bool = False) -> List[Tuple[bool, ...]]:
+             every_tick: bool = False,
+             after: Sequence[Collection[int]] = ()
+             ) -> List[Tuple[bool, ...]]:
   """Per tick i of a steady loop's iteration, per device d: whether d's
   tick i + 1 waits for the state its tick i left (module docstring:
   loops): where d runs on tick i + 1 an (op, stage) it ran since its last
-  barrier, or with `every_tick` any cell after one it ran since then.
-  Between the periods of an unrolled iteration, and never after the
-  iteration's last tick (the loop's own iterations are ordered).
+  barrier, or with `every_tick` any cell after one it ran since then, or
+  where d's branch on tick i is in `after[d]`. Between the periods of an
+  unrolled iteration, and never after the iteration's last tick (the
+  loop's own iterations are ordered).
   """
   kk = len(steady[0]) if steady else 0
   seen: List[set] = [set() for _ in range(kk)]
@@ -332,7 +335,8 @@ def Barriers(steady: Sequence[Sequence[int]],
     for d in range(kk):
       seen[d].add(ops[d])
       wait = nxt is not None and nxt[d] != IDLE and (
-          nxt[d] in seen[d] or (every_tick and bool(seen[d] - {IDLE})))
+          nxt[d] in seen[d] or (every_tick and bool(seen[d] - {IDLE})) or
+          (bool(after) and ops[d] in after[d]))
       if wait:
         seen[d] = set()
       row.append(wait)
@@ -340,15 +344,24 @@ def Barriers(steady: Sequence[Sequence[int]],
   return out
 
 
-def LoopBarriers(loop: Loop) -> List[Tuple[bool, ...]]:
-  """`Barriers` of a loop with fixed cells. A ramp (`RAMP_TICKS`) waits
-  after every cell of a device: the next one's micro-batch and sums wait
-  for the state it left, as the switching loop it replaces ordered them
-  (a cell that reads neither can still start on its data). Waiting only
-  before repeats, a ramp's cells ran as their data allowed: ZB-V with
-  recompute, K=2, measured 8-20% above the switching ramps' peak, and no
-  faster. A steady loop waits before repeats only."""
-  return Barriers(loop.steady, every_tick=loop.ramp)
+def LoopBarriers(loop: Loop, cells: Sequence[Sequence[Tuple[str, int]]]
+                 ) -> List[Tuple[bool, ...]]:
+  """`Barriers` of a loop with fixed cells (`cells`: `Program.cells`).
+  A ramp (`RAMP_TICKS`) waits after every cell of a device: the next
+  one's micro-batch and sums wait for the state it left, as the
+  switching loop it replaces ordered them (a cell that reads neither can
+  still start on its data). Waiting only before repeats, a ramp's cells
+  ran as their data allowed: ZB-V with recompute, K=2, measured 8-20%
+  above the switching ramps' peak, and no faster. A steady loop waits
+  before repeats and after a W cell: the device's later cells of the
+  iteration start once the W cell's stash entry is gone. Without that
+  wait ZB-V's next I cell, of the device's other stage, ran beside the W
+  cell and the device held both stages' stashes (dense32mem, K=1, T=4,
+  recompute: the allocator's peak 76.6 MiB against 42.8 with it; the step
+  time within the runs' noise: benchmarks/results/w_barrier/)."""
+  after = [{b + 1 for b, (op, _) in enumerate(row) if op == 'W'}
+           for row in cells]
+  return Barriers(loop.steady, every_tick=loop.ramp, after=after)
 
 
 def Loops(branch: Sequence[Sequence[int]], first: int, end: int,

@@ -174,10 +174,23 @@ class CompileTest(tf.test.TestCase):
     # A ramp waits after every cell of a device (device 1's B after its
     # F), as its switching loop ordered them; the steady loop (here of
     # one iteration) only before repeats.
-    self.assertEqual(schedule_program.LoopBarriers(loops[0]),
+    cells = [[('F', 0), ('B', 0)], [('F', 1), ('B', 1)]]
+    self.assertEqual(schedule_program.LoopBarriers(loops[0], cells),
                      [(True, False), (False, True), (False, False)])
-    self.assertEqual(schedule_program.LoopBarriers(loops[1]),
+    self.assertEqual(schedule_program.LoopBarriers(loops[1], cells),
                      [(False, False), (False, False)])
+    # A steady loop also waits after a W cell (its stash entry gone before
+    # the device's next cell starts): ZB-V, K=1, T=4 runs F1 I1 W1 F0 I0
+    # W0 per iteration, and waits after W1 (not after W0, its last tick).
+    program = schedule_program.Compile(
+        schedule_builders.Build('zb_v', 1, 4, 2))
+    loop = max(program.loops, key=lambda x: len(x.steady))
+    ops = [program.cells[0][b[0] - 1] for b in loop.steady]
+    self.assertEqual(ops, [('F', 1), ('I', 1), ('W', 1), ('F', 0),
+                           ('I', 0), ('W', 0)])
+    self.assertEqual(
+        [b[0] for b in schedule_program.LoopBarriers(loop, program.cells)],
+        [False, False, True, False, False, False])
 
   def testAcrossProcessesTheWholeTableIsOneFixedPass(self):
     # Stages in other processes (UnrollsAll): every tick of the run, the

@@ -71,14 +71,14 @@ class CompareSchedulesTest(tf.test.TestCase):
     self.assertEqual(Peak('1f1b', True, kk=2, stages=(st, st1)),
                      ([1000 + 1060 + 17 + 20, 3000 + 20 + 3000 + 9 + 20],
                       [0, 0]))
-    # ZB-V, K=1, T=4, v=2: its steady iteration (F1 I1 W1 F0 I0 W0) has no
-    # barrier; a W cell's stash entry counts until its run of cells ends
-    # (measured: the device held W1's entry while I0 ran). At I0 it
-    # holds stage 1's entry (110), I0's 10 + 100 + 60 + 7, both stages'
-    # sums and the rings between them (20 + 10).
+    # ZB-V, K=1, T=4, v=2: its steady iteration (F1 I1 W1 F0 I0 W0) waits
+    # after W1 (schedule_program.LoopBarriers), so a W cell's stash entry,
+    # freed when its run of cells ends, is gone before I0: at I0 the
+    # device holds I0's 10 + 100 + 60 + 7, both stages' sums and the rings
+    # between them (20 + 10); one entry (110) at a time.
     table = schedule_builders.Build('zb_v', 1, 4, 2)
     self.assertEqual(schedule_plan._Memory(table, [st, st], True, 2),
-                     ([2000 + 110 + 177 + 30], [220]))
+                     ([2000 + 177 + 30], [110]))
 
   def testABarrierOrdersTheCellsOfAnIteration(self):
     # Interleaved 1F1B, K=2, v=2, T=8: the steady iteration has 8 ticks,
