@@ -65,12 +65,18 @@ def Write(ring, buffers, index, values) -> List[Any]:
   return [ta.write(index, v) for ta, v in zip(buffers, values)]
 
 
+def StashSpecs(weight_ops) -> List[tf.TensorSpec]:
+  """What a stash entry holds, in order: each weight op's x, then its z
+  (whose gradient dz is kept)."""
+  return [spec for op in weight_ops for spec in (op.x, op.z)]
+
+
 def StashArrays(weight_ops, num_slots: int) -> List[tf.TensorArray]:
   """A stage's I-to-W stash: per weight op a TensorArray of its inputs x
   and one of its output gradients dz, `num_slots` entries each, of any
   shape (`ReadStash` empties an entry it read)."""
   return [tf.TensorArray(spec.dtype, size=num_slots, infer_shape=False)
-          for op in weight_ops for spec in (op.x, op.z)]
+          for spec in StashSpecs(weight_ops)]
 
 
 def ReadStash(weight_ops, stash, slot) -> Tuple[List[Any], List[Any]]:
@@ -86,7 +92,7 @@ def ReadStash(weight_ops, stash, slot) -> Tuple[List[Any], List[Any]]:
   under ZB-V; README, "Memory against TF's allocator"). The entry
   becomes an empty tensor (the arrays take any shape), after the reads.
   """
-  specs = [spec for op in weight_ops for spec in (op.x, op.z)]
+  specs = StashSpecs(weight_ops)
   kept = []
   for ta, spec in zip(stash, specs):
     value = ta.read(slot)
@@ -322,8 +328,8 @@ class Cells:
     stash = state.stash
     if split:
       kept = [v for op_x, dz in zip(op_xs, dzs) for v in (op_x, dz)]
-      specs = [sp for op in self.weight_ops[s] for sp in (op.x, op.z)]
-      for v, sp in zip(kept, specs):  # (the stash takes any shape)
+      for v, sp in zip(kept, StashSpecs(self.weight_ops[s])):
+        # (the stash arrays take any shape)
         if not v.shape.is_compatible_with(sp.shape):
           raise AssertionError(f'stage {s} stashes {v.shape} where its '
                                f'weight op was traced with {sp.shape}')

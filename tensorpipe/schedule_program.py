@@ -357,7 +357,7 @@ def LoopBarriers(loop: Loop, cells: Sequence[Sequence[Tuple[str, int]]]
   iteration start once the W cell's stash entry is gone. Without that
   wait ZB-V's next I cell, of the device's other stage, ran beside the W
   cell and the device held both stages' stashes (dense32mem, K=1, T=4,
-  recompute: the allocator's peak 76.6 MiB against 42.8 with it; the step
+  recompute: the allocator's peak 76.6 MiB against 43.8 with it; the step
   time within the runs' noise: benchmarks/results/w_barrier/)."""
   after = [{b + 1 for b, (op, _) in enumerate(row) if op == 'W'}
            for row in cells]

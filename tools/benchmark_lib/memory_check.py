@@ -45,6 +45,9 @@ def Measure(model: str, tt: int, kk: int = 1,
   if (schedule is None) != (recompute is None):
     raise ValueError(f'schedule={schedule!r} and recompute={recompute!r}: '
                      'give both (one setting) or neither (every setting)')
+  if schedule is not None and schedule not in dict(_SCHEDULES):
+    raise ValueError(f'schedule={schedule!r} is not one memory_check '
+                     f'runs; use one of {[n for n, _ in _SCHEDULES]}')
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from tensorpipe import cell_profile, model_analysis, schedule_plan
