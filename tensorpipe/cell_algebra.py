@@ -18,7 +18,9 @@ A stage and what crosses its boundaries (`Stage`, `StageSpecs`,
 `PipelineCall`) live in pipeline_stage.
 """
 
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence
+import contextlib
+from typing import (Any, Callable, Iterator, List, NamedTuple, Optional,
+                    Sequence)
 
 import tensorflow as tf
 
@@ -27,6 +29,35 @@ from tensorpipe import py_utils
 from tensorpipe.pipeline_stage import SpecOf
 from tensorpipe.pipeline_stage import Stage
 from tensorpipe.pipeline_stage import StageSpecs
+
+# A whole backward (a B cell's recompute; without recompute, an F cell's
+# tape) hands each weight op's input gradient on only once the op's
+# weight gradient is made (py_utils.CollectWeightOps(order_grads=True)),
+# so each op's output gradient dz is freed at the op, as the memory model
+# (schedule_plan) counts it. Left to the executor, the dx chain ran ahead
+# and the dw products waited for the end of the pass, every layer's dz
+# held beside the activations: allocator peak, K=1, one intra- and one
+# inter-op thread, conv16 1F1B T=4 with recompute 29.0 -> 20.2 MiB (19.3
+# in the model), interleaved 1F1B T=8 9.0 -> 6.5 (6.7); dense32mem 1F1B
+# T=8 without recompute 28.0 -> 26.0 (26.3). It costs parallelism inside
+# a cell: conv16, 1F1B, K=1, T=8 with recompute, 1.10-1.12x the step
+# (two inter-op threads, the two forms built in one process and timed in
+# turn), at K=2 the same step within noise, dense16 within 2%
+# (benchmarks/results/order_grads/). Off (`OrderWeightGrads(False)`, for
+# what is traced inside) the executor orders them. The bits are the
+# same either way (tests/weight_op_testlib.py).
+ORDER_WEIGHT_GRADS = True
+
+
+@contextlib.contextmanager
+def OrderWeightGrads(on: bool) -> Iterator[None]:
+  """`ORDER_WEIGHT_GRADS` = on for what is traced inside, then back."""
+  global ORDER_WEIGHT_GRADS
+  old, ORDER_WEIGHT_GRADS = ORDER_WEIGHT_GRADS, on
+  try:
+    yield
+  finally:
+    ORDER_WEIGHT_GRADS = old
 
 
 class Sums(NamedTuple):
@@ -148,7 +179,11 @@ def TapedCall(stage: Stage, spec: StageSpecs, theta: List[Any],
     tape.watch(xs)
     tape.watch([theta_flat[i] for i in watched])
     th = tf.nest.pack_sequence_as(theta, theta_flat)
-    with py_utils.CollectWeightOps(tape if split else None) as calls:
+    # A whole backward (not split) gets each weight op's dw before its dx
+    # goes on (ORDER_WEIGHT_GRADS).
+    with py_utils.CollectWeightOps(
+        tape if split else None,
+        order_grads=ORDER_WEIGHT_GRADS and not split) as calls:
       y, stats = stage.FlatCall(spec.in_struct, th, list(x), t, mb_size)
     ys, dys = head(y, dys)
   return Taped(tape, xs, ys, dys, calls, y, stats)

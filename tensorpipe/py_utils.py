@@ -575,10 +575,13 @@ def WeightOp(fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], x: tf.Tensor,
   only: the I cell does not differentiate it, so a use outside its ops
   would lose its share of the gradient.
   """
-  z = fn(x, w)
   collector = getattr(_local, 'weight_ops', None)
+  if collector is not None and collector[2]:
+    z = _InputGradAfterWeightGrad(fn, x, w)
+  else:
+    z = fn(x, w)
   if collector is not None:
-    calls, tape = collector
+    calls, tape, _ = collector
     if tape is not None:
       # The gradient to z is asked for even when neither x nor w is
       # watched (the first layer of stage 0: data and an unwatched weight).
@@ -587,14 +590,62 @@ def WeightOp(fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], x: tf.Tensor,
   return z
 
 
+def _Differentiated(x: tf.Tensor) -> bool:
+  """Whether an active tape differentiates x (True where TF does not
+  say)."""
+  try:
+    from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
+  except ImportError:
+    return True
+  return bool(record.should_record_backprop([x]))
+
+
+def _InputGradAfterWeightGrad(fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
+                              x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+  """fn(x, w), whose gradient hands dx on only once dw is made.
+
+  The gradient kernels are fn's own (a tape inside, as autodiff of fn
+  builds them), so the values are the same bits. Ordered so, a backward
+  pass frees each weight op's output gradient dz at that op
+  (cell_algebra.ORDER_WEIGHT_GRADS: what it saves and costs).
+  """
+  # No dx where no tape differentiates x (stage 0's data): nothing would
+  # read it.
+  float_x = x.dtype.is_floating and _Differentiated(x)
+
+  @tf.custom_gradient
+  def Call(x, w):
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+      tape.watch([x, w] if float_x else [w])
+      z = fn(x, w)
+
+    def Grad(dz, variables=None):
+      if variables:
+        raise ValueError(
+            f'WeightOp: fn read the variables {[v.name for v in variables]}'
+            ' beside its weight w; it must depend on its two arguments and '
+            'Python values only (pass the weight as w)')
+      if not float_x:
+        return None, tape.gradient(z, w, output_gradients=dz)
+      dx, dw = tape.gradient(z, [x, w], output_gradients=dz)
+      with tf.control_dependencies([dw]):
+        return tf.identity(dx), dw
+    return z, Grad
+  return Call(x, w)
+
+
 @contextlib.contextmanager
-def CollectWeightOps(tape: Optional[tf.GradientTape] = None
+def CollectWeightOps(tape: Optional[tf.GradientTape] = None,
+                     order_grads: bool = False
                      ) -> Iterator[List[WeightOpCall]]:
   """Collects the `WeightOp` calls made in the block, in call order;
-  `tape` (if given) watches each op's output z."""
+  `tape` (if given) watches each op's output z. With `order_grads` each
+  op's gradient gives its dx only once its dw is made
+  (`_InputGradAfterWeightGrad`: a backward pass of the block's ops frees
+  each dz at its op)."""
   previous = getattr(_local, 'weight_ops', None)
   calls = []
-  _local.weight_ops = (calls, tape)
+  _local.weight_ops = (calls, tape, order_grads)
   try:
     yield calls
   finally:

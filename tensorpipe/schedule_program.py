@@ -358,8 +358,15 @@ def LoopBarriers(loop: Loop, cells: Sequence[Sequence[Tuple[str, int]]]
   wait ZB-V's next I cell, of the device's other stage, ran beside the W
   cell and the device held both stages' stashes (dense32mem, K=1, T=4,
   recompute: the allocator's peak 76.6 MiB against 43.8 with it; the step
-  time within the runs' noise: benchmarks/results/w_barrier/)."""
-  after = [{b + 1 for b, (op, _) in enumerate(row) if op == 'W'}
+  time within the runs' noise: benchmarks/results/w_barrier/). On a
+  device with two or more stages it also waits after a B cell: in
+  interleaved 1F1B's period (F1 B1 F0 B0 at K=1) the two B cells work on
+  different micro-batches, nothing else ordered them, and they ran side
+  by side in some runs, each with its stage's recompute (conv16, K=1,
+  T=8: 11.3 MiB against 9.0 with the wait, 6.7 in the model; step time
+  within the runs' noise: benchmarks/results/b_wait/)."""
+  after = [{b + 1 for b, (op, _) in enumerate(row)
+            if op == 'W' or op == 'B' and len({s for _, s in row}) > 1}
            for row in cells]
   return Barriers(loop.steady, every_tick=loop.ramp, after=after)
 

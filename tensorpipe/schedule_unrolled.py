@@ -78,9 +78,14 @@ class _Cells:
     self.stats[s] = cell_algebra.Add(self.stats[s], cell.stats)
     self.pending[(t, s)] = (cell, watched)
     end = probe.Stamp([cell.outputs, cell.stats])
-    # (With the timeline on, the next cell's start follows this end.)
+    # (With the timeline on, the next cell's start follows this end.) The
+    # last stage's next cell also waits for the loss: nothing else reads it
+    # before the step's end, and an executor free to run it late kept every
+    # micro-batch's outputs alive until then (dense32mem, 1F1B, K=1, T=8,
+    # one inter-op thread: 43.8 MiB against 29.5 with it first).
+    loss = list(self.sums) if last else []
     return (start + probe.Missing(1) + end,
-            cell.outputs + tf.nest.flatten(cell.stats) + end)
+            cell.outputs + tf.nest.flatten(cell.stats) + loss + end)
 
   def WeightGrad(self, s, t):
     """W: each weight op's dw from the (x, dz) its I cell kept."""

@@ -81,10 +81,12 @@ class CompareSchedulesTest(tf.test.TestCase):
                      ([2000 + 177 + 30], [110]))
 
   def testABarrierOrdersTheCellsOfAnIteration(self):
-    # Interleaved 1F1B, K=2, v=2, T=8: the steady iteration has 8 ticks,
-    # and device 0 waits for its previous tick after ticks 1 and 5
-    # (schedule_program.Barriers), so its B cells of one iteration are
-    # split into runs that do not overlap.
+    # Interleaved 1F1B, K=2, v=2, T=8: the steady iteration has 8 ticks
+    # (device 0: F0 B2 F0 B2 F2 B0 F2 B0), and device 0, with two stages,
+    # waits for its previous tick after each B cell (ticks 1, 3 and 5;
+    # the iteration's end after 7: schedule_program.LoopBarriers), so no
+    # two of its B cells share a run (before the wait after B cells, only
+    # before repeats: runs of 2 and 4, two B cells in one).
     table = schedule_builders.Build('interleaved_1f1b', 2, 8, 2)
     program = schedule_program.Compile(table)
     windows = schedule_plan._Windows(program, 1)
@@ -94,8 +96,10 @@ class CompareSchedulesTest(tf.test.TestCase):
     steady = [w for w in windows[0] if len(w) > 1 and
               loop.first <= w[0] < loop.end]
     self.assertTrue(steady)
-    self.assertEqual({len(w) for w in steady}, {2, 4})
-    self.assertEqual([w[0] - steady[0][0] for w in steady[:3]], [0, 2, 6])
+    self.assertEqual({len(w) for w in steady}, {2})
+    self.assertEqual([w[0] - steady[0][0] for w in steady[:4]], [0, 2, 4, 6])
+    for w in steady:
+      self.assertEqual([program.table.grid[0][c].op for c in w], ['F', 'B'])
 
   def testARampWaitsAtEveryTickOfADevice(self):
     # 1F1B, K=2, T=2 is all ramp (one loop that runs once):

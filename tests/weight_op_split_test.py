@@ -161,6 +161,38 @@ class SplitBackwardGraphTest(tf.test.TestCase):
     self.assertEqual(self._WeightGradientKernelsPerCell(
         _ConvStages(), tf.zeros([4, 8, 8, 2]), _SquareLoss), {'W': [1, 3]})
 
+  def testAWholeBackwardHandsOnEachInputGradientAfterItsWeightGradient(self):
+    """A B cell's weight ops (CollectWeightOps(order_grads=True)): the
+    gradient to an op's input reaches the layer below only once the op's
+    dw is made, so its dz is freed at the op; left to the executor the dw
+    products ran at the end of the pass, every layer's dz held till then
+    (py_utils._InputGradAfterWeightGrad). Here: the ReluGrad between two
+    matmuls reads a gradient that waits for the upper matmul's dw."""
+    w1 = tf.random.stateless_normal([4, 6], [1, 1])
+    w2 = tf.random.stateless_normal([6, 3], [1, 2])
+
+    def Grads(x, order):
+      with tf.GradientTape() as tape:
+        tape.watch([x, w1, w2])
+        with py_utils.CollectWeightOps(order_grads=order):
+          h = tf.nn.relu(py_utils.WeightOp(tf.matmul, x, w1))
+          y = py_utils.WeightOp(tf.matmul, h, w2)
+        loss = tf.reduce_sum(tf.square(y))
+      return tape.gradient(loss, [x, w1, w2])
+    x = tf.random.stateless_normal([5, 4], [1, 3])
+    for order in (True, False):
+      fn = tf.function(lambda x, o=order: Grads(x, o))
+      graph = fn.get_concrete_function(x).graph
+      relu_grads = [op for op in graph.get_operations()
+                    if op.type == 'ReluGrad']
+      self.assertLen(relu_grads, 1)
+      waits_for = relu_grads[0].inputs[0].op.control_inputs
+      dw2 = [op for op in waits_for if op.type == 'MatMul' and
+             op.outputs[0].shape == w2.shape]
+      self.assertLen(dw2, 1 if order else 0, msg=f'order_grads={order}')
+      for a, b in zip(fn(x), Grads(x, False)):
+        self.assertAllEqual(a, b)
+
 
 if __name__ == '__main__':
   tf.test.main()

@@ -97,6 +97,18 @@ def AssertWeightOpsSplit(test: tf.test.TestCase, layer: Any,
       test.assertAllEqual(tf.zeros_like(b), b, msg=key)
     else:
       test.assertAllEqual(a, b, msg=key)
+  # A whole backward with each op's dx handed on after its dw (B cells:
+  # CollectWeightOps(order_grads=True)): the tape's bits.
+  with tf.GradientTape() as tape:
+    tape.watch(flat)
+    with py_utils.CollectWeightOps(order_grads=True):
+      loss = Loss(fprop(theta, *inputs))
+  for key, a, g in zip(keys, want, tape.gradient(loss, flat)):
+    b = _Dense(g)
+    if a is None:
+      test.assertIsNone(b, msg=key)
+    else:
+      test.assertAllEqual(a, b, msg=key)
   return calls
 
 
