@@ -42,7 +42,7 @@ from tensorpipe.pipeline_stage import StageSpecs
 # T=8 without recompute 28.0 -> 26.0 (26.3). It costs parallelism inside
 # a cell: conv16, 1F1B, K=1, T=8 with recompute, 1.10-1.12x the step
 # (two inter-op threads, the two forms built in one process and timed in
-# turn), at K=2 the same step within noise, dense16 within 2%
+# turn), at K=2 the same step within noise, dense16 within 5%
 # (benchmarks/results/order_grads/). Off (`OrderWeightGrads(False)`, for
 # what is traced inside) the executor orders them. The bits are the
 # same either way (tests/weight_op_testlib.py).

@@ -363,7 +363,8 @@ def LoopBarriers(loop: Loop, cells: Sequence[Sequence[Tuple[str, int]]]
   interleaved 1F1B's period (F1 B1 F0 B0 at K=1) the two B cells work on
   different micro-batches, nothing else ordered them, and they ran side
   by side in some runs, each with its stage's recompute (conv16, K=1,
-  T=8: 11.3 MiB against 9.0 with the wait, 6.7 in the model; step time
+  T=8, oneDNN on: 11.3 MiB against 9.0-10.0 with the wait, 6.7 in the
+  model; 6.5 with cell_algebra.ORDER_WEIGHT_GRADS too; step time
   within the runs' noise: benchmarks/results/b_wait/)."""
   after = [{b + 1 for b, (op, _) in enumerate(row)
             if op == 'W' or op == 'B' and len({s for _, s in row}) > 1}
