@@ -366,9 +366,10 @@ def LoopBarriers(loop: Loop, cells: Sequence[Sequence[Tuple[str, int]]]
   T=8, oneDNN on: 11.3 MiB against 9.0-10.0 with the wait, 6.7 in the
   model; 6.5 with cell_algebra.ORDER_WEIGHT_GRADS too; step time
   within the runs' noise: benchmarks/results/b_wait/)."""
-  after = [{b + 1 for b, (op, _) in enumerate(row)
-            if op == 'W' or op == 'B' and len({s for _, s in row}) > 1}
-           for row in cells]
+  waits_after = [('W', 'B') if len({s for _, s in row}) > 1 else ('W',)
+                 for row in cells]
+  after = [{b + 1 for b, (op, _) in enumerate(row) if op in ops}
+           for row, ops in zip(cells, waits_after)]
   return Barriers(loop.steady, every_tick=loop.ramp, after=after)
 
 
